@@ -1,0 +1,87 @@
+# The course's commands. `make help` lists them. Everything a fresh Debian 12 machine lacks is
+# installed on first use by scripts/install-deps.sh (as root, or with sudo).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+DTC_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dtc-course
+DTC_VENV ?= $(DTC_CACHE)/venv
+export DTC_CACHE DTC_VENV
+export CCACHE_DIR ?= $(DTC_CACHE)/ccache
+export CCACHE_SLOPPINESS ?= pch_defines,time_macros,include_file_mtime,include_file_ctime
+BUILD ?= build
+LIGHT_BUILD ?= build-light
+CTEST_FLAGS ?= --output-on-failure --timeout 300
+
+# Where the venv's LibTorch keeps its CMake files (and its libraries, which must win over
+# Debian's libtorch when both are installed).
+TORCH_PREFIX = $$($(DTC_VENV)/bin/python -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')
+
+.PHONY: help deps deps-light configure configure-light build build-light test run exercises \
+        check-exercises format tidy docs clean
+
+help:
+	@echo "Learners:"
+	@echo "  make lessonNN               build your exercise: build/bin/lessonNN"
+	@echo "  make test-lessonNN          test your exercise, test by test"
+	@echo "  make run-lessonNN [ARGS=..] run the lesson's program (several ranks where it needs them)"
+	@echo "  make run                    the course's main demo"
+	@echo "Instructors:"
+	@echo "  make test-lessonNN-solution test the reference solution of one lesson"
+	@echo "  make test                   everything CI checks, on both LibTorch paths"
+	@echo "  make exercises [FORCE=1]    regenerate lessons/ from solutions/"
+	@echo "  make format | tidy          apply clang-format | run clang-tidy"
+
+# --- dependencies --------------------------------------------------------------------------
+$(DTC_CACHE)/deps-%.stamp: scripts/install-deps.sh scripts/paths.sh
+	@bash scripts/install-deps.sh $*
+	@mkdir -p $(DTC_CACHE) && touch $@
+deps: $(DTC_CACHE)/deps-primary.stamp
+deps-light: $(DTC_CACHE)/deps-light.stamp
+
+# --- configure and build -------------------------------------------------------------------
+$(BUILD)/build.ninja: | $(DTC_CACHE)/deps-primary.stamp
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)"
+$(LIGHT_BUILD)/build.ninja: | $(DTC_CACHE)/deps-light.stamp
+	cmake -S . -B $(LIGHT_BUILD) -G Ninja
+configure: $(BUILD)/build.ninja
+configure-light: $(LIGHT_BUILD)/build.ninja
+build: configure
+	cmake --build $(BUILD)
+build-light: configure-light
+	cmake --build $(LIGHT_BUILD)
+
+# --- the learner loop ----------------------------------------------------------------------
+lesson%: configure
+	cmake --build $(BUILD) --target lesson$* lesson$*_tests
+
+test-lesson%-solution: configure
+	cmake --build $(BUILD) --target lesson$*_solution_tests
+	ctest --test-dir $(BUILD) -L '^lesson$*-solution$$' $(CTEST_FLAGS)
+
+test-lesson%: configure
+	cmake --build $(BUILD) --target lesson$*_tests
+	ctest --test-dir $(BUILD) -L '^lesson$*-learner$$' $(CTEST_FLAGS)
+
+run-lesson%: lesson%
+	@bash scripts/run-lesson.sh $(BUILD) $* $(ARGS)
+
+run: run-lesson01
+
+# --- the instructor loop and CI ------------------------------------------------------------
+test:
+	@bash scripts/test-all.sh
+
+exercises:
+	python3 scripts/exercises.py generate $(if $(FORCE),--force)
+
+check-exercises:
+	python3 scripts/exercises.py check
+
+format:
+	python3 scripts/check_format.py --fix
+
+tidy: configure
+	run-clang-tidy -quiet -p $(BUILD) '(common/src|lessons|solutions)/.*\.cpp$$'
+
+clean:
+	rm -rf $(BUILD) $(LIGHT_BUILD)

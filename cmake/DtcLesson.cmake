@@ -1,0 +1,79 @@
+# dtc_add_lesson(NN DIR <NN_topic> SOURCES <files> [DRIVER <files>] TESTS <files> LIBS <libs>)
+#
+# Builds one lesson twice, from the same contract header (lessons/<NN_topic>/*.h):
+#   learner:  the exercise files lessons/<NN_topic>/<SOURCES>
+#   solution: the reference    solutions/<NN_topic>/<SOURCES>
+# into
+#   lessonNN, lessonNN_solution              programs in build/bin/ (main.cpp + DRIVER)
+#   lessonNN_tests, lessonNN_solution_tests  GoogleTest binaries in build/tests/
+# The driver and the test files do not depend on the flavour: they are compiled once.
+# ctest names are lessonNN.<flavour>.<Suite>.<Test>; labels lessonNN, <flavour>,
+# lessonNN-<flavour>. One more test, lessonNN.bite, checks that the learner suite fails on
+# every TODO of the untouched exercise (scripts/check_bite.py).
+function(dtc_add_lesson num)
+  cmake_parse_arguments(L "" "DIR" "SOURCES;DRIVER;TESTS;LIBS" ${ARGN})
+  set(name lesson${num})
+  set(ldir "${PROJECT_SOURCE_DIR}/lessons/${L_DIR}")
+  set(sdir "${PROJECT_SOURCE_DIR}/solutions/${L_DIR}")
+
+  # Flavour-independent objects: the lesson's given driver code, and the tests.
+  set(driver_objs)
+  if(L_DRIVER)
+    list(TRANSFORM L_DRIVER PREPEND "${ldir}/")
+    add_library(${name}_driver OBJECT ${L_DRIVER})
+    target_include_directories(${name}_driver PUBLIC "${ldir}")
+    target_link_libraries(${name}_driver PUBLIC ${L_LIBS})
+    target_compile_options(${name}_driver PRIVATE ${DTC_WARNINGS})
+    set(driver_objs $<TARGET_OBJECTS:${name}_driver>)
+  endif()
+
+  add_library(${name}_testobj OBJECT ${L_TESTS})
+  target_link_libraries(${name}_testobj PUBLIC ${L_LIBS} dtc_test_support GTest::gtest)
+  target_include_directories(${name}_testobj PUBLIC "${ldir}")
+
+  foreach(flavour learner solution)
+    if(flavour STREQUAL "learner")
+      set(src "${ldir}")
+      set(suffix "")
+    else()
+      set(src "${sdir}")
+      set(suffix "_solution")
+    endif()
+    set(lib ${name}${suffix}_lib)
+    set(files)
+    foreach(f IN LISTS L_SOURCES)
+      list(APPEND files "${src}/${f}")
+    endforeach()
+    add_library(${lib} STATIC ${files})
+    target_include_directories(${lib} PUBLIC "${ldir}")
+    target_link_libraries(${lib} PUBLIC ${L_LIBS})
+    target_compile_options(${lib} PRIVATE ${DTC_WARNINGS})
+
+    add_executable(${name}${suffix} "${ldir}/main.cpp" ${driver_objs})
+    target_link_libraries(${name}${suffix} PRIVATE ${lib})
+
+    add_executable(${name}${suffix}_tests $<TARGET_OBJECTS:${name}_testobj> ${driver_objs})
+    target_link_libraries(${name}${suffix}_tests PRIVATE ${lib} dtc_test_support GTest::gtest_main)
+    set_target_properties(${name}${suffix}_tests PROPERTIES
+      RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
+    gtest_discover_tests(${name}${suffix}_tests
+      TEST_PREFIX "${name}.${flavour}."
+      TEST_LIST ${name}${suffix}_TESTS
+      PROPERTIES TIMEOUT 120
+      DISCOVERY_TIMEOUT 60)
+    # Several labels per discovered test: gtest_discover_tests cannot pass a list, so set them
+    # from the discovered names, in a file that ctest reads after the discovery's own.
+    set(labels_file "${PROJECT_BINARY_DIR}/${name}${suffix}_labels.cmake")
+    file(WRITE "${labels_file}"
+      "if(${name}${suffix}_TESTS)\n"
+      "  set_tests_properties(\${${name}${suffix}_TESTS} PROPERTIES LABELS "
+      "\"${name};${flavour};${name}-${flavour}\")\n"
+      "endif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${labels_file}")
+  endforeach()
+
+  add_test(NAME ${name}.bite
+    COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/scripts/check_bite.py"
+            --lesson L${num} "$<TARGET_FILE:${name}_tests>")
+  set_tests_properties(${name}.bite PROPERTIES LABELS "${name};bite" TIMEOUT 300)
+endfunction()

@@ -1,0 +1,85 @@
+# Finds LibTorch and describes it as two interface targets:
+#   dtc_torch  LibTorch + c10d (gloo always; NCCL when LibTorch is a CUDA build)
+#   dtc_fmt    the fmt headers that match this build
+#
+# Two generations are supported (see README, "Two LibTorch paths"):
+#   primary  PyPI's torch 2.x wheel: CMAKE_PREFIX_PATH="<torch>/share/cmake;<torch>"
+#   light    Debian's libtorch-dev 1.13: plain find_package(Torch)
+
+# The wheel's CMake config looks for the CUDA toolkit; it only needs to find it, nothing here
+# runs on a GPU. Silence its complaint about CMAKE_CUDA_ARCHITECTURES.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST)
+  set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "GPU architectures for CUDA code (H100/H200: 9.0)")
+endif()
+find_package(Torch REQUIRED)
+get_filename_component(DTC_TORCH_LIBDIR "${TORCH_LIBRARY}" DIRECTORY)
+get_filename_component(DTC_TORCH_ROOT "${DTC_TORCH_LIBDIR}" DIRECTORY)
+set(DTC_TORCH_VERSION "${Torch_VERSION}")
+if(DTC_TORCH_VERSION VERSION_LESS 2.0)
+  set(DTC_FLAVOR light)
+else()
+  set(DTC_FLAVOR primary)
+endif()
+
+add_library(dtc_torch INTERFACE)
+target_link_libraries(dtc_torch INTERFACE ${TORCH_LIBRARIES})
+# The c10d headers hide their gloo classes behind this define. Gloo's own headers come from
+# Debian's libgloo-dev on both paths (the wheel does not ship them; the classes we use, Device
+# and the Options struct, have kept their layout).
+target_compile_definitions(dtc_torch INTERFACE USE_C10D_GLOO)
+if(TORCH_CXX_FLAGS)
+  separate_arguments(_dtc_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+  target_compile_options(dtc_torch INTERFACE ${_dtc_torch_flags})
+endif()
+
+set(DTC_HAVE_NCCL OFF)
+if(DTC_FLAVOR STREQUAL "primary")
+  # The wheel's CUDA, cuDNN and NCCL libraries live beside torch in site-packages/nvidia/*/lib.
+  # libtorch_cuda finds them at run time through its own RUNPATH; the linker must be told too,
+  # or it picks the toolkit's older libnccl and fails on missing symbols.
+  file(GLOB _dtc_nvidia_libdirs LIST_DIRECTORIES true "${DTC_TORCH_ROOT}/../nvidia/*/lib")
+  if(_dtc_nvidia_libdirs)
+    string(REPLACE ";" ":" _dtc_rpath_link "${_dtc_nvidia_libdirs}")
+    target_link_options(dtc_torch INTERFACE "LINKER:-rpath-link,${_dtc_rpath_link}")
+  endif()
+  if(TARGET torch_cuda OR EXISTS "${DTC_TORCH_LIBDIR}/libtorch_cuda.so")
+    find_path(DTC_NCCL_INCLUDE nccl.h
+      HINTS "${DTC_TORCH_ROOT}/../nvidia/nccl/include" "$ENV{CUDA_HOME}/include" /usr/local/cuda/include
+      NO_DEFAULT_PATH)
+    if(DTC_NCCL_INCLUDE)
+      set(DTC_HAVE_NCCL ON)
+      target_include_directories(dtc_torch SYSTEM INTERFACE "${DTC_NCCL_INCLUDE}")
+      target_compile_definitions(dtc_torch INTERFACE USE_C10D_NCCL DTC_HAVE_NCCL)
+    endif()
+  endif()
+endif()
+
+# fmt: the wheel ships fmt's headers in its include directory, which comes before /usr/include.
+# Use exactly those, header-only, so that every file of a build sees one fmt. On the light path,
+# Debian's libfmt.
+add_library(dtc_fmt INTERFACE)
+if(EXISTS "${DTC_TORCH_ROOT}/include/fmt/format.h")
+  target_include_directories(dtc_fmt SYSTEM INTERFACE "${DTC_TORCH_ROOT}/include")
+  target_compile_definitions(dtc_fmt INTERFACE FMT_HEADER_ONLY=1)
+else()
+  find_package(fmt REQUIRED)
+  target_link_libraries(dtc_fmt INTERFACE fmt::fmt)
+endif()
+
+message(STATUS "dtc: ${DTC_FLAVOR} path, LibTorch ${DTC_TORCH_VERSION} at ${DTC_TORCH_ROOT}, "
+               "NCCL ${DTC_HAVE_NCCL}")
+
+# One precompiled header of LibTorch, built once and reused by every target that includes it.
+add_library(dtc_pch OBJECT "${CMAKE_CURRENT_LIST_DIR}/pch.cpp")
+target_link_libraries(dtc_pch PUBLIC dtc_torch dtc_fmt)
+target_precompile_headers(dtc_pch PUBLIC
+  <torch/torch.h>
+  <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+  <torch/csrc/distributed/c10d/TCPStore.hpp>)
+
+# Reuses the LibTorch precompiled header in TARGET (it must not add compile definitions).
+function(dtc_use_torch_pch target)
+  if(DTC_USE_PCH)
+    target_precompile_headers(${target} REUSE_FROM dtc_pch)
+  endif()
+endfunction()

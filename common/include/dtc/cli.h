@@ -1,0 +1,48 @@
+// The command line shared by the course's programs (CLI11), and their exit codes.
+//
+// Every training program from lesson 02 on takes the same flags, so that lessons can be
+// compared run for run:
+//   --steps N  --seed S  --global-batch B  --json
+// With --json, rank 0 prints one JSON object on the last line of stdout with at least
+// "losses" (one per step) and "tokens_per_s".
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+namespace dtc {
+
+/// Exit codes of the course's programs.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitFailure = 1,  ///< a runtime failure (I/O, communication, ...)
+  kExitUsage = 2,    ///< bad input: a flag or an environment variable; the message says which
+  kExitTodo = 3,     ///< an exercise region is not written yet (TODO(LNN))
+};
+
+/// The flags that every training program shares.
+struct TrainFlags {
+  int64_t steps = 20;        ///< optimizer steps to run
+  uint64_t seed = 1;         ///< seeds weights and data: same seed, same run
+  int64_t global_batch = 8;  ///< sequences per optimizer step, summed over all ranks
+  bool json = false;         ///< print one JSON object on the last line of stdout (rank 0)
+};
+
+/// Adds --steps, --seed, --global-batch and --json to @p app, bound to @p flags.
+void add_train_flags(CLI::App& app, TrainFlags& flags);
+
+/// Parses the command line and runs @p body, turning every error into a clear message and an
+/// exit code: CLI11's parse errors and UsageError -> 2, TodoError -> 3, other exceptions -> 1.
+/// --help prints the usage and returns 0.
+int run_cli(CLI::App& app, int argc, const char* const* argv, const std::function<int()>& body,
+            std::ostream& err);
+
+/// Prints @p object as one line of JSON (the last line a program prints with --json).
+void print_json_line(std::ostream& out, const nlohmann::json& object);
+
+}  // namespace dtc

@@ -1,0 +1,68 @@
+// Process groups: connect to the store, create a communicator, build subgroups.
+//
+//   auto dist = dtc::init_distributed(dtc::read_launch_env(), {});
+//   std::vector<at::Tensor> t{torch::ones({4})};
+//   dist.comm->allreduce(t)->wait();   // every element is now world_size
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "dtc/compat.h"
+#include "dtc/launch.h"
+
+namespace dtc {
+
+/// Which collective library to use.
+enum class BackendKind { kGloo, kNccl };
+
+/// Parses "gloo" or "nccl". @throws UsageError otherwise (or for nccl without a CUDA build).
+BackendKind parse_backend(const std::string& name);
+
+/// Options for init_distributed().
+struct DistOptions {
+  BackendKind backend = BackendKind::kGloo;
+  /// How long a collective or a store read may wait before it fails: a hang becomes an error.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+};
+
+/// A rank's view of the job.
+struct Distributed {
+  LaunchEnv env;
+  c10::intrusive_ptr<c10d::Store> store;  ///< scoped by env.store_prefix()
+  c10::intrusive_ptr<Comm> comm;          ///< all ranks
+  int rank() const { return comm->getRank(); }
+  int size() const { return comm->getSize(); }
+};
+
+/// Connects to the job's TCPStore at MASTER_ADDR:MASTER_PORT. Rank 0 hosts it unless
+/// torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE=True); keys are scoped by the
+/// restart count, so an elastic restart never reads a failed attempt's keys.
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env,
+                                              std::chrono::milliseconds timeout);
+
+/// The gloo transport device: GLOO_SOCKET_IFNAME's interface when set, loopback when the store
+/// is on this machine's loopback, else the address of this host's name.
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& master_addr);
+
+/// A communicator over @p store for @p size ranks.
+c10::intrusive_ptr<Comm> new_comm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                  BackendKind backend, std::chrono::milliseconds timeout,
+                                  const std::string& master_addr = "127.0.0.1");
+
+/// The C++ counterpart of torch.distributed.new_group: a communicator over @p ranks (global
+/// ranks, any order), built by its members only over PrefixStore("group/<name>/", store).
+/// Each member's rank in the subgroup is its index in the sorted rank list.
+/// @return the subgroup, or nullptr when @p global_rank is not a member.
+/// @throws UsageError for an empty or duplicated rank list.
+c10::intrusive_ptr<Comm> new_subgroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                      const std::string& name, std::vector<int> ranks,
+                                      int global_rank, BackendKind backend,
+                                      std::chrono::milliseconds timeout,
+                                      const std::string& master_addr = "127.0.0.1");
+
+/// Connects to the store and creates the world communicator.
+Distributed init_distributed(const LaunchEnv& env, const DistOptions& options);
+
+}  // namespace dtc

@@ -1,0 +1,36 @@
+// Run N ranks as threads in one process, over one shared HashStore (as PyTorch's own c10d tests
+// do). Used by the tests of every multi-rank lesson.
+//
+//   dtc::run_ranks(3, [](dtc::RankContext& ctx) {
+//     std::vector<at::Tensor> t{torch::full({4}, float(ctx.rank))};
+//     ctx.comm->allreduce(t)->wait();          // 0 + 1 + 2 = 3 everywhere
+//   });
+//
+// A hang is a failure, never a stuck test: every collective times out after `timeout`, and a
+// rank that is still running well after that stops the whole process with a message.
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+#include "dtc/compat.h"
+
+namespace dtc {
+
+/// What one thread-rank gets.
+struct RankContext {
+  int rank = 0;
+  int world = 1;
+  c10::intrusive_ptr<c10d::Store> store;  ///< shared by all ranks of this run
+  c10::intrusive_ptr<Comm> comm;          ///< gloo over loopback
+};
+
+/// Runs @p body on @p world thread-ranks and waits for all of them.
+/// @throws std::runtime_error listing every rank that threw, with its message (e.g.
+///   "rank 1 failed: Timed out waiting 1000ms for recv operation").
+/// If a rank has not returned 2 x timeout + 5 s after the start, prints which ranks are stuck
+/// and exits the process with code 124, so that the test fails instead of hanging.
+void run_ranks(int world, const std::function<void(RankContext&)>& body,
+               std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+}  // namespace dtc

@@ -1,0 +1,105 @@
+#include "dtc/dist.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "dtc/errors.h"
+
+namespace dtc {
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+}  // namespace
+
+BackendKind parse_backend(const std::string& name) {
+  if (name == "gloo") return BackendKind::kGloo;
+  if (name == "nccl") {
+    if (!kHaveNccl) {
+      throw UsageError("--backend", "nccl is not available: this build's LibTorch has no NCCL",
+                       "use --backend gloo, or build against a CUDA LibTorch on a GPU node "
+                       "(see the README, 'GPU nodes')");
+    }
+    return BackendKind::kNccl;
+  }
+  throw UsageError("--backend", "'" + name + "' is not a backend", "use gloo or nccl");
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env,
+                                              std::chrono::milliseconds timeout) {
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store =
+        new_tcp_store(env.master_addr, env.master_port, env.hosts_store(), env.world_size, timeout);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format(
+        "cannot {} the store at {}:{}: {}\nHINT: {}", env.hosts_store() ? "host" : "reach",
+        env.master_addr, env.master_port, e.what(),
+        env.hosts_store() ? "the port may be in use: choose another MASTER_PORT (--master_port)"
+                          : "check that rank 0 is running and MASTER_ADDR resolves to it"));
+  }
+  return c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), store);
+}
+
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& master_addr) {
+  if (auto ifname = process_env("GLOO_SOCKET_IFNAME")) {
+    try {
+      return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
+    } catch (const std::exception& e) {
+      throw UsageError("GLOO_SOCKET_IFNAME",
+                       fmt::format("cannot use interface '{}': {}", *ifname, e.what()),
+                       "list the interfaces with `ip -brief addr` and pick one that is UP");
+    }
+  }
+  if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+c10::intrusive_ptr<Comm> new_comm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                  BackendKind backend, std::chrono::milliseconds timeout,
+                                  const std::string& master_addr) {
+  if (backend == BackendKind::kNccl) {
+#if defined(DTC_HAVE_NCCL)
+    return new_nccl_comm(store, rank, size, timeout);
+#else
+    parse_backend("nccl");  // throws the explanation
+#endif
+  }
+  return new_gloo_comm(store, rank, size, make_gloo_device(master_addr), timeout);
+}
+
+c10::intrusive_ptr<Comm> new_subgroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                      const std::string& name, std::vector<int> ranks,
+                                      int global_rank, BackendKind backend,
+                                      std::chrono::milliseconds timeout,
+                                      const std::string& master_addr) {
+  if (ranks.empty()) {
+    throw UsageError("new_subgroup(" + name + ")", "the rank list is empty",
+                     "pass the global ranks of the group's members");
+  }
+  std::sort(ranks.begin(), ranks.end());
+  if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
+    throw UsageError("new_subgroup(" + name + ")", "a rank is listed twice",
+                     "list each member once");
+  }
+  auto it = std::find(ranks.begin(), ranks.end(), global_rank);
+  if (it == ranks.end()) return nullptr;
+  const int sub_rank = static_cast<int>(it - ranks.begin());
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("group/" + name + "/", store);
+  return new_comm(prefixed, sub_rank, static_cast<int>(ranks.size()), backend, timeout,
+                  master_addr);
+}
+
+Distributed init_distributed(const LaunchEnv& env, const DistOptions& options) {
+  Distributed d;
+  d.env = env;
+  d.store = connect_store(env, options.timeout);
+  d.comm = new_comm(d.store, env.rank, env.world_size, options.backend, options.timeout,
+                    env.master_addr);
+  return d;
+}
+
+}  // namespace dtc

@@ -1,0 +1,206 @@
+// Lesson 01 contract: the training memory ledger.
+//
+// How many bytes does training hold per GPU? Four parts: parameters, gradients, optimizer
+// states and activations. This header is the whole specification of what you implement in
+// ledger.cpp; README.md beside it teaches the formulas. Build and test:
+//
+//   make test-lesson01          # your exercise, test by test
+//   make run-lesson01           # the program: build/bin/lesson01 --help
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtc::l01 {
+
+// ---------------------------------------------------------------------------------------------
+// Models
+// ---------------------------------------------------------------------------------------------
+
+/// The two families of decoder-only transformers the ledger knows.
+enum class Arch {
+  /// LLaMA style: no biases, RMSNorm (one weight vector), SwiGLU MLP (three matrices: gate,
+  /// up, down), rotary positions (no position weights), optional grouped-query attention,
+  /// untied input and output embeddings, no dropout.
+  kLlama,
+  /// GPT-2/GPT-3 style: biases everywhere, LayerNorm (weight + bias), GELU MLP (two
+  /// matrices), learned position embeddings (ctx x hidden), tied input/output embeddings,
+  /// dropout.
+  kGpt,
+};
+
+/// The shape of a decoder-only transformer.
+struct ModelConfig {
+  std::string name = "custom";  ///< preset name, or "custom"
+  Arch arch = Arch::kLlama;
+  int64_t hidden = 0;    ///< h, the model width
+  int64_t layers = 0;    ///< L, transformer blocks
+  int64_t heads = 0;     ///< a, attention (query) heads
+  int64_t kv_heads = 0;  ///< key/value heads: = heads for multi-head attention, fewer for GQA
+  int64_t ffn = 0;       ///< F, width of the MLP's hidden layer (4h in GPT)
+  int64_t vocab = 0;     ///< V, vocabulary size
+  int64_t ctx = 0;       ///< maximum context; GPT learns one position embedding per position
+
+  /// h / a, the width of one head.
+  int64_t head_dim() const { return hidden / heads; }
+  /// kv_heads * head_dim: the width of the K and of the V projection.
+  int64_t kv_dim() const { return kv_heads * head_dim(); }
+  /// GPT blocks apply dropout (and store its masks); LLaMA blocks do not.
+  bool has_dropout() const { return arch == Arch::kGpt; }
+};
+
+/// The published configurations the course knows by name: llama-7b, llama-13b, llama-33b,
+/// llama-65b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, gpt2, gpt2-medium, gpt2-large,
+/// gpt2-xl, gpt3-175b (sources in ledger.cpp).
+const std::vector<ModelConfig>& presets();
+
+/// The preset called @p name.
+/// @throws dtc::UsageError("--model") listing the known names when there is none.
+ModelConfig preset(const std::string& name);
+
+/// Checks that a model's shape makes sense.
+/// @throws dtc::UsageError naming the flag (--hidden, --layers, --heads, --kv-heads, --ffn,
+///   --vocab, --ctx) for a size that is zero or negative, heads that do not divide hidden,
+///   or kv-heads that do not divide heads.
+void validate(const ModelConfig& model);
+
+// ---------------------------------------------------------------------------------------------
+// Training set-up
+// ---------------------------------------------------------------------------------------------
+
+/// How weights and gradients are stored.
+enum class Precision {
+  kFp32,   ///< everything in fp32
+  kMixed,  ///< 16-bit (bf16/fp16) weights and gradients, plus an fp32 master copy of the weights
+};
+/// The optimizer, which decides the optimizer states.
+enum class Optimizer {
+  kSgd,       ///< plain SGD: no state
+  kMomentum,  ///< SGD with momentum: one fp32 buffer
+  kAdam,      ///< Adam / AdamW: two fp32 moments
+  kAdam8bit,  ///< 8-bit Adam (bitsandbytes): two 1-byte moments
+};
+/// Activation recomputation (checkpointing), Korthikanti et al. 2022.
+enum class Recompute {
+  kNone,       ///< store every activation the backward pass needs
+  kSelective,  ///< recompute the attention core (softmax, its dropout, attention over V)
+  kFull,       ///< store only each layer's input; recompute the whole layer in backward
+};
+
+/// Everything about a training run that changes memory, besides the model.
+struct TrainingSetup {
+  Precision precision = Precision::kMixed;
+  /// Mixed precision only: accumulate gradients in an extra fp32 buffer (4 bytes/param).
+  bool fp32_grad_accum = false;
+  Optimizer optimizer = Optimizer::kAdam;
+  int zero_stage = 0;       ///< ZeRO stage 0 (plain data parallel) .. 3
+  int64_t dp = 1;           ///< data-parallel degree: ZeRO shards over these ranks
+  int64_t tp = 1;           ///< tensor-parallel degree
+  int64_t pp = 1;           ///< pipeline-parallel degree
+  int64_t seq = 2048;       ///< s, tokens per sequence
+  int64_t micro_batch = 1;  ///< b, sequences per micro-batch on one GPU
+  Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;  ///< Megatron sequence parallelism (shards norms/dropout by tp)
+};
+
+/// Checks a set-up, and its fit with @p model when one is given (nullptr: a bare parameter
+/// count).
+/// @throws dtc::UsageError naming the flag: --dp/--tp/--pp/--seq/--micro-batch below 1,
+///   --zero outside 0-3, --tp not dividing heads, kv-heads or ffn, --pp greater than layers,
+///   --fp32-grad-accum without --precision mixed.
+void validate(const TrainingSetup& setup, const ModelConfig* model);
+
+// ---------------------------------------------------------------------------------------------
+// What you implement (ledger.cpp)
+// ---------------------------------------------------------------------------------------------
+
+/// Counts the parameters of @p model.
+///
+/// Per block: attention (Q and output projections h x h; K and V projections h x kv_dim),
+/// the MLP (LLaMA: three h x F matrices; GPT: two), the norms (RMSNorm: h; LayerNorm: 2h),
+/// and for GPT the biases of every linear layer (Q/K/V/output, and the MLP's F and h).
+/// Then the embeddings: LLaMA has an input embedding and a separate output head (2 V h) and a
+/// final RMSNorm (h); GPT has one tied V x h matrix, ctx x h position embeddings and a final
+/// LayerNorm (2h).
+/// @return the exact count, e.g. 6,738,415,616 for llama-7b.
+int64_t count_params(const ModelConfig& model);
+
+/// Bytes per parameter of each training state, before any sharding.
+struct BytesPerParam {
+  double params = 0;     ///< the weights the forward pass uses
+  double grads = 0;      ///< gradients (plus the fp32 accumulation buffer, if any)
+  double optimizer = 0;  ///< optimizer states, including the fp32 master copy in mixed precision
+  /// params + grads + optimizer.
+  double total() const { return params + grads + optimizer; }
+};
+
+/// The bytes per parameter for a precision and optimizer.
+///
+/// fp32: weights 4, gradients 4, optimizer states in fp32 (SGD none, momentum one buffer,
+/// Adam two moments; 8-bit Adam two 1-byte moments). Mixed: weights 2, gradients 2 (+4 with
+/// @p fp32_grad_accum), optimizer = fp32 master copy (4) + the states as in fp32 training.
+/// Mixed + Adam gives 2 + 2 + 12 = 16 (ZeRO, sec. 3.1).
+BytesPerParam bytes_per_param(Precision precision, Optimizer optimizer, bool fp32_grad_accum);
+
+/// Bytes of each state held by one device.
+struct StateBytes {
+  double params = 0;
+  double grads = 0;
+  double optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+
+/// ZeRO sharding of @p params parameters (those one data-parallel replica holds) over @p dp
+/// ranks. Stage 0 shards nothing; stage 1 shards the optimizer states; stage 2 also the
+/// gradients; stage 3 also the parameters. A sharded state is divided evenly by dp.
+/// Check: P = 7.5e9, dp = 64, 16 bytes/param -> 120, 31.4, 16.6, 1.9 GB (ZeRO, Figure 1).
+StateBytes zero_state_bytes(double params, const BytesPerParam& per_param, int zero_stage,
+                            int64_t dp);
+
+/// Activation bytes one transformer block stores for backward, on one GPU, for one
+/// micro-batch of setup.micro_batch sequences of setup.seq tokens (16-bit activations, 1-byte
+/// dropout masks).
+///
+/// Korthikanti et al. 2022 (arXiv:2205.05198, Table 2) derive s*b*h*(34 + 5*a*s/h) for a GPT
+/// block with F = 4h. Generalise their derivation to this block's real shape (K and V of width
+/// kv_dim, the MLP's F and its matrices, dropout only where the block has it), and apply
+/// tensor parallelism (tp), sequence parallelism and recomputation as Table 2 does:
+///   - tp splits the tensors inside the attention and MLP (Q, K, V, the attention scores, the
+///     MLP's F-wide tensors, the output projections' inputs); the rest is replicated unless
+///     sequence_parallel, which splits it by tp as well;
+///   - selective recomputation drops the attention-score (s x s) tensors;
+///   - full recomputation keeps only the block's input, 2sbh (split by tp with sequence
+///     parallelism).
+/// README.md lists every stored tensor.
+double activation_bytes_per_layer(const ModelConfig& model, const TrainingSetup& setup);
+
+/// One device's memory for training.
+struct Ledger {
+  int64_t params = 0;                     ///< parameters of the whole model
+  double params_per_replica = 0;          ///< parameters one data-parallel replica holds: P/(tp*pp)
+  BytesPerParam per_param;                ///< bytes per parameter before sharding
+  StateBytes state;                       ///< parameters, gradients, optimizer states per device
+  double per_layer_activation_bytes = 0;  ///< activation_bytes_per_layer(); 0 without a shape
+  double activation_bytes = 0;            ///< activations per device
+  /// Everything on one device.
+  double total_bytes() const { return state.total() + activation_bytes; }
+};
+
+/// The ledger for one device.
+///
+/// Tensor and pipeline parallelism split the model: one replica holds params / (tp * pp)
+/// parameters (an even split; embeddings are not treated specially). ZeRO then shards that
+/// replica's states over dp ranks. Activations: with @p model, per_layer x layers. (Per device
+/// this holds with pipeline parallelism too: under 1F1B the first stage keeps pp micro-batches
+/// in flight, each through layers/pp blocks; Korthikanti sec. 4.2.3.) Without a model
+/// (nullptr: a bare parameter count) there are no activations.
+Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelConfig* model);
+
+/// Seconds to train a model of @p params parameters on @p tokens tokens: 6 * N * D FLOPs
+/// (forward 2ND + backward 4ND) at @p mfu of @p peak_flops per GPU, on @p gpus GPUs.
+/// @throws std::invalid_argument for a non-positive argument or an mfu above 1.
+double train_time_seconds(double params, double tokens, double peak_flops, double mfu,
+                          int64_t gpus);
+
+}  // namespace dtc::l01

@@ -1,0 +1,13 @@
+// Lesson 01's program, as a function so that tests can run it in-process.
+#pragma once
+
+#include <iosfwd>
+
+namespace dtc::l01 {
+
+/// Runs `lesson01` with @p argv; prints the ledger on @p out and errors on @p err.
+/// @return the exit code: 0, 2 for bad input (the message names the flag and the fix),
+///   3 while a TODO(L01) is unfinished.
+int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace dtc::l01

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs a lesson's program the way its README shows: directly for single-process lessons,
+# under torchrun with NPROC ranks (default 2) for the others.
+#   scripts/run-lesson.sh BUILD_DIR NN [program arguments...]
+set -euo pipefail
+build=$1 nn=$2
+shift 2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/paths.sh"
+program="$build/bin/lesson$nn"
+case "$nn" in
+  01) exec "$program" "$@" ;;  # one process: a calculator, no ranks
+esac
+nproc=${NPROC:-2}
+if [ -x "$DTC_VENV/bin/torchrun" ] && [ "$build" != "build-light" ]; then
+  exec "$DTC_VENV/bin/torchrun" --standalone --nproc_per_node="$nproc" --no_python "$program" "$@"
+fi
+# Debian's torchrun 1.13 crashes under Python 3.11 unless output redirection is explicit.
+exec torchrun --standalone --nproc_per_node="$nproc" --redirects 2 --tee 2 --no_python "$program" "$@"

@@ -1,0 +1,63 @@
+// The common command line and exit codes.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "dtc/cli.h"
+#include "dtc/errors.h"
+#include "dtc/todo.h"
+
+namespace dtc {
+namespace {
+
+int parse(
+    std::vector<const char*> argv, TrainFlags& flags, std::string* err_text = nullptr,
+    const std::function<int()>& body = [] { return 0; }) {
+  CLI::App app{"test", "prog"};
+  add_train_flags(app, flags);
+  argv.insert(argv.begin(), "prog");
+  std::ostringstream err;
+  const int code = run_cli(app, static_cast<int>(argv.size()), argv.data(), body, err);
+  if (err_text) *err_text = err.str();
+  return code;
+}
+
+TEST(Cli, TrainFlags) {
+  TrainFlags f;
+  ASSERT_EQ(parse({"--steps", "5", "--seed", "7", "--global-batch", "16", "--json"}, f), 0);
+  EXPECT_EQ(f.steps, 5);
+  EXPECT_EQ(f.seed, 7u);
+  EXPECT_EQ(f.global_batch, 16);
+  EXPECT_TRUE(f.json);
+}
+
+TEST(Cli, ExitCodes) {
+  TrainFlags f;
+  std::string err;
+  EXPECT_EQ(parse({"--steps", "0"}, f, &err), kExitUsage) << err;
+  EXPECT_NE(err.find("--steps"), std::string::npos) << err;
+  EXPECT_EQ(parse({"--nonsense"}, f, &err), kExitUsage);
+  EXPECT_EQ(parse({}, f, &err, []() -> int { throw UsageError("--x", "bad", "fix"); }), kExitUsage);
+  EXPECT_NE(err.find("HINT: fix"), std::string::npos) << err;
+  EXPECT_EQ(parse({}, f, &err, []() -> int { DTC_TODO("L99", "do the thing"); }), kExitTodo);
+  EXPECT_NE(err.find("TODO(L99)"), std::string::npos) << err;
+  EXPECT_NE(err.find("HINT: do the thing"), std::string::npos) << err;
+  EXPECT_EQ(parse({}, f, &err, []() -> int { throw std::runtime_error("disk full"); }),
+            kExitFailure);
+  EXPECT_EQ(parse({"--help"}, f, &err), kExitOk);
+}
+
+TEST(Cli, TodoNamesLessonFunctionAndPlace) {
+  try {
+    DTC_TODO("L42", "average the bucket");
+  } catch (const TodoError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.lesson(), "L42");
+    EXPECT_NE(what.find("TODO(L42)"), std::string::npos) << what;
+    EXPECT_NE(what.find("TestBody"), std::string::npos) << "names the function: " << what;
+    EXPECT_NE(what.find("cli_test.cpp:"), std::string::npos) << "names file:line: " << what;
+  }
+}
+
+}  // namespace
+}  // namespace dtc

@@ -1,0 +1,134 @@
+// The launch environment: torchrun's, OpenMPI's, or none, validated with clear errors.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "dtc/errors.h"
+#include "dtc/launch.h"
+
+namespace dtc {
+namespace {
+
+EnvLookup env_of(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::map<std::string, std::string> torchrun_vars() {
+  // What torchrun --nnodes=2 --nproc_per_node=2 sets for the second rank of the second node.
+  return {{"RANK", "3"},
+          {"LOCAL_RANK", "1"},
+          {"WORLD_SIZE", "4"},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"GROUP_RANK", "1"},
+          {"MASTER_ADDR", "node0"},
+          {"MASTER_PORT", "29400"},
+          {"TORCHELASTIC_RESTART_COUNT", "2"},
+          {"TORCHELASTIC_MAX_RESTARTS", "3"},
+          {"TORCHELASTIC_RUN_ID", "job7"},
+          {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+}
+
+std::string subject_of(std::map<std::string, std::string> vars) {
+  try {
+    read_launch_env(env_of(vars));
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("HINT:"), std::string::npos) << e.what();
+    return e.subject();
+  }
+  return "(no error)";
+}
+
+TEST(LaunchEnv, NoLauncherIsOneRank) {
+  const LaunchEnv env = read_launch_env(env_of({}));
+  EXPECT_EQ(env.launcher, Launcher::kNone);
+  EXPECT_EQ(env.rank, 0);
+  EXPECT_EQ(env.world_size, 1);
+  EXPECT_TRUE(env.hosts_store());
+}
+
+TEST(LaunchEnv, Torchrun) {
+  const LaunchEnv env = read_launch_env(env_of(torchrun_vars()));
+  EXPECT_EQ(env.launcher, Launcher::kTorchrun);
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.world_size, 4);
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.group_rank, 1);
+  EXPECT_EQ(env.master_addr, "node0");
+  EXPECT_EQ(env.master_port, 29400);
+  EXPECT_EQ(env.restart_count, 2);
+  EXPECT_EQ(env.run_id, "job7");
+  EXPECT_TRUE(env.use_agent_store);
+  EXPECT_FALSE(env.hosts_store());
+  EXPECT_EQ(env.store_prefix(), "attempt2/") << "keys are scoped by the restart count";
+}
+
+TEST(LaunchEnv, AgentStoreRule) {
+  auto vars = torchrun_vars();
+  vars["RANK"] = "0";
+  vars["LOCAL_RANK"] = "0";
+  EXPECT_FALSE(read_launch_env(env_of(vars)).hosts_store()) << "the agent hosts the store";
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_TRUE(read_launch_env(env_of(vars)).hosts_store()) << "rank 0 hosts the store";
+}
+
+TEST(LaunchEnv, OpenMpi) {
+  const LaunchEnv env = read_launch_env(env_of({{"OMPI_COMM_WORLD_RANK", "1"},
+                                                {"OMPI_COMM_WORLD_SIZE", "2"},
+                                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  EXPECT_EQ(env.launcher, Launcher::kMpi);
+  EXPECT_EQ(env.rank, 1);
+  EXPECT_EQ(env.world_size, 2);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.master_addr, "127.0.0.1");
+  EXPECT_EQ(env.master_port, 29500);
+}
+
+TEST(LaunchEnv, ClearErrors) {
+  auto v = torchrun_vars();
+  v["RANK"] = "three";
+  EXPECT_EQ(subject_of(v), "RANK");
+  v = torchrun_vars();
+  v["RANK"] = "4";
+  EXPECT_EQ(subject_of(v), "RANK") << "rank outside the world";
+  v = torchrun_vars();
+  v.erase("WORLD_SIZE");
+  EXPECT_EQ(subject_of(v), "WORLD_SIZE");
+  v = torchrun_vars();
+  v.erase("MASTER_ADDR");
+  EXPECT_EQ(subject_of(v), "MASTER_ADDR");
+  v = torchrun_vars();
+  v["MASTER_PORT"] = "70000";
+  EXPECT_EQ(subject_of(v), "MASTER_PORT");
+  v = torchrun_vars();
+  v["LOCAL_RANK"] = "2";
+  EXPECT_EQ(subject_of(v), "LOCAL_RANK");
+  v = torchrun_vars();
+  v["LOCAL_WORLD_SIZE"] = "8";
+  EXPECT_EQ(subject_of(v), "LOCAL_WORLD_SIZE");
+  EXPECT_EQ(subject_of({{"WORLD_SIZE", "2"}}), "WORLD_SIZE") << "WORLD_SIZE without RANK";
+  EXPECT_EQ(subject_of({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}}),
+            "OMPI_COMM_WORLD_RANK");
+}
+
+TEST(LaunchEnv, NeedsSeveralRanksShowsTheCommand) {
+  const LaunchEnv single = read_launch_env(env_of({}));
+  try {
+    require_world_size(single, 2, "build/bin/lesson06");
+    FAIL() << "expected UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("torchrun --nproc_per_node=2 --no_python "
+                                         "build/bin/lesson06"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(require_world_size(read_launch_env(env_of(torchrun_vars())), 2, "x"));
+}
+
+}  // namespace
+}  // namespace dtc

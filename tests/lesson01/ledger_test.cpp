@@ -1,0 +1,362 @@
+// Lesson 01 tests: the ledger against published numbers and closed forms.
+// Every expected value names its source; see ../shared REFERENCES in the lesson README.
+#include <gtest/gtest.h>
+
+#include "dtc/errors.h"
+#include "dtc_test.h"
+#include "ledger.h"
+
+namespace dtc::l01 {
+namespace {
+
+constexpr double kGB = 1e9;
+
+TrainingSetup mixed_adam() { return TrainingSetup{}; }
+
+// A GPT block with F = 4h, the shape Korthikanti et al. derive their Table 2 for: GPT-3 175B.
+ModelConfig gpt3() { return preset("gpt3-175b"); }
+
+// ---------------------------------------------------------------------------------------------
+// Parameter counts
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01Params, Llama7bExact) {
+  // LLaMA-7B: 6,738,415,616 parameters (the released checkpoint; REFERENCES.md).
+  EXPECT_EQ(count_params(preset("llama-7b")), 6738415616LL)
+      << "LLaMA-7B has 6,738,415,616 parameters: per layer 4h^2 + 3hF + 2h, plus 2Vh + h";
+}
+
+TEST(L01Params, LlamaPaperSizes) {
+  // Touvron et al. 2023 (LLaMA), Table 2: 6.7B, 13.0B, 32.5B, 65.2B, cut (not rounded) to
+  // 0.1B: the count lies in [published, published + 0.1B).
+  const std::pair<const char*, double> published[] = {
+      {"llama-7b", 6.7}, {"llama-13b", 13.0}, {"llama-33b", 32.5}, {"llama-65b", 65.2}};
+  for (const auto& [name, billions] : published) {
+    SCOPED_TRACE(name);
+    const double got = static_cast<double>(count_params(preset(name))) / 1e9;
+    EXPECT_GE(got, billions) << "LLaMA paper, Table 2: " << billions << "B";
+    EXPECT_LT(got, billions + 0.1) << "LLaMA paper, Table 2: " << billions << "B";
+  }
+}
+
+TEST(L01Params, Gpt2SmallExact) {
+  // GPT-2 small as released: 124,439,808 parameters (Hugging Face's gpt2 checkpoint).
+  EXPECT_EQ(count_params(preset("gpt2")), 124439808LL);
+}
+
+TEST(L01Params, GptClosedForm) {
+  // REFERENCES.md: GPT-2 style L*(12h^2 + 13h) + V*h + ctx*h + 2h.
+  for (const char* name : {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b"}) {
+    SCOPED_TRACE(name);
+    const ModelConfig m = preset(name);
+    const int64_t h = m.hidden;
+    const int64_t expected = m.layers * (12 * h * h + 13 * h) + m.vocab * h + m.ctx * h + 2 * h;
+    EXPECT_EQ(count_params(m), expected);
+  }
+}
+
+TEST(L01Params, Gpt3PaperSize) {
+  // Brown et al. 2020 (GPT-3), Table 2.1: 175.0B parameters.
+  EXPECT_CLOSE_REL(static_cast<double>(count_params(gpt3())), 175.0e9, 0.005,
+                   "GPT-3 paper, Table 2.1");
+}
+
+TEST(L01Params, GroupedQueryAttention) {
+  // REFERENCES.md: with GQA the K and V projections are h x (kv * head_dim). Llama 2 70B has
+  // 8 kv heads of 64: per layer it saves 2 * h * (h - 8 * 128) weights against full MHA.
+  ModelConfig gqa = preset("llama2-70b");
+  ModelConfig mha = gqa;
+  mha.kv_heads = mha.heads;
+  const int64_t h = gqa.hidden;
+  EXPECT_EQ(count_params(mha) - count_params(gqa), gqa.layers * 2 * h * (h - 8 * 128));
+  // Closed form of REFERENCES.md for the whole model.
+  const int64_t kv = 8 * 128;
+  const int64_t layer = 2 * h * h + 2 * h * kv + 3 * h * gqa.ffn + 2 * h;
+  EXPECT_EQ(count_params(gqa), gqa.layers * layer + 2 * gqa.vocab * h + h);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bytes per parameter
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01Bytes, MixedAdamIs16) {
+  // ZeRO (Rajbhandari et al. 2019), sec. 3.1: 2 + 2 + K, K = 12 -> 16 bytes per parameter.
+  const BytesPerParam b = bytes_per_param(Precision::kMixed, Optimizer::kAdam, false);
+  EXPECT_EQ(b.params, 2);
+  EXPECT_EQ(b.grads, 2);
+  EXPECT_EQ(b.optimizer, 12);
+  EXPECT_EQ(b.total(), 16);
+}
+
+TEST(L01Bytes, Fp32GradAccumulationIs20) {
+  // HF Ultra-Scale Playbook: 2 + 2 + 4 + 8 + 4 = 20 bytes/param with fp32 grad accumulation.
+  EXPECT_EQ(bytes_per_param(Precision::kMixed, Optimizer::kAdam, true).total(), 20);
+}
+
+TEST(L01Bytes, OptimizerStates) {
+  // EleutherAI "Transformer Math 101": optimizer bytes/param in mixed precision:
+  // AdamW 12, 8-bit Adam 6, SGD with momentum 8 (each includes the 4-byte fp32 master copy).
+  EXPECT_EQ(bytes_per_param(Precision::kMixed, Optimizer::kAdam, false).optimizer, 12);
+  EXPECT_EQ(bytes_per_param(Precision::kMixed, Optimizer::kAdam8bit, false).optimizer, 6);
+  EXPECT_EQ(bytes_per_param(Precision::kMixed, Optimizer::kMomentum, false).optimizer, 8);
+  EXPECT_EQ(bytes_per_param(Precision::kMixed, Optimizer::kSgd, false).optimizer, 4);
+}
+
+TEST(L01Bytes, Fp32Training) {
+  // Transformer Math 101: 4 bytes/param for fp32 weights and gradients; no master copy, so
+  // Adam's two fp32 moments are 8 bytes and plain SGD keeps none.
+  const BytesPerParam adam = bytes_per_param(Precision::kFp32, Optimizer::kAdam, false);
+  EXPECT_EQ(adam.params, 4);
+  EXPECT_EQ(adam.grads, 4);
+  EXPECT_EQ(adam.optimizer, 8);
+  EXPECT_EQ(bytes_per_param(Precision::kFp32, Optimizer::kSgd, false).optimizer, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01Zero, Figure1) {
+  // ZeRO paper, Figure 1: P = 7.5B, Nd = 64, K = 12 -> 120, 31.4, 16.6, 1.9 GB per device.
+  const BytesPerParam b{2, 2, 12};
+  const double published[] = {120.0, 31.4, 16.6, 1.9};
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE(testing::Message() << "stage " << stage);
+    const double gb = zero_state_bytes(7.5e9, b, stage, 64).total() / kGB;
+    EXPECT_NEAR(gb, published[stage], 0.05) << "ZeRO paper, Figure 1 (rounded to 0.1 GB)";
+  }
+}
+
+TEST(L01Zero, StageFormulas) {
+  // ZeRO sec. 5: stage 1 4P + KP/Nd; stage 2 2P + (2+K)P/Nd; stage 3 (4+K)P/Nd.
+  const double p = 1e9, nd = 8, k = 12;
+  const BytesPerParam b{2, 2, k};
+  EXPECT_DOUBLE_EQ(zero_state_bytes(p, b, 0, 8).total(), (4 + k) * p);
+  EXPECT_DOUBLE_EQ(zero_state_bytes(p, b, 1, 8).total(), 4 * p + k * p / nd);
+  EXPECT_DOUBLE_EQ(zero_state_bytes(p, b, 2, 8).total(), 2 * p + (2 + k) * p / nd);
+  EXPECT_DOUBLE_EQ(zero_state_bytes(p, b, 3, 8).total(), (4 + k) * p / nd);
+  const StateBytes s2 = zero_state_bytes(p, b, 2, 8);
+  EXPECT_DOUBLE_EQ(s2.params, 2 * p);
+  EXPECT_DOUBLE_EQ(s2.grads, 2 * p / nd);
+  EXPECT_DOUBLE_EQ(s2.optimizer, k * p / nd);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations (Korthikanti et al. 2022, arXiv:2205.05198, Table 2)
+// ---------------------------------------------------------------------------------------------
+
+struct KorthikantiCase {
+  int64_t tp;
+  bool sp;
+  Recompute recompute;
+};
+
+TEST(L01Activations, KorthikantiTable2) {
+  const ModelConfig m = gpt3();
+  const double s = 2048, b = 1, h = 12288, a = 96;
+  for (int64_t t : {1, 2, 8}) {
+    SCOPED_TRACE(testing::Message() << "tp " << t);
+    TrainingSetup setup = mixed_adam();
+    setup.seq = 2048;
+    setup.micro_batch = 1;
+    setup.tp = t;
+    const double none_tp = s * b * h * (10 + 24.0 / t + 5 * a * s / (h * t));
+    EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup), none_tp, 1e-12,
+                     "Korthikanti Table 2: tensor parallel, sbh(10 + 24/t + 5as/(ht))");
+    setup.sequence_parallel = true;
+    EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup), s * b * h / t * (34 + 5 * a * s / h),
+                     1e-12, "Korthikanti Table 2: tensor + sequence parallel, sbh/t(34 + 5as/h)");
+    setup.recompute = Recompute::kSelective;
+    EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup), 34 * s * b * h / t, 1e-12,
+                     "Korthikanti Table 2: selective recompute + TP + SP, 34sbh/t");
+  }
+  TrainingSetup plain = mixed_adam();
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, plain), s * b * h * (34 + 5 * a * s / h), 1e-12,
+                   "Korthikanti Table 2: no parallelism, sbh(34 + 5as/h)");
+  plain.recompute = Recompute::kFull;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, plain), 2 * s * b * h, 1e-12,
+                   "Korthikanti Table 2: full recomputation, 2sbh");
+}
+
+TEST(L01Activations, SelectiveSaves70PercentOnGpt3) {
+  // Korthikanti sec. 5: for GPT-3 (5as/h = 80) selective recomputation saves 80/114 = 70%.
+  const ModelConfig m = gpt3();
+  TrainingSetup setup = mixed_adam();
+  const double full = activation_bytes_per_layer(m, setup);
+  setup.recompute = Recompute::kSelective;
+  const double selective = activation_bytes_per_layer(m, setup);
+  EXPECT_CLOSE_REL(1.0 - selective / full, 80.0 / 114.0, 1e-12, "Korthikanti sec. 5: 80/114");
+}
+
+TEST(L01Activations, ScalesWithBatchAndSequence) {
+  // Closed form: everything is linear in b; the attention scores are quadratic in s.
+  const ModelConfig m = gpt3();
+  TrainingSetup one = mixed_adam();
+  TrainingSetup four = one;
+  four.micro_batch = 4;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, four), 4 * activation_bytes_per_layer(m, one),
+                   1e-12, "closed form: linear in the micro-batch");
+  one.recompute = four.recompute = Recompute::kSelective;  // no s^2 term left: linear in s
+  four.micro_batch = 1;
+  four.seq = 4 * one.seq;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, four), 4 * activation_bytes_per_layer(m, one),
+                   1e-12, "closed form: linear in s without the attention scores");
+}
+
+TEST(L01Activations, LlamaBlockShape) {
+  // The generalisation to LLaMA's block: no dropout (no masks, no dropout output), a
+  // three-matrix MLP storing three F-wide tensors, and K, V of width kv_dim.
+  ModelConfig m = preset("llama-7b");
+  TrainingSetup setup = mixed_adam();
+  const double s = 2048, b = 1, h = 4096, a = 32, f = 11008;
+  // Per the README's table: 8 sbh outside TP regions; Q, K, V, out-proj input 8 sbh; the MLP
+  // 6 sbF; softmax output 2 a s^2 b.
+  const double expected = 16 * s * b * h + 6 * s * b * f + 2 * a * s * s * b;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup), expected, 1e-12,
+                   "closed form for a LLaMA block (README table)");
+  // Grouped-query attention: K and V shrink from h to kv_dim wide.
+  ModelConfig gqa = m;
+  gqa.kv_heads = 8;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup) - activation_bytes_per_layer(gqa, setup),
+                   2 * 2 * s * b * (h - 8 * 128), 1e-12, "closed form: K and V are 2sb*kv_dim");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The whole ledger
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01Ledger, Outline7bStaticMemory) {
+  // Course outline: BF16 mixed precision + Adam, 7B -> static memory 112 GB (16 bytes/param);
+  // HF Ultra-Scale Playbook: 140 GB with fp32 gradient accumulation (20 bytes/param).
+  TrainingSetup setup = mixed_adam();
+  Ledger l = compute_ledger(7000000000LL, setup, nullptr);
+  EXPECT_CLOSE_REL(l.total_bytes(), 112e9, 1e-12, "course outline: 7B -> 112 GB");
+  EXPECT_EQ(l.activation_bytes, 0) << "a bare parameter count has no activations";
+  setup.fp32_grad_accum = true;
+  l = compute_ledger(7000000000LL, setup, nullptr);
+  EXPECT_CLOSE_REL(l.total_bytes(), 140e9, 1e-12, "Ultra-Scale Playbook: 7B -> 140 GB");
+}
+
+TEST(L01Ledger, TensorAndPipelineSplitTheModel) {
+  // Closed form: one replica holds P / (tp * pp); ZeRO then shards over dp.
+  const ModelConfig m = preset("llama-7b");
+  TrainingSetup setup = mixed_adam();
+  setup.tp = 2;
+  setup.pp = 4;
+  setup.dp = 8;
+  setup.zero_stage = 1;
+  const double p = 6738415616.0;
+  const Ledger l = compute_ledger(6738415616LL, setup, &m);
+  EXPECT_DOUBLE_EQ(l.params_per_replica, p / 8);
+  EXPECT_DOUBLE_EQ(l.state.params, 2 * p / 8);
+  EXPECT_DOUBLE_EQ(l.state.grads, 2 * p / 8);
+  EXPECT_DOUBLE_EQ(l.state.optimizer, 12 * p / 8 / 8);
+}
+
+TEST(L01Ledger, ActivationsForEveryLayer) {
+  // Korthikanti sec. 4.2.3: per device, activations of L layers' worth (1F1B keeps pp
+  // micro-batches of L/pp layers on the first stage), so pp does not change them.
+  const ModelConfig m = gpt3();
+  TrainingSetup setup = mixed_adam();
+  setup.tp = 8;
+  setup.pp = 8;
+  setup.sequence_parallel = true;
+  setup.recompute = Recompute::kSelective;
+  const Ledger l = compute_ledger(count_params(m), setup, &m);
+  const double s = 2048, b = 1, h = 12288, t = 8, layers = 96;
+  EXPECT_CLOSE_REL(l.per_layer_activation_bytes, 34 * s * b * h / t, 1e-12,
+                   "Korthikanti Table 2: 34sbh/t");
+  EXPECT_CLOSE_REL(l.activation_bytes, 34 * s * b * h / t * layers, 1e-12,
+                   "Korthikanti sec. 4.2.3: L layers' worth per device");
+  EXPECT_DOUBLE_EQ(l.total_bytes(), l.state.total() + l.activation_bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time to train
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01Time, SixNDOverDeliveredFlops) {
+  // 6 N D FLOPs (REFERENCES.md); H100 SXM dense BF16 peak 989 TFLOP/s.
+  // The outline: 70B on 1T tokens on one GPU takes years.
+  const double secs = train_time_seconds(70e9, 1e12, 989e12, 0.4, 1);
+  EXPECT_CLOSE_REL(secs, 6 * 70e9 * 1e12 / (989e12 * 0.4), 1e-12,
+                   "closed form: 6ND / (peak * mfu)");
+  EXPECT_GT(secs / (365.0 * 86400.0), 10.0) << "70B on 1T tokens on one GPU: decades";
+  EXPECT_CLOSE_REL(train_time_seconds(70e9, 1e12, 989e12, 0.4, 1024), secs / 1024, 1e-12,
+                   "closed form: linear in the GPU count");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Given code: presets and validation (these pass on the untouched exercise)
+// ---------------------------------------------------------------------------------------------
+
+template <class F>
+std::string usage_subject(F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("HINT:"), std::string::npos) << e.what();
+    return e.subject();
+  }
+  return "(no error)";
+}
+
+TEST(L01ValidationGiven, UnknownModelListsTheNames) {
+  try {
+    preset("llama-8b");
+    FAIL() << "expected UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.subject(), "--model");
+    EXPECT_NE(std::string(e.what()).find("llama3-8b"), std::string::npos) << e.what();
+  }
+}
+
+TEST(L01ValidationGiven, ModelShape) {
+  ModelConfig m = preset("llama-7b");
+  EXPECT_EQ(usage_subject([&] { validate(m); }), "(no error)");
+  auto bad = m;
+  bad.hidden = 0;
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--hidden");
+  bad = m;
+  bad.heads = 30;  // 4096 / 30 is not whole
+  bad.kv_heads = 30;
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--heads");
+  bad = m;
+  bad.kv_heads = 5;
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--kv-heads");
+  bad = m;
+  bad.layers = -1;
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--layers");
+}
+
+TEST(L01ValidationGiven, SetupAgainstModel) {
+  const ModelConfig m = preset("llama-7b");  // 32 heads, 32 layers
+  TrainingSetup s;
+  EXPECT_EQ(usage_subject([&] { validate(s, &m); }), "(no error)");
+  s.tp = 3;
+  EXPECT_EQ(usage_subject([&] { validate(s, &m); }), "--tp");
+  s = TrainingSetup{};
+  s.zero_stage = 4;
+  EXPECT_EQ(usage_subject([&] { validate(s, nullptr); }), "--zero");
+  s = TrainingSetup{};
+  s.pp = 33;
+  EXPECT_EQ(usage_subject([&] { validate(s, &m); }), "--pp");
+  s = TrainingSetup{};
+  s.dp = 0;
+  EXPECT_EQ(usage_subject([&] { validate(s, nullptr); }), "--dp");
+  s = TrainingSetup{};
+  s.precision = Precision::kFp32;
+  s.fp32_grad_accum = true;
+  EXPECT_EQ(usage_subject([&] { validate(s, nullptr); }), "--fp32-grad-accum");
+}
+
+TEST(L01ValidationGiven, PresetsAreValid) {
+  for (const auto& m : presets()) {
+    SCOPED_TRACE(m.name);
+    EXPECT_EQ(usage_subject([&] { validate(m); }), "(no error)");
+  }
+  EXPECT_EQ(presets().size(), 13u);
+}
+
+}  // namespace
+}  // namespace dtc::l01

@@ -1,0 +1,126 @@
+// Lesson 01 tests: the lesson01 program, run in-process.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dtc_test.h"
+#include "program.h"
+
+namespace dtc::l01 {
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Result run_lesson01(std::vector<std::string> args) {
+  args.insert(args.begin(), "lesson01");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int code = run_program(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+nlohmann::json last_json_line(const std::string& out) {
+  const auto end = out.find_last_not_of('\n');
+  const auto start = out.rfind('\n', end);
+  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+}
+
+TEST(L01Program, BareParamsJson) {
+  // The outline's 7B example: 16 bytes/param -> 112 GB, and no activations without a shape.
+  const Result r = run_lesson01({"--params", "7e9", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = last_json_line(r.out);
+  EXPECT_EQ(j.at("params").get<int64_t>(), 7000000000LL);
+  EXPECT_CLOSE_REL(j.at("per_device_bytes").at("total").get<double>(), 112e9, 1e-12,
+                   "course outline: 7B -> 112 GB");
+  EXPECT_EQ(j.at("per_device_bytes").at("activations").get<double>(), 0.0);
+  for (const char* key : {"params", "grads", "optimizer", "activations", "total"}) {
+    EXPECT_TRUE(j.at("per_device_bytes").contains(key)) << key;
+  }
+  EXPECT_TRUE(j.contains("per_layer_activation_bytes"));
+}
+
+TEST(L01Program, ModelJson) {
+  const Result r = run_lesson01({"--model", "llama-7b", "--zero", "3", "--dp", "8", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = last_json_line(r.out);
+  EXPECT_EQ(j.at("params").get<int64_t>(), 6738415616LL) << "LLaMA-7B (REFERENCES.md)";
+  // ZeRO-3 over 8: all 16 bytes/param sharded (ZeRO sec. 5: (4+K)P/Nd).
+  const double states = j.at("per_device_bytes").at("params").get<double>() +
+                        j.at("per_device_bytes").at("grads").get<double>() +
+                        j.at("per_device_bytes").at("optimizer").get<double>();
+  EXPECT_CLOSE_REL(states, 16.0 * 6738415616.0 / 8, 1e-12, "ZeRO stage 3: (4+K)P/Nd");
+  EXPECT_GT(j.at("per_layer_activation_bytes").get<double>(), 0.0);
+}
+
+TEST(L01Program, TableAndTimeToTrain) {
+  const Result r = run_lesson01({"--model", "llama3-70b", "--tokens", "1e12", "--gpus", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("optimizer states"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("does NOT fit"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("years"), std::string::npos) << "70B on 1T tokens, one GPU:\n" << r.out;
+}
+
+TEST(L01Program, NoArgumentsComparesTheFamily) {
+  const Result r = run_lesson01({});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* name : {"llama-7b", "llama2-70b", "llama3-405b"}) {
+    EXPECT_NE(r.out.find(name), std::string::npos) << name << " missing:\n" << r.out;
+  }
+  const Result j = run_lesson01({"--json"});
+  ASSERT_EQ(j.code, 0) << j.err;
+  const auto rows = last_json_line(j.out).at("comparison");
+  ASSERT_EQ(rows.size(), 3u);
+  // The outline: one 80 GB H100 cannot hold the training state past 7B.
+  EXPECT_FALSE(rows[1].at("fits").get<bool>());
+  EXPECT_FALSE(rows[2].at("fits").get<bool>());
+}
+
+TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--model", "gpt5"}, "--model"},
+      {{"--model", "llama-7b", "--tp", "3"}, "--tp"},
+      {{"--params", "7e9", "--zero", "4"}, "--zero"},
+      {{"--model", "llama-7b", "--pp", "64"}, "--pp"},
+      {{"--params", "0"}, "--params"},
+      {{"--params", "-7e9"}, "--params"},
+      {{"--params", "seven"}, "--params"},
+      {{"--arch", "llama", "--hidden", "100", "--layers", "2", "--heads", "3", "--ffn", "64",
+        "--vocab", "10"},
+       "--heads"},
+      {{"--arch", "gpt", "--hidden", "0", "--layers", "2", "--heads", "2", "--ffn", "64", "--vocab",
+        "10", "--ctx", "8"},
+       "--hidden"},
+      {{"--model", "llama-7b", "--params", "7e9"}, "--params"},
+      {{"--optimizer", "lion"}, "--optimizer"},
+      {{"--mfu", "1.5"}, "--mfu"},
+  };
+  for (const auto& [args, flag] : cases) {
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    SCOPED_TRACE(joined);
+    const Result r = run_lesson01(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << "the message should name " << flag << ":\n"
+                                                   << r.err;
+    EXPECT_NE(r.err.find("HINT"), std::string::npos) << "the message should say how to fix it:\n"
+                                                     << r.err;
+  }
+}
+
+TEST(L01ProgramGiven, HelpExitsZero) {
+  const Result r = run_lesson01({"--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.err.find("--model"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtc::l01
