@@ -86,7 +86,7 @@ c10::intrusive_ptr<Comm> new_subgroup(const c10::intrusive_ptr<c10d::Store>& sto
                      "list each member once");
   }
   auto it = std::find(ranks.begin(), ranks.end(), global_rank);
-  if (it == ranks.end()) return nullptr;
+  if (it == ranks.end()) return c10::intrusive_ptr<Comm>();  // not a member
   const int sub_rank = static_cast<int>(it - ranks.begin());
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("group/" + name + "/", store);
   return new_comm(prefixed, sub_rank, static_cast<int>(ranks.size()), backend, timeout,
