@@ -14,7 +14,8 @@ CTEST_FLAGS ?= --output-on-failure --timeout 300
 
 # Where the venv's LibTorch keeps its CMake files (and its libraries, which must win over
 # Debian's libtorch when both are installed).
-TORCH_PREFIX = $$($(DTC_VENV)/bin/python -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')
+TORCH_PYTHON ?= $(DTC_VENV)/bin/python
+TORCH_PREFIX = $$($(TORCH_PYTHON) -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')
 
 .PHONY: help deps deps-light configure configure-light build build-light test run exercises \
         check-exercises format tidy docs clean
@@ -29,7 +30,11 @@ help:
 	@echo "  make test-lessonNN-solution test the reference solution of one lesson"
 	@echo "  make test                   everything CI checks, on both LibTorch paths"
 	@echo "  make exercises [FORCE=1]    regenerate lessons/ from solutions/"
-	@echo "  make format | tidy          apply clang-format | run clang-tidy"
+	@echo "  make format | tidy | docs   apply clang-format | run clang-tidy | Doxygen HTML"
+
+# DTC_SKIP_DEPS=1: a machine that brings its own (a GPU node with its PyTorch): no installer.
+DEPS_PRIMARY := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-primary.stamp)
+DEPS_LIGHT := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-light.stamp)
 
 # --- dependencies --------------------------------------------------------------------------
 $(DTC_CACHE)/deps-%.stamp: scripts/install-deps.sh scripts/paths.sh
@@ -39,9 +44,9 @@ deps: $(DTC_CACHE)/deps-primary.stamp
 deps-light: $(DTC_CACHE)/deps-light.stamp
 
 # --- configure and build -------------------------------------------------------------------
-$(BUILD)/build.ninja: | $(DTC_CACHE)/deps-primary.stamp
+$(BUILD)/build.ninja: | $(DEPS_PRIMARY)
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)"
-$(LIGHT_BUILD)/build.ninja: | $(DTC_CACHE)/deps-light.stamp
+$(LIGHT_BUILD)/build.ninja: | $(DEPS_LIGHT)
 	cmake -S . -B $(LIGHT_BUILD) -G Ninja
 configure: $(BUILD)/build.ninja
 configure-light: $(LIGHT_BUILD)/build.ninja
@@ -79,6 +84,10 @@ check-exercises:
 
 format:
 	python3 scripts/check_format.py --fix
+
+docs:
+	doxygen docs/Doxyfile
+	@echo "API docs: build/docs/html/index.html"
 
 tidy: configure
 	run-clang-tidy -quiet -p $(BUILD) '(common/src|lessons|solutions)/.*\.cpp$$'
