@@ -61,8 +61,9 @@ ModelConfig preset(const std::string& name);
 
 /// Checks that a model's shape makes sense.
 /// @throws dtc::UsageError naming the flag (--hidden, --layers, --heads, --kv-heads, --ffn,
-///   --vocab, --ctx) for a size that is zero or negative, heads that do not divide hidden,
-///   or kv-heads that do not divide heads.
+///   --vocab) for a size that is zero or negative, heads that do not divide hidden, or
+///   kv-heads that do not divide heads; --ctx when it is negative, or zero for a GPT model
+///   (which learns one position embedding per position).
 void validate(const ModelConfig& model);
 
 // ---------------------------------------------------------------------------------------------

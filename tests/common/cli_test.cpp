@@ -5,6 +5,7 @@
 
 #include "dtc/cli.h"
 #include "dtc/errors.h"
+#include "dtc/log.h"
 #include "dtc/todo.h"
 
 namespace dtc {
@@ -57,6 +58,29 @@ TEST(Cli, TodoNamesLessonFunctionAndPlace) {
     EXPECT_NE(what.find("TestBody"), std::string::npos) << "names the function: " << what;
     EXPECT_NE(what.find("cli_test.cpp:"), std::string::npos) << "names file:line: " << what;
   }
+}
+
+std::string logged(int rank) {
+  std::FILE* f = std::tmpfile();
+  RankLog log(rank, f);
+  log("step {} loss {:.2f}", 3, 1.5);
+  log.all("mine");
+  std::rewind(f);
+  char buf[256] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  return std::string(buf, n);
+}
+
+TEST(RankLog, OnlyRankZeroDoesSideWork) {
+  EXPECT_EQ(logged(0), "[rank 0] step 3 loss 1.50\n[rank 0] mine\n");
+  EXPECT_EQ(logged(1), "[rank 1] mine\n") << "rank 1 prints only what differs per rank";
+}
+
+TEST(Cli, JsonIsOneLine) {
+  std::ostringstream out;
+  print_json_line(out, {{"losses", {1.0, 0.5}}, {"tokens_per_s", 10}});
+  EXPECT_EQ(out.str(), "{\"losses\":[1.0,0.5],\"tokens_per_s\":10}\n");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Lesson 01 tests: the ledger against published numbers and closed forms.
-// Every expected value names its source; see ../shared REFERENCES in the lesson README.
+// Every expected value names its source: a paper and its table or section, or a closed form.
 #include <gtest/gtest.h>
 
 #include "dtc/errors.h"
@@ -21,7 +21,7 @@ ModelConfig gpt3() { return preset("gpt3-175b"); }
 // ---------------------------------------------------------------------------------------------
 
 TEST(L01Params, Llama7bExact) {
-  // LLaMA-7B: 6,738,415,616 parameters (the released checkpoint; REFERENCES.md).
+  // LLaMA-7B: 6,738,415,616 parameters (Touvron et al. 2023, the released 7B checkpoint).
   EXPECT_EQ(count_params(preset("llama-7b")), 6738415616LL)
       << "LLaMA-7B has 6,738,415,616 parameters: per layer 4h^2 + 3hF + 2h, plus 2Vh + h";
 }
@@ -45,7 +45,7 @@ TEST(L01Params, Gpt2SmallExact) {
 }
 
 TEST(L01Params, GptClosedForm) {
-  // REFERENCES.md: GPT-2 style L*(12h^2 + 13h) + V*h + ctx*h + 2h.
+  // Closed form for a GPT-2-style model: L*(12h^2 + 13h) + V*h + ctx*h + 2h.
   for (const char* name : {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b"}) {
     SCOPED_TRACE(name);
     const ModelConfig m = preset(name);
@@ -62,14 +62,14 @@ TEST(L01Params, Gpt3PaperSize) {
 }
 
 TEST(L01Params, GroupedQueryAttention) {
-  // REFERENCES.md: with GQA the K and V projections are h x (kv * head_dim). Llama 2 70B has
-  // 8 kv heads of 64: per layer it saves 2 * h * (h - 8 * 128) weights against full MHA.
+  // With GQA the K and V projections are h x (kv * head_dim). Llama 2 70B has 8 kv heads for
+  // its 64 query heads (head size 128): per layer it saves 2 * h * (h - 8 * 128) weights against full MHA.
   ModelConfig gqa = preset("llama2-70b");
   ModelConfig mha = gqa;
   mha.kv_heads = mha.heads;
   const int64_t h = gqa.hidden;
   EXPECT_EQ(count_params(mha) - count_params(gqa), gqa.layers * 2 * h * (h - 8 * 128));
-  // Closed form of REFERENCES.md for the whole model.
+  // Closed form for the whole model: L * (2h^2 + 2h*kv + 3hF + 2h) + 2Vh + h.
   const int64_t kv = 8 * 128;
   const int64_t layer = 2 * h * h + 2 * h * kv + 3 * h * gqa.ffn + 2 * h;
   EXPECT_EQ(count_params(gqa), gqa.layers * layer + 2 * gqa.vocab * h + h);
@@ -276,7 +276,7 @@ TEST(L01Ledger, ActivationsForEveryLayer) {
 // ---------------------------------------------------------------------------------------------
 
 TEST(L01Time, SixNDOverDeliveredFlops) {
-  // 6 N D FLOPs (REFERENCES.md); H100 SXM dense BF16 peak 989 TFLOP/s.
+  // 6 N D FLOPs (Kaplan et al. 2020); H100 SXM dense BF16 peak 989 TFLOP/s (NVIDIA).
   // The outline: 70B on 1T tokens on one GPU takes years.
   const double secs = train_time_seconds(70e9, 1e12, 989e12, 0.4, 1);
   EXPECT_CLOSE_REL(secs, 6 * 70e9 * 1e12 / (989e12 * 0.4), 1e-12,

@@ -52,7 +52,7 @@ TEST(L01Program, ModelJson) {
   const Result r = run_lesson01({"--model", "llama-7b", "--zero", "3", "--dp", "8", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = last_json_line(r.out);
-  EXPECT_EQ(j.at("params").get<int64_t>(), 6738415616LL) << "LLaMA-7B (REFERENCES.md)";
+  EXPECT_EQ(j.at("params").get<int64_t>(), 6738415616LL) << "LLaMA-7B (Touvron et al. 2023)";
   // ZeRO-3 over 8: all 16 bytes/param sharded (ZeRO sec. 5: (4+K)P/Nd).
   const double states = j.at("per_device_bytes").at("params").get<double>() +
                         j.at("per_device_bytes").at("grads").get<double>() +
