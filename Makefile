@@ -25,7 +25,8 @@ help:
 	@echo "  make lessonNN               build your exercise: build/bin/lessonNN"
 	@echo "  make test-lessonNN          test your exercise, test by test"
 	@echo "  make run-lessonNN [ARGS=..] run the lesson's program (several ranks where it needs them)"
-	@echo "  make run                    the course's main demo"
+	@echo "  make run                    the course's main demo (a reference program)"
+	@echo "  make run-lessonNN SOLUTION=1 run the reference solution's program instead of yours"
 	@echo "Instructors:"
 	@echo "  make test-lessonNN-solution test the reference solution of one lesson"
 	@echo "  make test                   everything CI checks, on both LibTorch paths"
@@ -67,10 +68,14 @@ test-lesson%: configure
 	cmake --build $(BUILD) --target lesson$*_tests
 	ctest --test-dir $(BUILD) -L '^lesson$*-learner$$' $(CTEST_FLAGS)
 
-run-lesson%: lesson%
-	@bash scripts/run-lesson.sh $(BUILD) $* $(ARGS)
+# SOLUTION=1 runs the reference solution's program instead of your exercise.
+run-lesson%: configure
+	cmake --build $(BUILD) --target lesson$*$(if $(SOLUTION),_solution)
+	@bash scripts/run-lesson.sh $(BUILD) $*$(if $(SOLUTION),_solution) $(ARGS)
 
-run: run-lesson01
+# The course's main demo: the reference program of the newest runnable lesson.
+run:
+	@$(MAKE) --no-print-directory run-lesson01 SOLUTION=1
 
 # --- the instructor loop and CI ------------------------------------------------------------
 test:

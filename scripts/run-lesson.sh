@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a lesson's program the way its README shows: directly for single-process lessons,
 # under torchrun with NPROC ranks (default 2) for the others.
-#   scripts/run-lesson.sh BUILD_DIR NN [program arguments...]
+#   scripts/run-lesson.sh BUILD_DIR NN[_solution] [program arguments...]
 set -euo pipefail
 build=$1 nn=$2
 shift 2
@@ -9,7 +9,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/paths.sh"
 program="$build/bin/lesson$nn"
 case "$nn" in
-  01) exec "$program" "$@" ;;  # one process: a calculator, no ranks
+  01|01_solution) exec "$program" "$@" ;;  # one process: a calculator, no ranks
 esac
 nproc=${NPROC:-2}
 if [ -x "$DTC_VENV/bin/torchrun" ] && [ "$build" != "build-light" ]; then
