@@ -1,5 +1,6 @@
-// The lesson01 program: command line, the ledger table, the 7B / 70B / 405B comparison.
-// Given in full; the arithmetic it prints is yours, in ledger.cpp.
+// The lesson01 program: command line, the ledger table, the 7B / 70B / 405B comparison, and
+// (--plan) the five strategies compared and a recommended mix for a model on a cluster.
+// Given in full; the arithmetic it prints is yours, in ledger.cpp and strategy.cpp.
 #include "program.h"
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "dtc/cli.h"
 #include "dtc/errors.h"
 #include "ledger.h"
+#include "strategy.h"
 
 namespace dtc::l01 {
 namespace {
@@ -55,6 +57,15 @@ double parse_count(const std::string& text, const char* flag) {
   return v;
 }
 
+// 6738415616 -> "6,738,415,616"
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n);
+  for (int i = static_cast<int>(digits.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) {
+    digits.insert(static_cast<size_t>(i), ",");
+  }
+  return digits;
+}
+
 std::string human_time(double seconds) {
   const double days = seconds / 86400.0;
   if (days >= 365.0) return fmt::format("{:.1f} years", days / 365.0);
@@ -77,6 +88,15 @@ struct Options {
   double mfu = 0.4;
   double gpu_mem_gb = 80.0;
   bool json = false;
+  // --plan: a mix for the model on a cluster
+  bool plan = false;
+  std::string cluster = "dgx-h100";
+  int64_t gpus_per_node = 0;  // used when set_gpus_per_node
+  double intra_bw = 0;        // GB/s per GPU per direction; used when set_intra
+  double inter_bw = 0;
+  int64_t global_batch = 0;  // sequences per step; 0: 4M tokens
+  bool set_gpus_per_node = false, set_gpu_mem = false, set_peak = false, set_intra = false,
+       set_inter = false;
 };
 
 nlohmann::json model_json(const ModelConfig& m) {
@@ -122,8 +142,8 @@ nlohmann::json ledger_json(const Ledger& l, const ModelConfig* model, const Opti
 void print_ledger(std::ostream& out, const Ledger& l, const ModelConfig* model, const Options& o) {
   const TrainingSetup& s = o.setup;
   if (model) {
-    fmt::print(out, "Training memory ledger: {} ({}, {:L} parameters)\n", model->name,
-               model->arch == Arch::kLlama ? "LLaMA-style" : "GPT-style", l.params);
+    fmt::print(out, "Training memory ledger: {} ({}, {} parameters)\n", model->name,
+               model->arch == Arch::kLlama ? "LLaMA-style" : "GPT-style", with_commas(l.params));
   } else {
     fmt::print(out, "Training memory ledger: {:.4g} parameters (no shape: no activations)\n",
                static_cast<double>(l.params));
@@ -158,8 +178,8 @@ void print_ledger(std::ostream& out, const Ledger& l, const ModelConfig* model, 
     fmt::print(out, "  fits on one {:g} GB GPU ({:.0f}% used)\n", o.gpu_mem_gb,
                100.0 * total / cap);
   } else {
-    fmt::print(out, "  does NOT fit on one {:g} GB GPU: {:.1f}x too big\n", o.gpu_mem_gb,
-               total / cap);
+    fmt::print(out, "  does NOT fit on one {:g} GB GPU: needs {:.1f} GB ({:.2f}x)\n", o.gpu_mem_gb,
+               total / kGB, total / cap);
   }
 }
 
@@ -212,10 +232,208 @@ int compare_family(std::ostream& out, const Options& o) {
              "activations for one micro-batch.\n"
              "  Training time: 6 N D FLOPs for D = {:.0e} tokens at {:.0f}% MFU of {:g} TFLOP/s "
              "per GPU.\n"
-             "  Won't fit: beyond 7B no single GPU holds the training state. Won't finish: years "
+             "  Won't fit: not even 7B's training state fits on one GPU. Won't finish: years "
              "on one GPU, days on a thousand.\n",
              bytes_per_param(o.setup.precision, o.setup.optimizer, o.setup.fp32_grad_accum).total(),
              tokens, o.mfu * 100, o.peak_tflops);
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --plan: the comparison table and the recommended mix
+// ---------------------------------------------------------------------------------------------
+
+std::string shards_text(const std::vector<std::string>& shards) {
+  std::string text;
+  for (const auto& s : shards) text += (text.empty() ? "" : ",") + s;
+  return text.empty() ? "-" : text;
+}
+
+nlohmann::json plan_json(const PlanRequest& req, const Plan& p,
+                         const std::vector<StrategyRow>& rows) {
+  const Evaluation& e = p.eval;
+  nlohmann::json traffic = nlohmann::json::array();
+  for (const auto& t : e.traffic) {
+    traffic.push_back({{"strategy", strategy_name(t.strategy)},
+                       {"degree", t.degree},
+                       {"bytes_per_gpu", t.bytes_per_gpu},
+                       {"crosses_nodes", t.crosses_nodes},
+                       {"seconds", t.seconds}});
+  }
+  nlohmann::json plan = {{"dp", e.mix.dp},
+                         {"tp", e.mix.tp},
+                         {"pp", e.mix.pp},
+                         {"cp", e.mix.cp},
+                         {"zero_stage", e.mix.zero_stage},
+                         {"recompute", name_of(kRecomputes, e.mix.recompute)},
+                         {"family", family_name(p.family)},
+                         {"reasons", p.reasons},
+                         {"per_gpu_bytes", e.ledger.total_bytes()},
+                         {"per_gpu",
+                          {{"params", e.ledger.state.params},
+                           {"grads", e.ledger.state.grads},
+                           {"optimizer", e.ledger.state.optimizer},
+                           {"activations", e.ledger.activation_bytes}}},
+                         {"capacity_bytes", e.capacity_bytes},
+                         {"traffic", traffic},
+                         {"comm_time_s", e.comm_time_s},
+                         {"compute_time_s", e.compute_time_s},
+                         {"bubble", e.bubble},
+                         {"step_time_s", e.step_time_s},
+                         {"fits", p.fits},
+                         {"needs_gpus", p.needs_gpus},
+                         {"train_time_s", p.train_time_s},
+                         {"train_time_1gpu_s", p.train_time_1gpu_s}};
+  nlohmann::json strategies = nlohmann::json::array();
+  for (const auto& r : rows) {
+    strategies.push_back({{"strategy", strategy_name(r.strategy)},
+                          {"degree", r.degree},
+                          {"splits", r.splits},
+                          {"shards", r.shards},
+                          {"collectives", r.collectives},
+                          {"formula", r.formula},
+                          {"bytes_per_gpu", r.bytes_per_gpu},
+                          {"intra_s", r.intra_s},
+                          {"inter_s", r.inter_s},
+                          {"memory_bytes", r.memory_bytes},
+                          {"fits", r.fits}});
+  }
+  const Cluster& c = req.cluster;
+  return {{"model", model_json(req.model)},
+          {"params", count_params(req.model)},
+          {"cluster",
+           {{"name", c.name},
+            {"gpus_per_node", c.gpus_per_node},
+            {"gpu_mem_gb", c.gpu_mem_gb},
+            {"intra_gbps", c.intra_gbps},
+            {"inter_gbps", c.inter_gbps},
+            {"peak_tflops", c.peak_tflops}}},
+          {"gpus", req.gpus},
+          {"global_batch", req.batch()},
+          {"seq", req.setup.seq},
+          {"tokens", req.tokens},
+          {"mfu", req.mfu},
+          {"plan", plan},
+          {"strategies", strategies}};
+}
+
+void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
+                const std::vector<StrategyRow>& rows, int64_t n) {
+  const Cluster& c = req.cluster;
+  const TrainingSetup& s = req.setup;
+  const double params = static_cast<double>(count_params(req.model));
+  fmt::print(out, "Plan: {} ({:.1f} B parameters) on {} GPUs of {}\n", req.model.name, params / 1e9,
+             req.gpus, c.name);
+  fmt::print(out,
+             "  cluster: {} GPUs per node, {:g} GB each; per GPU per direction: intra-node "
+             "{:g} GB/s, inter-node {:g} GB/s; {:g} TFLOP/s\n",
+             c.gpus_per_node, c.gpu_mem_gb, c.intra_gbps, c.inter_gbps, c.peak_tflops);
+  fmt::print(out,
+             "  one step: {} sequences x {} tokens = {:.3g} tokens, micro-batch {}; {} precision "
+             "+ {}; {:.0f}% MFU\n\n",
+             req.batch(), s.seq, static_cast<double>(req.batch() * s.seq), s.micro_batch,
+             name_of(kPrecisions, s.precision), name_of(kOptimizers, s.optimizer), req.mfu * 100);
+
+  const double compute_s = train_time_seconds(params, static_cast<double>(req.batch() * s.seq),
+                                              c.peak_tflops * 1e12, req.mfu, n);
+  fmt::print(out,
+             "The five strategies, each alone on {} GPUs: one step computes for {:.3g} s there\n"
+             "(w = {:g} bytes a weight, P = {:.3g} parameters, m = micro-batches per replica, "
+             "L layers, s b h = one micro-batch's activations)\n\n",
+             n, compute_s, bytes_per_param(s.precision, s.optimizer, s.fp32_grad_accum).params,
+             params);
+  fmt::print(out, "  {:<12} {:>3}  {:<35} {:>11} {:>9} {:>9} {:>8}  {}\n", "strategy", "n",
+             "shards (per GPU)", "sent GB/GPU", "intra s", "inter s", "mem GB", "fits");
+  for (const auto& r : rows) {
+    fmt::print(out, "  {:<12} {:>3}  {:<35} {:>11.1f} {:>9.3g} {:>9.3g} {:>8.1f}  {}\n",
+               strategy_name(r.strategy), r.degree, shards_text(r.shards), r.bytes_per_gpu / kGB,
+               r.intra_s, r.inter_s, r.memory_bytes / kGB, r.fits ? "yes" : "no");
+  }
+  fmt::print(out, "\n  {:<12} {:<42} {:<67} {}\n", "strategy", "splits", "collectives",
+             "bytes sent per GPU per step");
+  for (const auto& r : rows) {
+    fmt::print(out, "  {:<12} {:<42} {:<67} {}\n", strategy_name(r.strategy), r.splits,
+               r.collectives, r.formula);
+  }
+
+  const Evaluation& e = p.eval;
+  const Mix& m = e.mix;
+  fmt::print(out,
+             "\n{} mix ({}): dp {} x tp {} x pp {} x cp {} = {} GPUs, ZeRO stage {}, recompute "
+             "{}\n",
+             p.fits ? "Recommended" : "Closest", family_name(p.family), m.dp, m.tp, m.pp, m.cp,
+             m.gpus(), m.zero_stage, name_of(kRecomputes, m.recompute));
+  for (const auto& reason : p.reasons) fmt::print(out, "  - {}\n", reason);
+  const Ledger& l = e.ledger;
+  fmt::print(out,
+             "  per GPU: params {:.2f} + grads {:.2f} + optimizer {:.2f} + activations {:.2f} = "
+             "{:.2f} GB of {:.1f} GB usable ({:.0f}% of {:g} GB)\n",
+             l.state.params / kGB, l.state.grads / kGB, l.state.optimizer / kGB,
+             l.activation_bytes / kGB, l.total_bytes() / kGB, e.capacity_bytes / kGB,
+             kUsableMemory * 100, c.gpu_mem_gb);
+  if (!e.traffic.empty()) {
+    fmt::print(out, "  traffic per step:\n");
+    for (const auto& t : e.traffic) {
+      fmt::print(out, "    {:<12} n={:<5} {:>10.4g} GB per GPU on {:<10} {:>9.3g} s\n",
+                 strategy_name(t.strategy), t.degree, t.bytes_per_gpu / kGB,
+                 t.crosses_nodes ? "inter-node" : "intra-node", t.seconds);
+    }
+  }
+  fmt::print(out,
+             "  step: compute {:.3g} s x (1 + bubble {:.3f}) + communication {:.3g} s (no overlap) "
+             "= {:.3g} s\n",
+             e.compute_time_s, e.bubble, e.comm_time_s, e.step_time_s);
+  if (!p.fits) {
+    if (p.needs_gpus > 0) {
+      fmt::print(out, "  does NOT fit on this cluster: needs {} GPUs ({} nodes of {})\n",
+                 p.needs_gpus, std::max<int64_t>(1, p.needs_gpus / c.gpus_per_node),
+                 c.gpus_per_node);
+    } else {
+      fmt::print(out,
+                 "  does NOT fit on any number of these GPUs (up to {}): even the most sharded "
+                 "mix needs more memory than one GPU has\n",
+                 int64_t{1} << 20);
+    }
+  }
+  const double steps = req.tokens / static_cast<double>(req.batch() * s.seq);
+  fmt::print(out,
+             "\n  time to train on {:.3g} tokens (6ND at {:.0f}% MFU): {} on 1 GPU, {} on {} GPUs "
+             "({:.0f}x faster); with this mix's communication and bubble: {}\n",
+             req.tokens, req.mfu * 100, human_time(p.train_time_1gpu_s), human_time(p.train_time_s),
+             req.gpus, p.train_time_1gpu_s / p.train_time_s, human_time(steps * e.step_time_s));
+}
+
+int run_plan(const Options& o, const std::optional<ModelConfig>& model, std::ostream& out) {
+  if (!model) {
+    throw UsageError("--plan", "needs the model's shape, not just a parameter count",
+                     "pass --model NAME (e.g. --model llama3-70b) or describe it with --arch "
+                     "--hidden --layers --heads --ffn --vocab");
+  }
+  PlanRequest req;
+  req.model = *model;
+  req.setup = o.setup;
+  req.cluster = cluster_preset(o.cluster);
+  if (o.set_gpus_per_node) req.cluster.gpus_per_node = o.gpus_per_node;
+  if (o.set_gpu_mem) req.cluster.gpu_mem_gb = o.gpu_mem_gb;
+  if (o.set_peak) req.cluster.peak_tflops = o.peak_tflops;
+  if (o.set_intra) req.cluster.intra_gbps = o.intra_bw;
+  if (o.set_inter) req.cluster.inter_gbps = o.inter_bw;
+  if (o.set_gpus_per_node || o.set_gpu_mem || o.set_peak || o.set_intra || o.set_inter) {
+    req.cluster.name += " (modified)";
+  }
+  req.gpus = o.gpus != 0 ? o.gpus : req.cluster.gpus_per_node;
+  req.global_batch = o.global_batch;
+  req.mfu = o.mfu;
+  req.tokens = o.tokens.empty() ? 1e12 : parse_count(o.tokens, "--tokens");
+  validate(req);  // all input checked before any arithmetic
+  const Plan p = plan(req);
+  const int64_t n = std::min(req.gpus, req.cluster.gpus_per_node);
+  const std::vector<StrategyRow> rows = strategy_table(req, n);
+  if (o.json) {
+    print_json_line(out, plan_json(req, p, rows));
+  } else {
+    print_plan(out, req, p, rows, n);
+  }
   return kExitOk;
 }
 
@@ -246,12 +464,13 @@ int run(const Options& o_in, std::ostream& out) {
     model->name = "custom";
     model->arch = kArchs.at(o.arch);
     if (model->kv_heads == 0) model->kv_heads = model->heads;
-  } else if (!o.params.empty()) {
+  } else if (!o.params.empty() && !o.plan) {
     params = static_cast<int64_t>(parse_count(o.params, "--params"));
-  } else {
+  } else if (!o.plan) {
     validate(s, nullptr);
     return compare_family(out, o);
   }
+  if (o.plan) return run_plan(o, model, out);
   const ModelConfig* shape = model ? &*model : nullptr;
   if (model) validate(*model);
   validate(s, shape);  // all input checked before any arithmetic
@@ -289,7 +508,9 @@ int run(const Options& o_in, std::ostream& out) {
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   CLI::App app{
       "Lesson 01: the training memory ledger, per device.\n"
-      "With no model: the LLaMA 7B / 70B / 405B comparison.",
+      "With no model: the LLaMA 7B / 70B / 405B comparison.\n"
+      "With --plan: the five parallelism strategies compared, and a mix for the model on a "
+      "cluster.",
       "lesson01"};
   Options o;
   auto* model = app.add_option("--model", o.model, "a published model, e.g. llama-7b");
@@ -329,15 +550,44 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_flag("--sequence-parallel", o.setup.sequence_parallel,
                "Megatron sequence parallelism (with --tp)");
   app.add_option("--tokens", o.tokens, "training tokens, e.g. 1e12: prints the time to train");
-  app.add_option("--gpus", o.gpus, "GPUs for the time to train (default dp x tp x pp)");
+  app.add_option("--gpus", o.gpus,
+                 "GPUs for the time to train (default dp x tp x pp); with --plan, the GPUs to "
+                 "plan for (default one node)");
   app.add_option("--peak-tflops", o.peak_tflops, "peak TFLOP/s per GPU (H100 BF16 dense: 989)")
       ->capture_default_str();
   app.add_option("--mfu", o.mfu, "model FLOPs utilisation, 0-1")->capture_default_str();
   app.add_option("--gpu-mem", o.gpu_mem_gb, "memory per GPU in GB")->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object instead of the table");
 
+  auto* plan = app.add_flag("--plan", o.plan,
+                            "compare the five strategies and recommend a mix (dp, tp, pp, cp, "
+                            "ZeRO, recompute) for --model on --cluster with --gpus");
+  app.add_option("--cluster", o.cluster, "with --plan: dgx-h100, h200x8, dgx-a100, pcie-ethernet")
+      ->capture_default_str()
+      ->needs(plan);
+  app.add_option("--gpus-per-node", o.gpus_per_node, "with --plan: override the preset's")
+      ->needs(plan);
+  app.add_option("--intra-bw", o.intra_bw,
+                 "with --plan: intra-node GB/s per GPU per direction (NVLink 4: 450)")
+      ->needs(plan);
+  app.add_option("--inter-bw", o.inter_bw,
+                 "with --plan: inter-node GB/s per GPU per direction (InfiniBand 400 Gb/s: 50)")
+      ->needs(plan);
+  app.add_option("--global-batch", o.global_batch,
+                 "with --plan: sequences per optimizer step (default: 4M tokens / seq)")
+      ->needs(plan);
+
   return run_cli(
-      app, argc, argv, [&] { return run(o, out); }, err);
+      app, argc, argv,
+      [&] {
+        o.set_gpus_per_node = app.count("--gpus-per-node") > 0;
+        o.set_gpu_mem = app.count("--gpu-mem") > 0;
+        o.set_peak = app.count("--peak-tflops") > 0;
+        o.set_intra = app.count("--intra-bw") > 0;
+        o.set_inter = app.count("--inter-bw") > 0;
+        return run(o, out);
+      },
+      err);
 }
 
 }  // namespace dtc::l01

@@ -84,6 +84,60 @@ TEST(L01Program, NoArgumentsComparesTheFamily) {
   EXPECT_FALSE(rows[2].at("fits").get<bool>());
 }
 
+TEST(L01Program, PlanJson) {
+  const Result r = run_lesson01(
+      {"--plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = last_json_line(r.out);
+  const auto& plan = j.at("plan");
+  for (const char* key : {"dp", "tp", "pp", "cp", "zero_stage", "recompute", "reasons",
+                          "per_gpu_bytes", "comm_time_s", "fits"}) {
+    EXPECT_TRUE(plan.contains(key)) << key;
+  }
+  EXPECT_TRUE(plan.at("fits").get<bool>());
+  EXPECT_EQ(plan.at("dp").get<int64_t>() * plan.at("tp").get<int64_t>() *
+                plan.at("pp").get<int64_t>() * plan.at("cp").get<int64_t>(),
+            64);
+  EXPECT_LE(plan.at("tp").get<int64_t>(), 8) << "TP stays inside an 8-GPU node";
+  EXPECT_LE(plan.at("per_gpu_bytes").get<double>(), 80e9);
+  EXPECT_EQ(plan.at("reasons").size(), 6u);
+  EXPECT_EQ(j.at("strategies").size(), 7u) << "DDP, ZeRO-1/2/3, TP, PP, CP";
+}
+
+TEST(L01Program, PlanTableAndDoesNotFit) {
+  const Result r = run_lesson01({"--plan", "--model", "llama3-70b", "--gpus", "64"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* text : {"ZeRO-3/FSDP", "TP(+SP)", "SP/CP", "Recommended mix", "years"}) {
+    EXPECT_NE(r.out.find(text), std::string::npos) << text << " missing:\n" << r.out;
+  }
+  const Result small = run_lesson01({"--plan", "--model", "llama3-405b", "--gpus", "8"});
+  ASSERT_EQ(small.code, 0) << small.err;
+  EXPECT_NE(small.out.find("does NOT fit on this cluster: needs"), std::string::npos) << small.out;
+}
+
+TEST(L01ProgramGiven, PlanBadInputExitsWithTwoAndNamesTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--plan", "--model", "llama-7b", "--cluster", "tpu-v5"}, "--cluster"},
+      {{"--plan", "--model", "llama-7b", "--gpus", "12"}, "--gpus"},
+      {{"--plan", "--model", "llama-7b", "--gpus", "16", "--inter-bw", "0"}, "--inter-bw"},
+      {{"--plan", "--model", "llama-7b", "--intra-bw", "0"}, "--intra-bw"},
+      {{"--plan", "--model", "llama-7b", "--gpus-per-node", "0"}, "--gpus-per-node"},
+      {{"--plan", "--model", "llama-7b", "--global-batch", "-4"}, "--global-batch"},
+      {{"--plan", "--params", "7e9"}, "--plan"},
+      {{"--plan", "--model", "llama-7b", "--tokens", "lots"}, "--tokens"},
+  };
+  for (const auto& [args, flag] : cases) {
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    SCOPED_TRACE(joined);
+    const Result r = run_lesson01(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << "the message should name " << flag << ":\n"
+                                                   << r.err;
+    EXPECT_NE(r.err.find("HINT"), std::string::npos) << r.err;
+  }
+}
+
 TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--model", "gpt5"}, "--model"},

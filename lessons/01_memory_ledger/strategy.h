@@ -1,0 +1,292 @@
+// Lesson 01 contract, part 2: the five parallelism strategies, and choosing a mix.
+//
+// Part 1 (ledger.h) answers "how many bytes does training hold per GPU?". This part answers
+// "how do I split the work over a cluster?": what each strategy shards, what it sends over
+// which link, and the outline's decision tree that picks a mix (dp, tp, pp, cp, ZeRO stage,
+// recomputation) for a model on a cluster. This header is the whole specification of what you
+// implement in strategy.cpp; STRATEGIES.md beside it teaches the formulas. Build and test:
+//
+//   make test-lesson01
+//   build/bin/lesson01 --plan --model llama3-70b --cluster dgx-h100 --gpus 64
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ledger.h"
+
+namespace dtc::l01 {
+
+// ---------------------------------------------------------------------------------------------
+// Clusters
+// ---------------------------------------------------------------------------------------------
+
+/// A cluster of identical nodes. Bandwidths are per GPU and per direction: the bytes one GPU
+/// can send each second while it also receives as many. That is the "bus bandwidth" that
+/// nccl-tests reports, so bytes sent per GPU / bandwidth = a collective's time.
+struct Cluster {
+  std::string name = "custom";  ///< preset name, or "custom"
+  int64_t gpus_per_node = 8;    ///< g: GPUs that share the fast intra-node link
+  double gpu_mem_gb = 80;       ///< memory per GPU, GB (1e9 bytes)
+  double intra_gbps = 450;      ///< GB/s per GPU per direction inside a node (NVLink, PCIe)
+  double inter_gbps = 50;       ///< GB/s per GPU per direction between nodes (InfiniBand, Ethernet)
+  double peak_tflops = 989;     ///< dense BF16 TFLOP/s per GPU
+};
+
+/// The clusters the course knows by name: dgx-h100, h200x8, dgx-a100, pcie-ethernet (sources
+/// in strategy.cpp).
+const std::vector<Cluster>& cluster_presets();
+
+/// The cluster preset called @p name.
+/// @throws dtc::UsageError("--cluster") listing the known names when there is none.
+Cluster cluster_preset(const std::string& name);
+
+/// Checks a cluster, and a GPU count on it.
+/// @throws dtc::UsageError naming the flag: --gpus-per-node below 1; --gpu-mem, --intra-bw,
+///   --inter-bw or --peak-tflops not positive; --gpus below 1, or neither a divisor of
+///   gpus_per_node (part of one node) nor a multiple of it (whole nodes).
+void validate(const Cluster& cluster, int64_t gpus);
+
+// ---------------------------------------------------------------------------------------------
+// Strategies, collectives, mixes
+// ---------------------------------------------------------------------------------------------
+
+/// The outline's five strategies; data parallelism comes in four ZeRO flavours.
+enum class Strategy {
+  kDdp,    ///< data parallel: full replica per GPU, allreduce of gradients
+  kZero1,  ///< + optimizer states sharded over the data-parallel ranks
+  kZero2,  ///< + gradients sharded
+  kZero3,  ///< + parameters sharded (FSDP)
+  kTp,     ///< tensor parallel (Megatron), with sequence parallelism for the norms/dropout
+  kPp,     ///< pipeline parallel: consecutive layers on consecutive GPUs (1F1B)
+  kCp,     ///< context parallel: the sequence split over GPUs (all-gather of K and V)
+};
+
+/// All seven, in the order above.
+const std::vector<Strategy>& all_strategies();
+/// "DP/DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3/FSDP", "TP(+SP)", "PP", "SP/CP".
+std::string strategy_name(Strategy s);
+/// The data-parallel flavour for a ZeRO stage: 0 -> kDdp, 1 -> kZero1, ...
+Strategy zero_strategy(int zero_stage);
+
+/// The collectives of NCCL.
+enum class Collective {
+  kAllReduce,      ///< every rank ends with the sum of everyone's array
+  kReduceScatter,  ///< every rank ends with 1/n of the summed array
+  kAllGather,      ///< every rank ends with everyone's 1/n pieces, concatenated
+  kSendRecv,       ///< point to point: one rank sends its array to one other
+};
+
+/// A parallel layout: the degrees multiply to the GPU count. Ranks are ordered tp (fastest
+/// varying, neighbours), then cp, then pp, then dp (Llama 3 paper, sec. 3.3.2: [TP, CP, PP, DP]).
+struct Mix {
+  int64_t dp = 1;  ///< data-parallel replicas
+  int64_t tp = 1;  ///< tensor-parallel degree (with sequence parallelism when > 1)
+  int64_t pp = 1;  ///< pipeline stages
+  int64_t cp = 1;  ///< context-parallel degree
+  int zero_stage = 0;
+  Recompute recompute = Recompute::kNone;
+  /// dp * tp * pp * cp.
+  int64_t gpus() const { return dp * tp * pp * cp; }
+};
+
+/// What to plan for.
+struct PlanRequest {
+  ModelConfig model;
+  /// Precision, optimizer, fp32_grad_accum, seq and micro_batch are used; dp, tp, pp,
+  /// zero_stage, recompute and sequence_parallel are what the plan chooses, and are ignored.
+  TrainingSetup setup;
+  Cluster cluster;
+  int64_t gpus = 8;          ///< G, the GPUs to use
+  int64_t global_batch = 0;  ///< B, sequences per optimizer step; 0: 2^22 tokens (4M) / seq
+  double mfu = 0.4;          ///< model FLOPs utilisation assumed for compute time
+  double tokens = 1e12;      ///< training tokens, for the time to train
+  /// B, with the default applied.
+  int64_t batch() const;
+};
+
+/// Checks a request: the model, the set-up, the cluster and the GPU count.
+/// @throws dtc::UsageError naming the flag (see validate() above and in ledger.h), and
+///   --global-batch when B is negative or below the micro-batch, --mfu outside (0, 1],
+///   --tokens not positive.
+void validate(const PlanRequest& req);
+
+// ---------------------------------------------------------------------------------------------
+// What you implement (strategy.cpp)
+// ---------------------------------------------------------------------------------------------
+
+/// Bytes each of @p n ranks sends for one collective over an array of @p bytes, in NCCL's ring
+/// algorithms. @p bytes is the whole array: for reduce-scatter the input, for all-gather the
+/// output (nccl-tests' convention). The factors are nccl-tests' bus-bandwidth factors:
+/// allreduce 2(n-1)/n (a reduce-scatter then an all-gather), reduce-scatter and all-gather
+/// (n-1)/n, send/recv 1. One rank (n = 1) sends nothing, except send/recv, which always sends.
+double collective_bytes(Collective c, double bytes, int64_t n);
+
+/// Micro-batches each pipeline runs per optimizer step: m = B / (dp * micro_batch). Given.
+double micro_batches(const PlanRequest& req, const Mix& mix);
+
+/// Bytes one GPU sends in one optimizer step for @p s inside @p mix, with
+/// P_r = params / (tp * pp) the parameters a replica holds, w the bytes of a weight (2 mixed,
+/// 4 fp32), m = micro_batches(), s the sequence, b the micro-batch, h hidden, L layers, and
+/// activations 16-bit (2 bytes a value, as in the ledger):
+///   - kDdp, kZero1..3 use n = dp * cp (context-parallel ranks hold the same weights, so
+///     gradients are reduced over both). DDP: one allreduce of the gradients, 2(n-1)/n w P_r.
+///     ZeRO-1: reduce-scatter of gradients + all-gather of the updated parameters, once a step:
+///     the same 2(n-1)/n w P_r (ZeRO paper sec. 7.2.1). ZeRO-2 keeps only its gradient shard,
+///     so it reduce-scatters after every micro-batch: (m + 1)(n-1)/n w P_r. ZeRO-3 gathers the
+///     parameters for the forward and again for the backward and reduce-scatters the gradients,
+///     every micro-batch: 3m(n-1)/n w P_r (1.5x DDP at m = 1, ZeRO paper sec. 7.2.2).
+///   - kTp, n = tp: per layer this GPU holds (L/pp) and micro-batch, 4 allreduces of the
+///     (s/cp) b h activations, 2 in the forward and 2 in the backward (Megatron, Shoeybi et al.
+///     2019, Fig. 3; with sequence parallelism each becomes a reduce-scatter + all-gather of the
+///     same volume, Korthikanti et al. 2022 sec. 4.2.2); full recomputation repeats the
+///     forward's 2, making 6.
+///   - kPp, n = pp: per micro-batch a stage sends its output activations forward and their
+///     gradient backward, one send each of (s/cp) b h values split over the tp ranks
+///     (Narayanan et al. 2021 sec. 4.1, scatter/gather): 2 m (s/cp) b h 2 / tp.
+///   - kCp, n = cp: per layer and micro-batch, an all-gather of K and V (2 s b kv_dim values,
+///     split over tp) in the forward and a reduce-scatter of their gradients in the backward
+///     (Llama 3 paper sec. 3.3.2); full recomputation gathers again: 3.
+/// A strategy whose degree is 1 sends nothing; kDdp..kZero3 are costed whatever mix.zero_stage.
+double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix);
+
+/// Whether the group of @p s spans more than one node, so that its ring runs at the inter-node
+/// bandwidth. With the rank order tp, cp, pp, dp, a group of n ranks with stride d (tp: 1,
+/// cp: tp, pp: tp * cp, dp: tp * cp * pp) lies inside one node when n * d <= gpus_per_node and
+/// n * d divides gpus_per_node; a group of one rank spans nothing. The data-parallel flavours
+/// (kDdp..kZero3) reduce over the dp x cp ranks: they cross when the dp group or the cp group
+/// does.
+bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node);
+
+/// The per-GPU ledger of @p mix: compute_ledger() with dp * cp as ZeRO's sharding degree (the
+/// context-parallel ranks hold the same weights), tp, pp, the mix's ZeRO stage and recompute,
+/// sequence parallelism whenever tp > 1; then context parallelism divides the activations (per
+/// layer and in total) by cp: each GPU holds s/cp of the tokens, and its queries' rows of the
+/// attention scores. ZeRO-3 also gathers one whole layer at a time: add one layer's share of
+/// the replica, P / (tp * L), at the weights' bytes to state.params and at the gradients' bytes
+/// to state.grads (FSDP's prefetch of the next layer would double it). So a layer that is too
+/// big for one GPU does not fit with ZeRO alone: that is what TP is for.
+Ledger mix_ledger(const PlanRequest& req, const Mix& mix);
+
+/// The traffic of one group of a mix in one step.
+struct GroupTraffic {
+  Strategy strategy = Strategy::kDdp;  ///< the data-parallel flavour, or kTp, kPp, kCp
+  int64_t degree = 1;                  ///< the group's size n
+  double bytes_per_gpu = 0;            ///< step_bytes_per_gpu()
+  bool crosses_nodes = false;          ///< crosses_nodes(): runs at the inter-node bandwidth
+  double seconds = 0;                  ///< bytes_per_gpu / the link's bandwidth
+};
+
+/// A mix, costed.
+struct Evaluation {
+  Mix mix;
+  Ledger ledger;              ///< mix_ledger()
+  double capacity_bytes = 0;  ///< kUsableMemory * gpu memory: what the plan may fill
+  bool fits = false;          ///< ledger.total_bytes() <= capacity_bytes
+  bool batch_ok = false;      ///< dp * micro_batch <= B: every replica gets a micro-batch
+  double micro_batches = 0;   ///< micro_batches()
+  /// One entry per group of degree > 1, in the order data-parallel (the mix's ZeRO flavour;
+  /// its degree dp * cp), tp, pp, cp.
+  std::vector<GroupTraffic> traffic;
+  double comm_time_s = 0;     ///< the sum of traffic[].seconds (no overlap: an upper bound)
+  double compute_time_s = 0;  ///< train_time_seconds(P, B s, peak, mfu, G) * recompute factor
+  double bubble = 0;          ///< the 1F1B pipeline bubble, (pp - 1) / m (Narayanan et al. 2021)
+  double step_time_s = 0;     ///< compute_time_s * (1 + bubble) + comm_time_s
+};
+
+/// A plan may fill this share of a GPU's memory; the rest is for the CUDA context, NCCL's
+/// buffers, temporaries and fragmentation.
+inline constexpr double kUsableMemory = 0.9;
+
+/// The extra compute of recomputation: none 1; full 4/3 (a second forward: 8ND instead of
+/// 6ND); selective 1 + s / (3 (6h + s)) (the attention core's 4bs^2h forward FLOPs again, out
+/// of 3 x (24bsh^2 + 4bs^2h) per layer, Korthikanti et al. 2022 sec. 5). Given.
+double recompute_flops_factor(const ModelConfig& model, int64_t seq, Recompute recompute);
+
+/// Costs @p mix for @p req: fills every field of Evaluation as documented there.
+Evaluation evaluate(const PlanRequest& req, const Mix& mix);
+
+/// The branches of the outline's decision tree, in the order it tries them.
+enum class Family {
+  kDdp,       ///< fits on one GPU: plain data parallelism over all G GPUs
+  kZero,      ///< does not fit: ZeRO-1/2/3 over all G GPUs
+  kTensor,    ///< a layer is too big for one GPU's share: TP inside a node (+ ZeRO over dp)
+  kPipeline,  ///< too many layers: PP across nodes (+ TP inside, ZeRO-1 over dp)
+  kContext,   ///< the sequence is too long: CP (+ TP, PP, ZeRO)
+};
+/// "DDP", "ZeRO", "TP", "TP+PP (3D)", "TP+PP+CP".
+std::string family_name(Family f);
+
+/// Every valid mix of G GPUs that family @p f may use, in a fixed order (given):
+///   - kDdp: dp = G, ZeRO 0;  kZero: dp = G, ZeRO 1..3;
+///   - kTensor: tp a power of two 2..min(g, G) dividing heads, kv_heads and ffn; pp = cp = 1;
+///   - kPipeline: tp 1 or as above, pp 2..layers dividing G / tp, cp = 1;
+///   - kContext: as kTensor or kPipeline, with cp a power of two >= 2 dividing the remaining
+///     GPUs and seq / (2 cp) whole (load-balanced chunks);
+/// the model-parallel families (kTensor, kPipeline, kContext) with ZeRO 0..1 over the dp * cp
+/// ranks: once TP/PP split the model, only the optimizer states are sharded further (Megatron's
+/// distributed optimizer), as ZeRO-2/3 would reduce or gather after every micro-batch; each
+/// mix with recompute none, selective and full.
+std::vector<Mix> candidates(const PlanRequest& req, Family f);
+
+/// A recommended mix.
+struct Plan {
+  Evaluation eval;  ///< the chosen mix, costed
+  Family family = Family::kDdp;
+  /// One reason per choice, in this order and each starting with its name: "dp N: ...",
+  /// "tp N: ...", "pp N: ...", "cp N: ...", "zero K: ...", "recompute R: ...".
+  std::vector<std::string> reasons;
+  bool fits = false;        ///< eval.fits && eval.batch_ok: some mix fits on G GPUs
+  int64_t needs_gpus = 0;   ///< when !fits: the smallest G * 2^k that fits; 0 if none up to 2^20
+  double train_time_s = 0;  ///< train_time_seconds(P, tokens, peak, mfu, G)
+  double train_time_1gpu_s = 0;  ///< the same on one GPU: "won't finish"
+};
+
+/// The outline's decision tree on exactly req.gpus GPUs; fits == false when nothing fits
+/// (eval is then the candidate needing the least memory). Tries the families in order and
+/// takes, in each, the fitting mix with every replica fed (batch_ok) and the shortest
+/// step_time_s:
+///   1. kDdp: it fits on one GPU -> data parallel over all G.
+///   2. kZero: a ZeRO stage over all G fits, and its traffic could hide behind compute
+///      (comm_time_s <= compute_time_s).
+///   3. kTensor, 4. kPipeline, 5. kContext: the first family with a fitting mix.
+///   6. Otherwise the ZeRO mix of step 2 that fits but does not hide its traffic, if any.
+/// Fills eval, family and reasons (with explain()); fits, needs_gpus and the times are left
+/// to plan().
+Plan choose_mix(const PlanRequest& req);
+
+/// The reasons for the choices of @p e, chosen in family @p f, as Plan::reasons lists them:
+/// why this degree for each of dp, tp, pp, cp, the ZeRO stage and recompute, with the traffic
+/// and times that justify it (why TP stays on the intra-node link, why DP can take the
+/// slowest). Given.
+std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Family f);
+
+/// The plan for @p req: validate(), choose_mix(), and when nothing fits the GPU count that
+/// would (needs_gpus); then the time to train on G GPUs and on one. Given.
+/// @throws dtc::UsageError for bad input (validate()).
+Plan plan(const PlanRequest& req);
+
+/// One row of the comparison table: one strategy alone on n GPUs.
+struct StrategyRow {
+  Strategy strategy = Strategy::kDdp;
+  std::string splits;       ///< what it divides: the batch, a layer's matrices, the layers, ...
+  std::string collectives;  ///< which collectives, and when
+  std::string formula;      ///< bytes sent per GPU per step, as step_bytes_per_gpu() counts them
+  int64_t degree = 1;       ///< n for this row (TP and CP: the largest valid degree <= n)
+  /// Which of the ledger's states it divides per GPU, computed by comparing mix_ledger() with
+  /// this strategy at degree n against one GPU: "params", "grads", "optimizer", "activations".
+  std::vector<std::string> shards;
+  double bytes_per_gpu = 0;  ///< step_bytes_per_gpu() with this strategy alone
+  double intra_s = 0;        ///< seconds for those bytes on the intra-node link
+  double inter_s = 0;        ///< ... and on the inter-node link
+  double memory_bytes = 0;   ///< per-GPU memory with this strategy alone
+  bool fits = false;         ///< memory_bytes <= kUsableMemory * gpu memory
+};
+
+/// The comparison table of the outline's five strategies (seven rows: DDP, ZeRO-1/2/3, TP, PP,
+/// CP), each alone on @p n GPUs that together process one optimizer step of B sequences, with
+/// the request's recompute (req.setup.recompute). Given: it calls your functions.
+std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n);
+
+}  // namespace dtc::l01

@@ -1,0 +1,744 @@
+// Lesson 01, part 2: the five parallelism strategies, and choosing a mix. Implements
+// lessons/01_memory_ledger/strategy.h.
+//
+// Fill in every TODO(L01) below, top to bottom; `make test-lesson01` checks the collectives
+// against nccl-tests' factors, the traffic against closed forms, and your plans against
+// published set-ups (Megatron's GPT-3 175B, Llama 3 405B, a 7B model on one node).
+#include "strategy.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+
+#include "dtc/errors.h"
+#include "dtc/todo.h"
+
+namespace dtc::l01 {
+
+namespace {
+
+constexpr double kGB = 1e9;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Clusters and validation (given)
+// ---------------------------------------------------------------------------------------------
+
+const std::vector<Cluster>& cluster_presets() {
+  // name, GPUs per node, GB per GPU, intra-node GB/s and inter-node GB/s (per GPU, per
+  // direction), dense BF16 TFLOP/s per GPU.
+  static const std::vector<Cluster> all = {
+      // NVIDIA DGX H100: 8x H100 SXM 80 GB; NVLink 4 at 900 GB/s per GPU counting both
+      // directions, 450 GB/s each way; eight 400 Gb/s ConnectX-7 InfiniBand ports, one per GPU:
+      // 50 GB/s; H100 SXM 989 TFLOP/s dense BF16 (H100 datasheet).
+      {"dgx-h100", 8, 80, 450, 50, 989},
+      // NVIDIA HGX H200: the same board with 141 GB H200s (same NVLink 4, same peak).
+      {"h200x8", 8, 141, 450, 50, 989},
+      // NVIDIA DGX A100 80 GB (Selene, where Korthikanti et al. 2022 ran): NVLink 3 at 600 GB/s
+      // both ways (300 each way); eight 200 Gb/s HDR InfiniBand ports: 25 GB/s; 312 TFLOP/s.
+      {"dgx-a100", 8, 80, 300, 25, 312},
+      // A budget node: 8x H100 PCIe 80 GB without NVLink bridges, talking over PCIe 5.0 x16
+      // (~64 GB/s each way), and 100 Gb/s Ethernet per GPU (12.5 GB/s); 756 TFLOP/s dense BF16.
+      {"pcie-ethernet", 8, 80, 64, 12.5, 756},
+  };
+  return all;
+}
+
+Cluster cluster_preset(const std::string& name) {
+  std::string names;
+  for (const auto& c : cluster_presets()) {
+    if (c.name == name) return c;
+    names += (names.empty() ? "" : ", ") + c.name;
+  }
+  throw UsageError("--cluster", fmt::format("'{}' is not a known cluster", name),
+                   "use one of: " + names +
+                       "; change one with --gpus-per-node --gpu-mem --intra-bw --inter-bw "
+                       "--peak-tflops");
+}
+
+void validate(const Cluster& c, int64_t gpus) {
+  if (c.gpus_per_node < 1) {
+    throw UsageError("--gpus-per-node", fmt::format("{} GPUs per node", c.gpus_per_node),
+                     "a node has at least one GPU: e.g. --gpus-per-node 8");
+  }
+  const auto positive = [](double v, const char* flag, const char* what, const char* example) {
+    if (!(v > 0) || !std::isfinite(v)) {
+      throw UsageError(flag, fmt::format("{} is {}, but must be positive", what, v),
+                       fmt::format("pass it in {}", example));
+    }
+  };
+  positive(c.gpu_mem_gb, "--gpu-mem", "the memory per GPU", "GB, e.g. --gpu-mem 80");
+  positive(c.intra_gbps, "--intra-bw", "the intra-node bandwidth",
+           "GB/s per GPU per direction, e.g. --intra-bw 450 (NVLink 4: 900 GB/s both ways)");
+  positive(c.inter_gbps, "--inter-bw", "the inter-node bandwidth",
+           "GB/s per GPU per direction, e.g. --inter-bw 50 (InfiniBand 400 Gb/s)");
+  positive(c.peak_tflops, "--peak-tflops", "the peak TFLOP/s",
+           "TFLOP/s per GPU, e.g. --peak-tflops 989 (H100 BF16 dense)");
+  const int64_t g = c.gpus_per_node;
+  if (gpus < 1) {
+    throw UsageError("--gpus", fmt::format("{} GPUs", gpus), "use at least one GPU: --gpus 8");
+  }
+  if (gpus < g ? g % gpus != 0 : gpus % g != 0) {
+    throw UsageError("--gpus",
+                     fmt::format("{} GPUs is not a whole number of {}-GPU nodes", gpus, g),
+                     fmt::format("use whole nodes, e.g. --gpus {} or --gpus {}, or part of one "
+                                 "node that divides it",
+                                 (gpus / g) * g > 0 ? (gpus / g) * g : g, (gpus / g + 1) * g));
+  }
+}
+
+int64_t PlanRequest::batch() const {
+  if (global_batch > 0) return global_batch;
+  return std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(1, setup.seq));
+}
+
+void validate(const PlanRequest& r) {
+  validate(r.model);
+  TrainingSetup chosen_by_plan = r.setup;  // the degrees are the plan's to choose
+  chosen_by_plan.dp = chosen_by_plan.tp = chosen_by_plan.pp = 1;
+  chosen_by_plan.zero_stage = 0;
+  validate(chosen_by_plan, &r.model);
+  validate(r.cluster, r.gpus);
+  if (r.global_batch < 0 || r.batch() < r.setup.micro_batch) {
+    throw UsageError("--global-batch",
+                     fmt::format("{} sequences per step, fewer than one micro-batch of {}",
+                                 r.batch(), r.setup.micro_batch),
+                     "pass a global batch of at least --micro-batch sequences, or 0 for 4M "
+                     "tokens per step");
+  }
+  if (!(r.mfu > 0) || r.mfu > 1) {
+    throw UsageError("--mfu", fmt::format("{} is not a fraction in (0, 1]", r.mfu),
+                     "model FLOPs utilisation is typically 0.3-0.5: e.g. --mfu 0.4");
+  }
+  if (!(r.tokens > 0)) {
+    throw UsageError("--tokens", "must be positive", "e.g. --tokens 1e12");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names (given)
+// ---------------------------------------------------------------------------------------------
+
+const std::vector<Strategy>& all_strategies() {
+  static const std::vector<Strategy> all = {Strategy::kDdp,   Strategy::kZero1, Strategy::kZero2,
+                                            Strategy::kZero3, Strategy::kTp,    Strategy::kPp,
+                                            Strategy::kCp};
+  return all;
+}
+
+std::string strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::kDdp: return "DP/DDP";
+    case Strategy::kZero1: return "ZeRO-1";
+    case Strategy::kZero2: return "ZeRO-2";
+    case Strategy::kZero3: return "ZeRO-3/FSDP";
+    case Strategy::kTp: return "TP(+SP)";
+    case Strategy::kPp: return "PP";
+    case Strategy::kCp: return "SP/CP";
+  }
+  return "?";
+}
+
+Strategy zero_strategy(int zero_stage) {
+  switch (zero_stage) {
+    case 1: return Strategy::kZero1;
+    case 2: return Strategy::kZero2;
+    case 3: return Strategy::kZero3;
+    default: return Strategy::kDdp;
+  }
+}
+
+std::string family_name(Family f) {
+  switch (f) {
+    case Family::kDdp: return "DDP";
+    case Family::kZero: return "ZeRO";
+    case Family::kTensor: return "TP";
+    case Family::kPipeline: return "TP+PP (3D)";
+    case Family::kContext: return "TP+PP+CP";
+  }
+  return "?";
+}
+
+double micro_batches(const PlanRequest& req, const Mix& mix) {
+  return static_cast<double>(req.batch()) / static_cast<double>(mix.dp * req.setup.micro_batch);
+}
+
+double recompute_flops_factor(const ModelConfig& model, int64_t seq, Recompute recompute) {
+  const double s = static_cast<double>(seq);
+  const double h = static_cast<double>(model.hidden);
+  switch (recompute) {
+    case Recompute::kNone: return 1.0;
+    case Recompute::kSelective: return 1.0 + s / (3.0 * (6.0 * h + s));
+    case Recompute::kFull: return 4.0 / 3.0;
+  }
+  return 1.0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traffic, links and the ledger of a mix (your part)
+// ---------------------------------------------------------------------------------------------
+
+double collective_bytes(Collective c, double bytes, int64_t n) {
+  // BEGIN SOLUTION: multiply the array's bytes by nccl-tests' bus-bandwidth factor;
+  //   a group of one sends nothing (send/recv always sends its array)
+  const double k = static_cast<double>(n);
+  switch (c) {
+    case Collective::kAllReduce: return n <= 1 ? 0.0 : 2.0 * (k - 1) / k * bytes;
+    case Collective::kReduceScatter:
+    case Collective::kAllGather: return n <= 1 ? 0.0 : (k - 1) / k * bytes;
+    case Collective::kSendRecv: return bytes;
+  }
+  return 0.0;
+  // END SOLUTION
+}
+
+double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix) {
+  // BEGIN SOLUTION: cost each strategy's collectives with collective_bytes(), as the header
+  //   lists them: gradient syncs once a step, activations per layer and micro-batch
+  const ModelConfig& model = req.model;
+  const double params = static_cast<double>(count_params(model));
+  const double replica = params / static_cast<double>(mix.tp * mix.pp);  // P_r
+  const double w =
+      bytes_per_param(req.setup.precision, req.setup.optimizer, req.setup.fp32_grad_accum).params;
+  const double weights = w * replica;  // the bytes of one replica's weights (or gradients)
+  const double m = micro_batches(req, mix);
+  const double tokens = static_cast<double>(req.setup.seq) / static_cast<double>(mix.cp) *
+                        static_cast<double>(req.setup.micro_batch);     // (s/cp) b per GPU
+  const double act = tokens * static_cast<double>(model.hidden) * 2.0;  // (s/cp) b h, 16-bit
+  const double layers = static_cast<double>(model.layers) / static_cast<double>(mix.pp);
+  const bool full = mix.recompute == Recompute::kFull;
+  const int64_t n_dp = mix.dp * mix.cp;
+  switch (s) {
+    case Strategy::kDdp: return collective_bytes(Collective::kAllReduce, weights, n_dp);
+    case Strategy::kZero1:
+      return collective_bytes(Collective::kReduceScatter, weights, n_dp) +
+             collective_bytes(Collective::kAllGather, weights, n_dp);
+    case Strategy::kZero2:
+      return m * collective_bytes(Collective::kReduceScatter, weights, n_dp) +
+             collective_bytes(Collective::kAllGather, weights, n_dp);
+    case Strategy::kZero3:
+      return m * (2 * collective_bytes(Collective::kAllGather, weights, n_dp) +
+                  collective_bytes(Collective::kReduceScatter, weights, n_dp));
+    case Strategy::kTp: {
+      const double allreduces = full ? 6.0 : 4.0;  // 2 forward + 2 backward (+2 recomputed)
+      return m * layers * allreduces * collective_bytes(Collective::kAllReduce, act, mix.tp);
+    }
+    case Strategy::kPp:
+      if (mix.pp <= 1) return 0.0;
+      // activations forward, their gradients backward; each tp rank sends its 1/tp slice
+      return m * 2.0 *
+             collective_bytes(Collective::kSendRecv, act / static_cast<double>(mix.tp), mix.pp);
+    case Strategy::kCp: {
+      // K and V of the whole sequence: 2 s b kv_dim values, 16-bit, kv heads split over tp
+      const double kv = 2.0 * static_cast<double>(req.setup.seq * req.setup.micro_batch) *
+                        static_cast<double>(model.kv_dim()) * 2.0 / static_cast<double>(mix.tp);
+      const double collectives = full ? 3.0 : 2.0;  // gather fwd, scatter grads bwd (+regather)
+      return m * layers * collectives * collective_bytes(Collective::kAllGather, kv, mix.cp);
+    }
+  }
+  return 0.0;
+  // END SOLUTION
+}
+
+bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node) {
+  // BEGIN SOLUTION: find the group's size and stride in the rank order tp, cp, pp, dp; it stays
+  //   in a node when size * stride fits in the node and divides it
+  const auto crosses = [&](int64_t n, int64_t stride) {
+    if (n <= 1) return false;
+    const int64_t span = n * stride;
+    return span > gpus_per_node || gpus_per_node % span != 0;
+  };
+  switch (s) {
+    case Strategy::kTp: return crosses(mix.tp, 1);
+    case Strategy::kCp: return crosses(mix.cp, mix.tp);
+    case Strategy::kPp: return crosses(mix.pp, mix.tp * mix.cp);
+    default: return crosses(mix.dp, mix.tp * mix.cp * mix.pp) || crosses(mix.cp, mix.tp);
+  }
+  // END SOLUTION
+}
+
+Ledger mix_ledger(const PlanRequest& req, const Mix& mix) {
+  // BEGIN SOLUTION: build the TrainingSetup of the mix (ZeRO over dp * cp, sequence parallel
+  //   with tp), call compute_ledger(), divide the activations by cp, and add ZeRO-3's
+  //   gathered layer
+  TrainingSetup s = req.setup;
+  s.dp = mix.dp * mix.cp;
+  s.tp = mix.tp;
+  s.pp = mix.pp;
+  s.zero_stage = mix.zero_stage;
+  s.recompute = mix.recompute;
+  s.sequence_parallel = mix.tp > 1;
+  Ledger l = compute_ledger(count_params(req.model), s, &req.model);
+  const double cp = static_cast<double>(mix.cp);
+  l.per_layer_activation_bytes /= cp;
+  l.activation_bytes /= cp;
+  if (mix.zero_stage == 3) {  // one layer's weights gathered, and its gradient before scattering
+    const double layer =
+        static_cast<double>(l.params) / static_cast<double>(mix.tp * req.model.layers);
+    l.state.params += l.per_param.params * layer;
+    l.state.grads += l.per_param.grads * layer;
+  }
+  return l;
+  // END SOLUTION
+}
+
+Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
+  Evaluation e;
+  e.mix = mix;
+  // BEGIN SOLUTION: the ledger and whether it fits; one GroupTraffic per group of degree > 1
+  //   on its link; compute time (with recomputation), the bubble, and the step time
+  e.ledger = mix_ledger(req, mix);
+  e.capacity_bytes = kUsableMemory * req.cluster.gpu_mem_gb * kGB;
+  e.fits = e.ledger.total_bytes() <= e.capacity_bytes;
+  e.batch_ok = mix.dp * req.setup.micro_batch <= req.batch();
+  e.micro_batches = micro_batches(req, mix);
+  const auto add = [&](Strategy s, int64_t degree) {
+    if (degree <= 1) return;
+    GroupTraffic t;
+    t.strategy = s;
+    t.degree = degree;
+    t.bytes_per_gpu = step_bytes_per_gpu(s, req, mix);
+    t.crosses_nodes = crosses_nodes(s, mix, req.cluster.gpus_per_node);
+    const double gbps = t.crosses_nodes ? req.cluster.inter_gbps : req.cluster.intra_gbps;
+    t.seconds = t.bytes_per_gpu / (gbps * kGB);
+    e.comm_time_s += t.seconds;
+    e.traffic.push_back(t);
+  };
+  add(zero_strategy(mix.zero_stage), mix.dp * mix.cp);
+  add(Strategy::kTp, mix.tp);
+  add(Strategy::kPp, mix.pp);
+  add(Strategy::kCp, mix.cp);
+  const double tokens = static_cast<double>(req.batch() * req.setup.seq);
+  e.compute_time_s = train_time_seconds(static_cast<double>(e.ledger.params), tokens,
+                                        req.cluster.peak_tflops * 1e12, req.mfu, mix.gpus()) *
+                     recompute_flops_factor(req.model, req.setup.seq, mix.recompute);
+  e.bubble = static_cast<double>(mix.pp - 1) / e.micro_batches;
+  e.step_time_s = e.compute_time_s * (1.0 + e.bubble) + e.comm_time_s;
+  // END SOLUTION
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Candidates and reasons (given)
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// Powers of two 2..min(g, G) that divide heads, kv heads, the MLP and the GPUs.
+std::vector<int64_t> tp_degrees(const PlanRequest& r) {
+  std::vector<int64_t> out;
+  const int64_t limit = std::min(r.cluster.gpus_per_node, r.gpus);
+  for (int64_t t = 2; t <= limit; t *= 2) {
+    if (r.model.heads % t == 0 && r.model.kv_heads % t == 0 && r.model.ffn % t == 0 &&
+        r.gpus % t == 0) {
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+const Recompute kRecomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::vector<Mix> candidates(const PlanRequest& req, Family f) {
+  std::vector<Mix> out;
+  const int64_t G = req.gpus;
+  const auto push = [&](int64_t tp, int64_t pp, int64_t cp, int max_zero, int min_zero) {
+    for (int z = min_zero; z <= max_zero; ++z) {
+      for (Recompute r : kRecomputes) {
+        Mix m;
+        m.tp = tp;
+        m.pp = pp;
+        m.cp = cp;
+        m.dp = G / (tp * pp * cp);
+        m.zero_stage = z;
+        m.recompute = r;
+        out.push_back(m);
+      }
+    }
+  };
+  std::vector<int64_t> tps = tp_degrees(req);
+  switch (f) {
+    case Family::kDdp: push(1, 1, 1, 0, 0); break;
+    case Family::kZero: push(1, 1, 1, 3, 1); break;
+    case Family::kTensor:
+      for (int64_t t : tps) push(t, 1, 1, 1, 0);
+      break;
+    case Family::kPipeline:
+    case Family::kContext:
+      tps.insert(tps.begin(), 1);
+      for (int64_t t : tps) {
+        for (int64_t p = f == Family::kContext ? 1 : 2; p <= req.model.layers; ++p) {
+          if ((G / t) % p != 0) continue;
+          if (f == Family::kPipeline) {
+            push(t, p, 1, 1, 0);
+            continue;
+          }
+          for (int64_t c = 2; c <= G / (t * p); c *= 2) {
+            if ((G / (t * p)) % c != 0 || req.setup.seq % (2 * c) != 0) continue;
+            push(t, p, c, 1, 0);
+          }
+        }
+      }
+      break;
+  }
+  return out;
+}
+
+std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Family f) {
+  const Mix& mix = e.mix;
+  const Cluster& c = req.cluster;
+  const auto gb = [](double bytes) {
+    return bytes >= 1e12 ? fmt::format("{:.3g} TB", bytes / 1e12)
+                         : fmt::format("{:.3g} GB", bytes / kGB);
+  };
+  const auto secs = [](double s) { return fmt::format("{:.3g} s", s); };
+  const auto traffic = [&](Strategy s) -> const GroupTraffic* {
+    for (const auto& t : e.traffic) {
+      if (t.strategy == s) return &t;
+    }
+    return nullptr;
+  };
+  const auto link = [&](bool inter) {
+    return inter ? fmt::format("the inter-node link at {:g} GB/s", c.inter_gbps)
+                 : fmt::format("the intra-node link at {:g} GB/s", c.intra_gbps);
+  };
+  std::vector<std::string> out;
+
+  // dp
+  const Strategy dp_kind = zero_strategy(mix.zero_stage);
+  std::string dp = fmt::format("dp {}: ", mix.dp);
+  if (f == Family::kDdp) {
+    dp += fmt::format(
+        "the whole training state fits on one GPU ({} of {} usable), so every GPU "
+        "holds a replica and takes 1/{} of the batch (DDP)",
+        gb(e.ledger.total_bytes()), gb(e.capacity_bytes), mix.dp);
+  } else if (f == Family::kZero) {
+    dp += fmt::format(
+        "the model does not fit on one GPU, but sharding its states over all {} "
+        "data-parallel GPUs does",
+        mix.dp);
+  } else if (mix.dp > 1) {
+    dp += fmt::format(
+        "{} replicas of the model, each on tp x pp x cp = {} GPUs, split the "
+        "batch of {} sequences",
+        mix.dp, mix.tp * mix.pp * mix.cp, req.batch());
+  } else {
+    dp += "every GPU is needed to hold one replica of the model";
+  }
+  if (const GroupTraffic* t = traffic(dp_kind)) {
+    dp += fmt::format(
+        "; the gradient sync sends {} per GPU a step, {} on {}: DP is the least "
+        "demanding on bandwidth and takes the outermost, slowest links",
+        gb(t->bytes_per_gpu), secs(t->seconds), link(t->crosses_nodes));
+  }
+  out.push_back(dp);
+
+  // tp
+  std::string tp = fmt::format("tp {}: ", mix.tp);
+  if (const GroupTraffic* t = traffic(Strategy::kTp)) {
+    tp += fmt::format(
+        "data parallelism alone was not enough, so each layer's matrices are split over {} "
+        "GPUs, kept inside one {}-GPU node: {} allreduces per layer per micro-batch send {} per "
+        "GPU a step, {} on {}, but {} if they crossed nodes at {:g} GB/s",
+        mix.tp, c.gpus_per_node, mix.recompute == Recompute::kFull ? 6 : 4, gb(t->bytes_per_gpu),
+        secs(t->seconds), link(t->crosses_nodes), secs(t->bytes_per_gpu / (c.inter_gbps * kGB)),
+        c.inter_gbps);
+  } else if (f == Family::kDdp || f == Family::kZero) {
+    tp +=
+        "not needed: data parallelism (with ZeRO) fits, and TP's per-layer allreduces are the "
+        "heaviest traffic of all";
+  } else {
+    tp += "no tensor split: the mixes with it were slower or did not fit";
+  }
+  out.push_back(tp);
+
+  // pp
+  std::string pp = fmt::format("pp {}: ", mix.pp);
+  if (const GroupTraffic* t = traffic(Strategy::kPp)) {
+    pp += fmt::format(
+        "too many layers for the GPUs of one tensor group: {} layers in {} stages of about {:.3g}; "
+        "only activations cross a stage boundary, {} per GPU a step, {} on {}, so stages may "
+        "sit on different nodes; the 1F1B bubble (pp-1)/m costs {:.1f}% of compute",
+        req.model.layers, mix.pp,
+        static_cast<double>(req.model.layers) / static_cast<double>(mix.pp), gb(t->bytes_per_gpu),
+        secs(t->seconds), link(t->crosses_nodes), 100.0 * e.bubble);
+  } else {
+    pp += "no pipeline: the layers fit without one, and there is no bubble";
+  }
+  out.push_back(pp);
+
+  // cp
+  std::string cp = fmt::format("cp {}: ", mix.cp);
+  if (const GroupTraffic* t = traffic(Strategy::kCp)) {
+    cp += fmt::format(
+        "the sequence of {} tokens is too long: nothing fitted without splitting it, so each "
+        "GPU holds {} tokens; gathering K and V sends {} per GPU a step, {} on {}",
+        req.setup.seq, req.setup.seq / mix.cp, gb(t->bytes_per_gpu), secs(t->seconds),
+        link(t->crosses_nodes));
+  } else {
+    cp += fmt::format("the sequence of {} tokens fits without splitting it", req.setup.seq);
+  }
+  out.push_back(cp);
+
+  // zero
+  const Ledger& l = e.ledger;
+  const int64_t n = mix.dp * mix.cp;
+  std::string zero = fmt::format("zero {}: ", mix.zero_stage);
+  switch (mix.zero_stage) {
+    case 0:
+      zero += n > 1 ? "every replica keeps its whole optimizer state: it fits, and sharding "
+                      "would only add traffic"
+                    : "a single replica: nothing to shard over";
+      break;
+    case 1:
+      zero += fmt::format(
+          "optimizer states sharded over {} ranks ({} per GPU); same traffic as "
+          "DDP (reduce-scatter + all-gather = allreduce)",
+          n, gb(l.state.optimizer));
+      break;
+    case 2:
+      zero += fmt::format(
+          "optimizer states and gradients sharded over {} ranks ({} per GPU); "
+          "gradients are reduce-scattered after every micro-batch",
+          n, gb(l.state.optimizer + l.state.grads));
+      break;
+    default:
+      zero += fmt::format(
+          "parameters too are sharded over {} ranks ({} of states per GPU); they "
+          "are gathered for every forward and backward",
+          n, gb(l.state.total()));
+  }
+  if (f != Family::kDdp && f != Family::kZero) {
+    std::optional<Evaluation> alt;
+    for (const Mix& m : candidates(req, Family::kZero)) {
+      Evaluation z = evaluate(req, m);
+      if (z.fits && z.batch_ok && (!alt || z.step_time_s < alt->step_time_s)) alt = z;
+    }
+    if (alt) {
+      zero += fmt::format(
+          "; ZeRO-{} over all {} GPUs alone would fit ({}), but its traffic takes "
+          "{} a step against {} of compute",
+          alt->mix.zero_stage, req.gpus, gb(alt->ledger.total_bytes()), secs(alt->comm_time_s),
+          secs(alt->compute_time_s));
+    } else if (req.gpus > req.batch() / req.setup.micro_batch) {
+      zero += fmt::format(
+          "; data parallelism alone would need {} replicas, more than the batch "
+          "of {} sequences feeds",
+          req.gpus, req.batch());
+    }
+  }
+  out.push_back(zero);
+
+  // recompute
+  std::string rc = fmt::format("recompute {}: ", recompute_name(mix.recompute));
+  const double extra =
+      100.0 * (recompute_flops_factor(req.model, req.setup.seq, mix.recompute) - 1.0);
+  switch (mix.recompute) {
+    case Recompute::kNone:
+      rc += fmt::format("every activation is stored ({} per GPU)", gb(l.activation_bytes));
+      break;
+    case Recompute::kSelective:
+      rc += fmt::format(
+          "the attention scores are recomputed in backward instead of stored "
+          "(activations {} per GPU), for {:.1f}% more compute",
+          gb(l.activation_bytes), extra);
+      break;
+    case Recompute::kFull:
+      rc += fmt::format(
+          "only each layer's input is stored ({} per GPU); every layer is "
+          "recomputed in backward, {:.0f}% more compute",
+          gb(l.activation_bytes), extra);
+      break;
+  }
+  out.push_back(rc);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decision tree (your part)
+// ---------------------------------------------------------------------------------------------
+
+Plan choose_mix(const PlanRequest& req) {
+  Plan p;
+  // BEGIN SOLUTION: walk the families in the tree's order; in each, evaluate() every candidate
+  //   and keep the fastest that fits and feeds every replica; ZeRO must also hide its traffic
+  //   behind compute; fill eval, family and reasons (explain())
+  const auto best = [&](Family f) -> std::optional<Evaluation> {
+    std::optional<Evaluation> out;
+    for (const Mix& mix : candidates(req, f)) {
+      Evaluation e = evaluate(req, mix);
+      if (e.fits && e.batch_ok && (!out || e.step_time_s < out->step_time_s)) out = std::move(e);
+    }
+    return out;
+  };
+  std::optional<Evaluation> chosen = best(Family::kDdp);
+  p.family = Family::kDdp;
+  std::optional<Evaluation> zero;
+  if (!chosen) {
+    zero = best(Family::kZero);
+    p.family = Family::kZero;
+    if (zero && zero->comm_time_s <= zero->compute_time_s) chosen = zero;
+  }
+  for (Family f : {Family::kTensor, Family::kPipeline, Family::kContext}) {
+    if (chosen) break;
+    chosen = best(f);
+    p.family = f;
+  }
+  if (!chosen && zero) {  // fits, but slow: better than nothing
+    chosen = zero;
+    p.family = Family::kZero;
+  }
+  if (!chosen) {  // nothing fits: show the mix that comes closest
+    for (Family f :
+         {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline, Family::kContext}) {
+      for (const Mix& mix : candidates(req, f)) {
+        Evaluation e = evaluate(req, mix);
+        if (!chosen || e.ledger.total_bytes() < chosen->ledger.total_bytes()) {
+          chosen = std::move(e);
+          p.family = f;
+        }
+      }
+    }
+  }
+  p.eval = *chosen;
+  p.reasons = explain(req, p.eval, p.family);
+  // END SOLUTION
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The plan and the comparison table (given)
+// ---------------------------------------------------------------------------------------------
+
+Plan plan(const PlanRequest& req) {
+  validate(req);
+  Plan p = choose_mix(req);
+  p.fits = p.eval.fits && p.eval.batch_ok;
+  if (!p.fits) {
+    // The smallest G * 2^k on the same kind of nodes that fits ("needs N GPUs").
+    for (int64_t g = req.gpus * 2; g <= (int64_t{1} << 20); g *= 2) {
+      PlanRequest bigger = req;
+      bigger.gpus = g;
+      try {
+        validate(bigger.cluster, g);
+      } catch (const UsageError&) {
+        continue;
+      }
+      const Plan q = choose_mix(bigger);
+      if (q.eval.fits && q.eval.batch_ok) {
+        p.needs_gpus = g;
+        break;
+      }
+    }
+  }
+  const double params = static_cast<double>(count_params(req.model));
+  const double peak = req.cluster.peak_tflops * 1e12;
+  p.train_time_s = train_time_seconds(params, req.tokens, peak, req.mfu, req.gpus);
+  p.train_time_1gpu_s = train_time_seconds(params, req.tokens, peak, req.mfu, 1);
+  return p;
+}
+
+std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
+  Mix one;
+  one.recompute = req.setup.recompute;
+  const Ledger base = mix_ledger(req, one);
+  const auto largest = [&](auto valid) {
+    int64_t best = 1;
+    for (int64_t d = 2; d <= n; d *= 2) {
+      if (valid(d)) best = d;
+    }
+    return best;
+  };
+  std::vector<StrategyRow> rows;
+  for (Strategy s : all_strategies()) {
+    StrategyRow row;
+    row.strategy = s;
+    Mix mix = one;
+    switch (s) {
+      case Strategy::kDdp:
+      case Strategy::kZero1:
+      case Strategy::kZero2:
+      case Strategy::kZero3:
+        mix.dp = n;
+        mix.zero_stage = static_cast<int>(s) - static_cast<int>(Strategy::kDdp);
+        row.degree = n;
+        break;
+      case Strategy::kTp:
+        mix.tp = row.degree = largest([&](int64_t t) {
+          return req.model.heads % t == 0 && req.model.kv_heads % t == 0 && req.model.ffn % t == 0;
+        });
+        break;
+      case Strategy::kPp: mix.pp = row.degree = std::min(n, req.model.layers); break;
+      case Strategy::kCp:
+        mix.cp = row.degree = largest([&](int64_t c) { return req.setup.seq % (2 * c) == 0; });
+        break;
+    }
+    switch (s) {
+      case Strategy::kDdp:
+        row.splits = "the batch";
+        row.collectives = "allreduce(grads) once a step";
+        row.formula = "2(n-1)/n w P";
+        break;
+      case Strategy::kZero1:
+        row.splits = "the batch; optimizer states";
+        row.collectives = "reduce-scatter(grads) + all-gather(params) once a step";
+        row.formula = "2(n-1)/n w P";
+        break;
+      case Strategy::kZero2:
+        row.splits = "the batch; + gradients";
+        row.collectives = "reduce-scatter(grads) each micro-batch + all-gather(params)";
+        row.formula = "(m+1)(n-1)/n w P";
+        break;
+      case Strategy::kZero3:
+        row.splits = "the batch; + parameters";
+        row.collectives = "all-gather(params) fwd+bwd + reduce-scatter(grads) each micro-batch";
+        row.formula = "3m(n-1)/n w P";
+        break;
+      case Strategy::kTp:
+        row.splits = "each layer's matrices (heads, MLP columns)";
+        row.collectives = "4 allreduce(activations) per layer per micro-batch";
+        row.formula = "4mL 2(n-1)/n 2sbh";
+        break;
+      case Strategy::kPp:
+        row.splits = "the layers (L/n per stage)";
+        row.collectives = "send/recv(activations fwd, gradients bwd) per micro-batch";
+        row.formula = "2m 2sbh";
+        break;
+      case Strategy::kCp:
+        row.splits = "the sequence (s/n tokens per GPU)";
+        row.collectives = "all-gather(K,V) fwd + reduce-scatter(dK,dV) bwd per layer";
+        row.formula = "2mL (n-1)/n 4sb kv";
+        break;
+    }
+    const Ledger l = mix_ledger(req, mix);
+    const auto shrinks = [](double got, double was) { return got < was * (1 - 1e-9); };
+    if (shrinks(l.state.params, base.state.params)) row.shards.push_back("params");
+    if (shrinks(l.state.grads, base.state.grads)) row.shards.push_back("grads");
+    if (shrinks(l.state.optimizer, base.state.optimizer)) row.shards.push_back("optimizer");
+    if (shrinks(l.activation_bytes, base.activation_bytes)) row.shards.push_back("activations");
+    row.bytes_per_gpu = step_bytes_per_gpu(s, req, mix);
+    row.intra_s = row.bytes_per_gpu / (req.cluster.intra_gbps * kGB);
+    row.inter_s = row.bytes_per_gpu / (req.cluster.inter_gbps * kGB);
+    row.memory_bytes = l.total_bytes();
+    row.fits = row.memory_bytes <= kUsableMemory * req.cluster.gpu_mem_gb * kGB;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace dtc::l01

@@ -1,0 +1,504 @@
+// Lesson 01 tests, part 2: the strategies' traffic against nccl-tests' factors and closed
+// forms, and the plans against published training set-ups. Every expected value names its
+// source (REFERENCES.md, the papers cited next to it) or says "closed form".
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dtc/errors.h"
+#include "dtc_test.h"
+#include "ledger.h"
+#include "strategy.h"
+
+namespace dtc::l01 {
+namespace {
+
+constexpr double kGB = 1e9;
+
+PlanRequest request(const std::string& model, const std::string& cluster, int64_t gpus,
+                    int64_t seq = 2048, int64_t global_batch = 0) {
+  PlanRequest r;
+  r.model = preset(model);
+  r.cluster = cluster_preset(cluster);
+  r.gpus = gpus;
+  r.setup.seq = seq;
+  r.global_batch = global_batch;
+  return r;
+}
+
+// The subject of the UsageError that @p f throws, or "" when it throws none.
+template <class F>
+std::string flag_of(F f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.subject();
+  }
+  return "";
+}
+
+// Checks that hold for every plan that fits.
+void expect_sound(const PlanRequest& req, const Plan& p) {
+  const Mix& m = p.eval.mix;
+  EXPECT_EQ(m.dp * m.tp * m.pp * m.cp, req.gpus) << "the degrees multiply to the GPU count";
+  EXPECT_LE(p.eval.ledger.total_bytes(), req.cluster.gpu_mem_gb * kGB)
+      << "per-GPU memory of a recommended mix fits the GPU";
+  EXPECT_LE(m.tp, req.cluster.gpus_per_node) << "TP never spans nodes";
+  EXPECT_FALSE(crosses_nodes(Strategy::kTp, m, req.cluster.gpus_per_node))
+      << "TP never spans nodes";
+  EXPECT_LE(m.dp * req.setup.micro_batch, req.batch()) << "every replica gets a micro-batch";
+  const char* prefixes[] = {"dp ", "tp ", "pp ", "cp ", "zero ", "recompute "};
+  ASSERT_GE(p.reasons.size(), 6u) << "one reason per choice";
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(p.reasons[i].rfind(prefixes[i], 0), 0u)
+        << "reason " << i << " should start with '" << prefixes[i] << "': " << p.reasons[i];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Given: presets and validation
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01StrategyGiven, ClusterPresets) {
+  const Cluster h100 = cluster_preset("dgx-h100");
+  EXPECT_EQ(h100.gpus_per_node, 8);
+  EXPECT_EQ(h100.gpu_mem_gb, 80);
+  // REFERENCES.md: NVLink 4 900 GB/s bidirectional per GPU = 450 GB/s each way;
+  // InfiniBand NDR 400 Gb/s = 50 GB/s.
+  EXPECT_EQ(h100.intra_gbps, 900.0 / 2);
+  EXPECT_EQ(h100.inter_gbps, 400.0 / 8);
+  EXPECT_EQ(h100.peak_tflops, 989) << "REFERENCES.md: H100 SXM dense BF16";
+  EXPECT_EQ(cluster_preset("h200x8").gpu_mem_gb, 141);
+  EXPECT_EQ(cluster_preset("pcie-ethernet").inter_gbps, 100.0 / 8) << "100 Gb/s Ethernet";
+  EXPECT_LT(cluster_preset("pcie-ethernet").intra_gbps, h100.intra_gbps);
+  EXPECT_EQ(cluster_preset("dgx-a100").intra_gbps, 600.0 / 2) << "NVLink 3: 600 GB/s both ways";
+}
+
+TEST(L01StrategyGiven, BadInputNamesTheFlag) {
+  const Cluster c = cluster_preset("dgx-h100");
+  EXPECT_EQ(flag_of([] { cluster_preset("dgx-b300"); }), "--cluster");
+  EXPECT_EQ(flag_of([&] { validate(c, 12); }), "--gpus") << "not a multiple of 8 GPUs per node";
+  EXPECT_EQ(flag_of([&] { validate(c, 3); }), "--gpus") << "3 does not divide a node of 8";
+  EXPECT_EQ(flag_of([&] { validate(c, 0); }), "--gpus");
+  for (int64_t ok : {1, 2, 4, 8, 16, 64, 16384}) {
+    EXPECT_EQ(flag_of([&] { validate(c, ok); }), "") << ok << " GPUs are fine";
+  }
+  Cluster bad = c;
+  bad.intra_gbps = 0;
+  EXPECT_EQ(flag_of([&] { validate(bad, 8); }), "--intra-bw") << "zero bandwidth";
+  bad = c;
+  bad.inter_gbps = 0;
+  EXPECT_EQ(flag_of([&] { validate(bad, 16); }), "--inter-bw") << "zero bandwidth";
+  bad = c;
+  bad.gpus_per_node = 0;
+  EXPECT_EQ(flag_of([&] { validate(bad, 8); }), "--gpus-per-node");
+  bad = c;
+  bad.gpu_mem_gb = -1;
+  EXPECT_EQ(flag_of([&] { validate(bad, 8); }), "--gpu-mem");
+
+  PlanRequest r = request("llama-7b", "dgx-h100", 8);
+  r.global_batch = -1;
+  EXPECT_EQ(flag_of([&] { validate(r); }), "--global-batch");
+  r = request("llama-7b", "dgx-h100", 24 + 1);
+  EXPECT_EQ(flag_of([&] { plan(r); }), "--gpus") << "plan() checks its input first";
+  r = request("llama-7b", "dgx-h100", 8);
+  r.mfu = 1.5;
+  EXPECT_EQ(flag_of([&] { plan(r); }), "--mfu");
+  r = request("llama-7b", "dgx-h100", 8);
+  r.cluster.inter_gbps = 0;
+  EXPECT_EQ(flag_of([&] { plan(r); }), "--inter-bw");
+}
+
+TEST(L01StrategyGiven, CandidatesMultiplyToTheGpuCount) {
+  const PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  for (Family f :
+       {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline, Family::kContext}) {
+    const auto mixes = candidates(r, f);
+    EXPECT_FALSE(mixes.empty()) << family_name(f);
+    for (const Mix& m : mixes) {
+      EXPECT_EQ(m.gpus(), 64) << family_name(f);
+      EXPECT_LE(m.tp, 8) << "TP stays inside a node";
+      EXPECT_EQ(r.model.kv_heads % m.tp, 0);
+    }
+  }
+  EXPECT_EQ(r.batch(), (int64_t{1} << 22) / 2048) << "default: 4M tokens per step";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives: nccl-tests' bus-bandwidth factors
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01Collectives, NcclTestsBusBandwidthFactors) {
+  // nccl-tests doc/PERFORMANCE.md (REFERENCES.md): busbw = algbw * factor; allreduce
+  // 2(n-1)/n, reduce-scatter and all-gather (n-1)/n (size = the whole array); the bytes one
+  // rank sends in a ring are the array's bytes times the same factor.
+  const double bytes = 1e9;
+  for (int64_t n : {2, 4, 8, 64, 1024}) {
+    SCOPED_TRACE(n);
+    const double k = static_cast<double>(n);
+    EXPECT_CLOSE_REL(collective_bytes(Collective::kAllReduce, bytes, n), 2 * (k - 1) / k * bytes,
+                     1e-12, "nccl-tests: allreduce 2(n-1)/n");
+    EXPECT_CLOSE_REL(collective_bytes(Collective::kReduceScatter, bytes, n), (k - 1) / k * bytes,
+                     1e-12, "nccl-tests: reduce-scatter (n-1)/n");
+    EXPECT_CLOSE_REL(collective_bytes(Collective::kAllGather, bytes, n), (k - 1) / k * bytes, 1e-12,
+                     "nccl-tests: all-gather (n-1)/n");
+    EXPECT_CLOSE_REL(collective_bytes(Collective::kSendRecv, bytes, n), bytes, 1e-12,
+                     "nccl-tests: sendrecv 1");
+  }
+  EXPECT_EQ(collective_bytes(Collective::kAllReduce, bytes, 1), 0.0) << "one rank sends nothing";
+  EXPECT_EQ(collective_bytes(Collective::kAllGather, bytes, 1), 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traffic per strategy: closed forms
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01Traffic, DataParallelFlavours) {
+  PlanRequest r = request("llama-7b", "dgx-h100", 64, 2048, 64);  // m = 1 at dp 64
+  const double p = static_cast<double>(count_params(r.model));
+  Mix mix;
+  mix.dp = 64;
+  const double ddp = 2.0 * 63 / 64 * 2 * p;  // allreduce of 16-bit gradients
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kDdp, r, mix), ddp, 1e-12,
+                   "closed form: ring allreduce 2(n-1)/n x 2P bytes");
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kZero1, r, mix), ddp, 1e-12,
+                   "ZeRO paper sec. 7.2.1: stages 1 and 2 move the same volume as DP");
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kZero2, r, mix), ddp, 1e-12,
+                   "ZeRO paper sec. 7.2.1, one micro-batch a step");
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kZero3, r, mix), 1.5 * ddp, 1e-12,
+                   "ZeRO paper sec. 7.2.2: stage 3 moves 1.5x DP");
+  // With gradient accumulation over m micro-batches, ZeRO-2 and ZeRO-3 pay per micro-batch.
+  r.global_batch = 64 * 16;  // m = 16
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kDdp, r, mix), ddp, 1e-12,
+                   "closed form: DDP syncs once a step");
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kZero2, r, mix), 17 * 63.0 / 64 * 2 * p, 1e-12,
+                   "closed form: (m+1)(n-1)/n w P");
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kZero3, r, mix), 16 * 1.5 * ddp, 1e-12,
+                   "closed form: 3m(n-1)/n w P");
+  // Context-parallel ranks join the gradient reduction; tp and pp split the replica.
+  mix.dp = 4;
+  mix.cp = 2;
+  mix.tp = 8;
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kDdp, r, mix), 2.0 * 7 / 8 * 2 * p / 8, 1e-12,
+                   "closed form: n = dp cp = 8, P_r = P / tp");
+  r.setup.precision = Precision::kFp32;
+  mix = Mix{};
+  mix.dp = 2;
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kDdp, r, mix), 1.0 * 4 * p, 1e-12,
+                   "closed form: fp32 gradients, 4 bytes");
+}
+
+TEST(L01Traffic, TensorPipelineContextClosedForms) {
+  const PlanRequest r = request("llama3-70b", "dgx-h100", 64, 8192, 512);
+  const ModelConfig& m = r.model;
+  Mix mix;
+  mix.dp = 4;
+  mix.tp = 8;
+  mix.pp = 2;
+  const double micro = 512.0 / 4;  // m = B / (dp b)
+  EXPECT_CLOSE_REL(micro_batches(r, mix), micro, 1e-12, "closed form: B / (dp b)");
+  const double sbh2 = 8192.0 * 1 * static_cast<double>(m.hidden) * 2;  // one activation, bytes
+  const double layers = static_cast<double>(m.layers) / 2;
+  // Megatron (Shoeybi et al. 2019, Fig. 3): 2 allreduces forward, 2 backward, per layer.
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kTp, r, mix),
+                   micro * layers * 4 * (2.0 * 7 / 8) * sbh2, 1e-12,
+                   "closed form: 4 m (L/pp) 2(t-1)/t 2sbh");
+  Mix full = mix;
+  full.recompute = Recompute::kFull;
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kTp, r, full),
+                   1.5 * step_bytes_per_gpu(Strategy::kTp, r, mix), 1e-12,
+                   "full recomputation repeats the forward's 2 allreduces: 6 / 4");
+  // Narayanan et al. 2021 sec. 4.1: one activation forward, one gradient back, split over tp.
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kPp, r, mix), micro * 2 * sbh2 / 8, 1e-12,
+                   "closed form: 2 m 2sbh / tp");
+  // Llama 3 paper sec. 3.3.2: all-gather K and V forward, reduce-scatter their grads backward.
+  Mix cp = mix;
+  cp.cp = 4;
+  cp.dp = 1;
+  const double kv = 2.0 * 8192 * static_cast<double>(m.kv_dim()) * 2 / 8;
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kCp, r, cp), 512.0 * layers * 2 * (3.0 / 4) * kv,
+                   1e-12, "closed form: 2 m (L/pp) (c-1)/c 2 s b kv 2 / tp");
+  // With CP each GPU holds s/cp tokens: TP's activations shrink by cp.
+  Mix tp_cp = cp;
+  EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kTp, r, tp_cp),
+                   512.0 * layers * 4 * (2.0 * 7 / 8) * sbh2 / 4, 1e-12,
+                   "closed form: TP over s/cp tokens");
+  Mix alone;
+  alone.dp = 64;
+  for (Strategy s : {Strategy::kTp, Strategy::kPp, Strategy::kCp}) {
+    EXPECT_EQ(step_bytes_per_gpu(s, r, alone), 0.0) << strategy_name(s) << " of degree 1";
+  }
+  // TP's traffic dwarfs DP's: why it needs NVLink.
+  EXPECT_GT(step_bytes_per_gpu(Strategy::kTp, r, mix),
+            10 * step_bytes_per_gpu(Strategy::kDdp, r, mix));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Links and the ledger of a mix
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01Links, RankOrderTpCpPpDp) {
+  Mix m;
+  m.tp = 8;
+  m.pp = 2;
+  m.dp = 4;
+  EXPECT_FALSE(crosses_nodes(Strategy::kTp, m, 8)) << "tp 8 fills one 8-GPU node";
+  EXPECT_TRUE(crosses_nodes(Strategy::kPp, m, 8)) << "stages sit on different nodes";
+  EXPECT_TRUE(crosses_nodes(Strategy::kZero1, m, 8)) << "replicas sit on different nodes";
+  m = Mix{};
+  m.tp = 2;
+  m.cp = 2;
+  m.dp = 2;  // 8 GPUs, one node
+  for (Strategy s : {Strategy::kTp, Strategy::kCp, Strategy::kDdp}) {
+    EXPECT_FALSE(crosses_nodes(s, m, 8)) << strategy_name(s);
+  }
+  m.dp = 4;  // 16 GPUs: the dp group has stride 4 and size 4
+  EXPECT_TRUE(crosses_nodes(Strategy::kDdp, m, 8));
+  EXPECT_FALSE(crosses_nodes(Strategy::kCp, m, 8));
+  m = Mix{};
+  m.dp = 4;
+  EXPECT_FALSE(crosses_nodes(Strategy::kDdp, m, 8)) << "half a node";
+  m.dp = 1;
+  EXPECT_FALSE(crosses_nodes(Strategy::kDdp, m, 1)) << "a group of one spans nothing";
+}
+
+TEST(L01MixLedger, ExtendsComputeLedger) {
+  const PlanRequest r = request("llama3-70b", "dgx-h100", 64, 8192);
+  Mix mix;
+  mix.tp = 8;
+  mix.pp = 2;
+  mix.dp = 4;
+  mix.zero_stage = 1;
+  mix.recompute = Recompute::kSelective;
+  TrainingSetup s = r.setup;
+  s.tp = 8;
+  s.pp = 2;
+  s.dp = 4;
+  s.zero_stage = 1;
+  s.recompute = Recompute::kSelective;
+  s.sequence_parallel = true;
+  const Ledger want = compute_ledger(count_params(r.model), s, &r.model);
+  const Ledger got = mix_ledger(r, mix);
+  EXPECT_CLOSE_REL(got.total_bytes(), want.total_bytes(), 1e-12,
+                   "closed form: compute_ledger() with sequence parallelism");
+  // CP: ZeRO shards over dp * cp, activations divide by cp.
+  Mix cp = mix;
+  cp.dp = 2;
+  cp.cp = 2;
+  const Ledger with_cp = mix_ledger(r, cp);
+  EXPECT_CLOSE_REL(with_cp.state.total(), want.state.total(), 1e-12,
+                   "closed form: ZeRO over dp cp = 4 ranks");
+  EXPECT_CLOSE_REL(with_cp.activation_bytes, want.activation_bytes / 2, 1e-12,
+                   "closed form: s/cp tokens per GPU");
+  // ZeRO-3 holds one gathered layer: P / (tp L) at 2 + 2 bytes on top of the shards.
+  Mix z3;
+  z3.dp = 64;
+  z3.zero_stage = 3;
+  const double p = static_cast<double>(count_params(r.model));
+  EXPECT_CLOSE_REL(mix_ledger(r, z3).state.total(), 16 * p / 64 + 4 * p / 80, 1e-12,
+                   "ZeRO paper (4+K)P/Nd, plus one gathered layer");
+}
+
+TEST(L01Evaluate, TimesAddUp) {
+  const PlanRequest r = request("llama3-70b", "dgx-h100", 64, 2048);
+  Mix mix;
+  mix.tp = 8;
+  mix.dp = 4;
+  mix.pp = 2;
+  mix.zero_stage = 1;
+  mix.recompute = Recompute::kFull;
+  const Evaluation e = evaluate(r, mix);
+  ASSERT_EQ(e.traffic.size(), 3u) << "data-parallel, tp and pp groups";
+  EXPECT_EQ(e.traffic[0].strategy, Strategy::kZero1);
+  EXPECT_EQ(e.traffic[0].degree, 4);
+  EXPECT_TRUE(e.traffic[0].crosses_nodes);
+  EXPECT_EQ(e.traffic[1].strategy, Strategy::kTp);
+  EXPECT_FALSE(e.traffic[1].crosses_nodes);
+  double comm = 0;
+  for (const auto& t : e.traffic) {
+    const double gbps = t.crosses_nodes ? 50 : 450;
+    EXPECT_CLOSE_REL(t.seconds, t.bytes_per_gpu / (gbps * kGB), 1e-12,
+                     "closed form: bytes / link bandwidth");
+    EXPECT_CLOSE_REL(t.bytes_per_gpu, step_bytes_per_gpu(t.strategy, r, mix), 1e-12,
+                     "step_bytes_per_gpu()");
+    comm += t.seconds;
+  }
+  EXPECT_CLOSE_REL(e.comm_time_s, comm, 1e-12, "closed form: sum over groups");
+  const double p = static_cast<double>(count_params(r.model));
+  const double tokens = static_cast<double>(r.batch() * 2048);
+  const double compute = 6 * p * tokens / (64 * 989e12 * 0.4) * 4.0 / 3.0;
+  EXPECT_CLOSE_REL(e.compute_time_s, compute, 1e-12, "closed form: 6ND / (G peak mfu) x 4/3");
+  const double m = static_cast<double>(r.batch()) / 4;
+  EXPECT_CLOSE_REL(e.bubble, 1.0 / m, 1e-12, "Narayanan et al. 2021: bubble (p-1)/m");
+  EXPECT_CLOSE_REL(e.step_time_s, compute * (1 + 1.0 / m) + comm, 1e-12, "closed form");
+  EXPECT_CLOSE_REL(e.capacity_bytes, 0.9 * 80e9, 1e-12, "kUsableMemory of 80 GB");
+  EXPECT_EQ(e.fits, e.ledger.total_bytes() <= e.capacity_bytes);
+  EXPECT_TRUE(e.batch_ok);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decision tree
+// ---------------------------------------------------------------------------------------------
+
+TEST(L01Plan, EveryRecommendedMixIsSound) {
+  for (const char* model : {"gpt2", "llama-7b", "llama3-8b", "llama2-70b", "gpt3-175b"}) {
+    for (const char* cluster : {"dgx-h100", "h200x8", "pcie-ethernet"}) {
+      for (int64_t gpus : {8, 64, 512}) {
+        SCOPED_TRACE(fmt::format("{} on {} x {}", model, gpus, cluster));
+        const PlanRequest r = request(model, cluster, gpus);
+        const Plan p = plan(r);
+        EXPECT_EQ(p.eval.mix.gpus(), gpus);
+        if (!p.fits) {
+          EXPECT_GT(p.needs_gpus, gpus);
+          continue;
+        }
+        expect_sound(r, p);
+      }
+    }
+  }
+}
+
+TEST(L01Plan, SmallModelIsPlainDdp) {
+  // GPT-2 small (124M) needs ~2 GB of states: it fits on one GPU -> DDP (the outline's tree).
+  const PlanRequest r = request("gpt2", "dgx-h100", 8, 1024);
+  const Plan p = plan(r);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.family, Family::kDdp);
+  EXPECT_EQ(p.eval.mix.dp, 8);
+  EXPECT_EQ(p.eval.mix.zero_stage, 0);
+  expect_sound(r, p);
+}
+
+TEST(L01Plan, SevenBOnOneNodeIsDataParallelWithZero) {
+  // 7B does not fit on one 80 GB GPU (112 GB of states, the outline), but ZeRO-powered data
+  // parallelism trains models up to 13B without model parallelism (ZeRO paper, sec. 1 and
+  // 10): on one 8-GPU node the plan is dp 8 with a ZeRO stage, no tp/pp/cp.
+  const PlanRequest r = request("llama-7b", "dgx-h100", 8);
+  const Plan p = plan(r);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.family, Family::kZero);
+  EXPECT_EQ(p.eval.mix.dp, 8);
+  EXPECT_EQ(p.eval.mix.tp * p.eval.mix.pp * p.eval.mix.cp, 1);
+  EXPECT_GE(p.eval.mix.zero_stage, 1);
+  expect_sound(r, p);
+}
+
+TEST(L01Plan, Gpt3OnSixtyFourA100sAsMegatron) {
+  // Korthikanti et al. 2022 (arXiv:2205.05198) Table 3: GPT-3 175B on 64 A100 80 GB GPUs
+  // (DGX A100 nodes), t = 8, p = 8, sequence 2048, global batch 64, micro-batch 1.
+  const PlanRequest r = request("gpt3-175b", "dgx-a100", 64, 2048, 64);
+  // Their layout fits our ledger with selective recomputation and sequence parallelism.
+  Mix published;
+  published.tp = 8;
+  published.pp = 8;
+  published.recompute = Recompute::kSelective;
+  EXPECT_TRUE(evaluate(r, published).fits) << "Korthikanti Table 3 layout";
+  const Plan p = plan(r);
+  ASSERT_TRUE(p.fits);
+  expect_sound(r, p);
+  // The structure the paper explains: tensor parallel inside the 8-GPU node, pipeline across.
+  EXPECT_GT(p.eval.mix.tp, 1) << "Korthikanti Table 3: t = 8";
+  EXPECT_GT(p.eval.mix.pp, 1) << "Korthikanti Table 3: p = 8";
+}
+
+TEST(L01Plan, Llama3_405bTensorInsideNodesPipelineAcross) {
+  // Llama 3 paper (Dubey et al. 2024, arXiv:2407.21783) sec. 3.3.2 and Table 4: 405B on
+  // 16,384 H100s, sequence 8192, 16M tokens (2048 sequences) a step; TP 8 inside a node,
+  // PP across nodes (16 stages), DP over the rest.
+  const PlanRequest r = request("llama3-405b", "dgx-h100", 16384, 8192, 2048);
+  const Plan p = plan(r);
+  ASSERT_TRUE(p.fits);
+  expect_sound(r, p);
+  EXPECT_EQ(p.eval.mix.tp, 8) << "Llama 3 Table 4: TP 8";
+  EXPECT_GT(p.eval.mix.pp, 1) << "Llama 3 Table 4: PP 16";
+  EXPECT_TRUE(crosses_nodes(Strategy::kPp, p.eval.mix, 8)) << "PP spans nodes";
+}
+
+TEST(L01Plan, SeventyBOnOneTrillionTokens) {
+  // The outline: a 70B model on 1T tokens takes years on one GPU; N GPUs cut it ~N times.
+  PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  r.tokens = 1e12;
+  const Plan p = plan(r);
+  ASSERT_TRUE(p.fits);
+  expect_sound(r, p);
+  const double n = static_cast<double>(count_params(r.model));
+  const double one = 6 * n * 1e12 / (989e12 * 0.4);  // 6ND at 40% MFU of 989 TFLOP/s
+  EXPECT_CLOSE_REL(p.train_time_1gpu_s, one, 1e-12, "closed form: 6ND / (peak mfu)");
+  EXPECT_CLOSE_REL(p.train_time_s, one / 64, 1e-12, "closed form: 64 GPUs, 64x faster");
+  EXPECT_GT(p.train_time_1gpu_s, 10 * 365 * 86400.0) << "the outline: years on one GPU";
+  EXPECT_LT(p.train_time_s, 365 * 86400.0) << "under a year on 64";
+}
+
+TEST(L01Plan, DoesNotFitNeedsMoreGpus) {
+  // 405B needs ~6.5 TB of states (16 bytes/param): 8 GPUs of 80 GB cannot hold it.
+  const PlanRequest r = request("llama3-405b", "dgx-h100", 8);
+  const Plan p = plan(r);
+  EXPECT_FALSE(p.fits);
+  EXPECT_GE(p.needs_gpus, 16 * 405 / 72) << "closed form: 16 B x 405e9 / 72 GB usable";
+  PlanRequest bigger = r;
+  bigger.gpus = p.needs_gpus;
+  EXPECT_TRUE(plan(bigger).fits) << "the count it names is enough";
+  bigger.gpus = p.needs_gpus / 2;
+  EXPECT_FALSE(plan(bigger).fits) << "and half of it is not";
+}
+
+TEST(L01Plan, LayerTooBigFitsNowhere) {
+  // One layer of a 131072-wide model is 2.7e11 parameters: even split 8 ways in a node and
+  // gathered by ZeRO-3 it overflows a GPU, on any number of GPUs.
+  PlanRequest r = request("llama-7b", "dgx-h100", 64);
+  r.model.name = "huge-layer";
+  r.model.hidden = 131072;
+  r.model.heads = 8;
+  r.model.kv_heads = 8;
+  r.model.ffn = 4 * 131072;
+  r.model.layers = 2;
+  const Plan p = plan(r);
+  EXPECT_FALSE(p.fits);
+  EXPECT_EQ(p.needs_gpus, 0) << "fits nowhere";
+}
+
+TEST(L01Plan, SlowLinksKeepTpInsideAndDpOutside) {
+  // pcie-ethernet: 64 GB/s inside, 12.5 GB/s between nodes. 70B on 64 GPUs still keeps TP
+  // inside a node; only the data-parallel and pipeline groups cross the Ethernet.
+  const PlanRequest r = request("llama3-70b", "pcie-ethernet", 64);
+  const Plan p = plan(r);
+  ASSERT_TRUE(p.fits);
+  expect_sound(r, p);
+  for (const auto& t : p.eval.traffic) {
+    if (t.strategy == Strategy::kTp) EXPECT_FALSE(t.crosses_nodes);
+  }
+}
+
+TEST(L01Table, FiveStrategiesShardAndCommunicate) {
+  const PlanRequest r = request("llama3-70b", "dgx-h100", 8);
+  const auto rows = strategy_table(r, 8);
+  ASSERT_EQ(rows.size(), 7u);
+  const auto shards = [&](Strategy s) {
+    for (const auto& row : rows) {
+      if (row.strategy == s) return row.shards;
+    }
+    return std::vector<std::string>{};
+  };
+  using V = std::vector<std::string>;
+  // ZeRO paper Figure 1: stage 1 optimizer, 2 + gradients, 3 + parameters.
+  EXPECT_EQ(shards(Strategy::kDdp), V{});
+  EXPECT_EQ(shards(Strategy::kZero1), (V{"optimizer"}));
+  EXPECT_EQ(shards(Strategy::kZero2), (V{"grads", "optimizer"}));
+  // ZeRO-3 shards the parameters though it holds one gathered layer.
+  EXPECT_EQ(shards(Strategy::kZero3), (V{"params", "grads", "optimizer"}));
+  // Megatron: TP splits the weights and (with sequence parallelism) the activations.
+  EXPECT_EQ(shards(Strategy::kTp), (V{"params", "grads", "optimizer", "activations"}));
+  // Korthikanti sec. 4.2.3: under 1F1B the first stage holds L layers' worth of activations.
+  EXPECT_EQ(shards(Strategy::kPp), (V{"params", "grads", "optimizer"}));
+  EXPECT_EQ(shards(Strategy::kCp), (V{"activations"}));
+  for (const auto& row : rows) {
+    EXPECT_EQ(row.degree, 8) << strategy_name(row.strategy);
+    EXPECT_CLOSE_REL(row.inter_s / row.intra_s, 450.0 / 50, 1e-9, "NVLink vs InfiniBand");
+  }
+}
+
+}  // namespace
+}  // namespace dtc::l01
