@@ -33,6 +33,22 @@ nlohmann::json last_json_line(const std::string& out) {
   return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
 }
 
+// Each case (arguments, flag) must exit with 2 and a message naming the flag and the fix.
+void expect_usage_errors(
+    const std::vector<std::pair<std::vector<std::string>, std::string>>& cases) {
+  for (const auto& [args, flag] : cases) {
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    SCOPED_TRACE(joined);
+    const Result r = run_lesson01(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << "the message should name " << flag << ":\n"
+                                                   << r.err;
+    EXPECT_NE(r.err.find("HINT"), std::string::npos) << "the message should say how to fix it:\n"
+                                                     << r.err;
+  }
+}
+
 TEST(L01Program, BareParamsJson) {
   // The outline's 7B example: 16 bytes/param -> 112 GB, and no activations without a shape.
   const Result r = run_lesson01({"--params", "7e9", "--json"});
@@ -126,16 +142,7 @@ TEST(L01ProgramGiven, PlanBadInputExitsWithTwoAndNamesTheFlag) {
       {{"--plan", "--params", "7e9"}, "--plan"},
       {{"--plan", "--model", "llama-7b", "--tokens", "lots"}, "--tokens"},
   };
-  for (const auto& [args, flag] : cases) {
-    std::string joined;
-    for (const auto& a : args) joined += a + " ";
-    SCOPED_TRACE(joined);
-    const Result r = run_lesson01(args);
-    EXPECT_EQ(r.code, 2) << r.err;
-    EXPECT_NE(r.err.find(flag), std::string::npos) << "the message should name " << flag << ":\n"
-                                                   << r.err;
-    EXPECT_NE(r.err.find("HINT"), std::string::npos) << r.err;
-  }
+  expect_usage_errors(cases);
 }
 
 TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
@@ -157,17 +164,7 @@ TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
       {{"--optimizer", "lion"}, "--optimizer"},
       {{"--mfu", "1.5"}, "--mfu"},
   };
-  for (const auto& [args, flag] : cases) {
-    std::string joined;
-    for (const auto& a : args) joined += a + " ";
-    SCOPED_TRACE(joined);
-    const Result r = run_lesson01(args);
-    EXPECT_EQ(r.code, 2) << r.err;
-    EXPECT_NE(r.err.find(flag), std::string::npos) << "the message should name " << flag << ":\n"
-                                                   << r.err;
-    EXPECT_NE(r.err.find("HINT"), std::string::npos) << "the message should say how to fix it:\n"
-                                                     << r.err;
-  }
+  expect_usage_errors(cases);
 }
 
 TEST(L01ProgramGiven, HelpExitsZero) {
