@@ -44,15 +44,9 @@ const std::vector<ModelConfig>& presets() {
 }
 
 ModelConfig preset(const std::string& name) {
-  std::string names;
-  for (const auto& m : presets()) {
-    if (m.name == name) return m;
-    names += (names.empty() ? "" : ", ") + m.name;
-  }
-  throw UsageError("--model", fmt::format("'{}' is not a known model", name),
-                   "use one of: " + names +
-                       "; or describe the model with --arch --hidden --layers --heads --ffn "
-                       "--vocab; or give a parameter count with --params");
+  return find_by_name(presets(), name, "--model", "model",
+                      "or describe the model with --arch --hidden --layers --heads --ffn "
+                      "--vocab; or give a parameter count with --params");
 }
 
 namespace {
@@ -190,4 +184,4 @@ double train_time_seconds(double params, double tokens, double peak_flops, doubl
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/ledger.cpp by scripts/exercises.py; checksum 61ebd2d0418963f1
+// exercise generated from solutions/01_memory_ledger/ledger.cpp by scripts/exercises.py; checksum b0b1d8d192ff2cfd

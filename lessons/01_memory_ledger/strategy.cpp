@@ -49,15 +49,9 @@ const std::vector<Cluster>& cluster_presets() {
 }
 
 Cluster cluster_preset(const std::string& name) {
-  std::string names;
-  for (const auto& c : cluster_presets()) {
-    if (c.name == name) return c;
-    names += (names.empty() ? "" : ", ") + c.name;
-  }
-  throw UsageError("--cluster", fmt::format("'{}' is not a known cluster", name),
-                   "use one of: " + names +
-                       "; change one with --gpus-per-node --gpu-mem --intra-bw --inter-bw "
-                       "--peak-tflops");
+  return find_by_name(cluster_presets(), name, "--cluster", "cluster",
+                      "change one with --gpus-per-node --gpu-mem --intra-bw --inter-bw "
+                      "--peak-tflops");
 }
 
 void validate(const Cluster& c, int64_t gpus) {
@@ -605,4 +599,4 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum aea48d2d0abd5b37
+// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum b959b8eca98bcc42

@@ -44,15 +44,9 @@ const std::vector<ModelConfig>& presets() {
 }
 
 ModelConfig preset(const std::string& name) {
-  std::string names;
-  for (const auto& m : presets()) {
-    if (m.name == name) return m;
-    names += (names.empty() ? "" : ", ") + m.name;
-  }
-  throw UsageError("--model", fmt::format("'{}' is not a known model", name),
-                   "use one of: " + names +
-                       "; or describe the model with --arch --hidden --layers --heads --ffn "
-                       "--vocab; or give a parameter count with --params");
+  return find_by_name(presets(), name, "--model", "model",
+                      "or describe the model with --arch --hidden --layers --heads --ffn "
+                      "--vocab; or give a parameter count with --params");
 }
 
 namespace {

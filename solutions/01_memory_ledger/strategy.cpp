@@ -49,15 +49,9 @@ const std::vector<Cluster>& cluster_presets() {
 }
 
 Cluster cluster_preset(const std::string& name) {
-  std::string names;
-  for (const auto& c : cluster_presets()) {
-    if (c.name == name) return c;
-    names += (names.empty() ? "" : ", ") + c.name;
-  }
-  throw UsageError("--cluster", fmt::format("'{}' is not a known cluster", name),
-                   "use one of: " + names +
-                       "; change one with --gpus-per-node --gpu-mem --intra-bw --inter-bw "
-                       "--peak-tflops");
+  return find_by_name(cluster_presets(), name, "--cluster", "cluster",
+                      "change one with --gpus-per-node --gpu-mem --intra-bw --inter-bw "
+                      "--peak-tflops");
 }
 
 void validate(const Cluster& c, int64_t gpus) {

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace dtc {
 
@@ -20,5 +21,20 @@ class UsageError : public std::invalid_argument {
  private:
   std::string subject_;
 };
+
+/// The element of @p items whose `.name` is @p name (presets looked up from a flag).
+/// @throws UsageError(flag): "'<name>' is not a known <what>", with a hint that lists every
+///   known name, followed by @p more_hint.
+template <class T>
+const T& find_by_name(const std::vector<T>& items, const std::string& name, const std::string& flag,
+                      const std::string& what, const std::string& more_hint) {
+  std::string names;
+  for (const auto& item : items) {
+    if (item.name == name) return item;
+    names += (names.empty() ? "" : ", ") + item.name;
+  }
+  throw UsageError(flag, "'" + name + "' is not a known " + what,
+                   "use one of: " + names + "; " + more_hint);
+}
 
 }  // namespace dtc
