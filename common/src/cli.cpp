@@ -20,6 +20,9 @@ void add_train_flags(CLI::App& app, TrainFlags& flags) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--json", flags.json, "print one JSON object on the last line of stdout");
+  app.add_option("--backend", flags.backend, "collectives: gloo, or nccl on GPU nodes")
+      ->check(CLI::IsMember({"gloo", "nccl"}))
+      ->capture_default_str();
 }
 
 int run_cli(CLI::App& app, int argc, const char* const* argv, const std::function<int()>& body,

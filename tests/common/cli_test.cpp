@@ -30,6 +30,10 @@ TEST(Cli, TrainFlags) {
   EXPECT_EQ(f.seed, 7u);
   EXPECT_EQ(f.global_batch, 16);
   EXPECT_TRUE(f.json);
+  EXPECT_EQ(f.backend, "gloo") << "the default backend";
+  ASSERT_EQ(parse({"--backend", "nccl"}, f), 0);
+  EXPECT_EQ(f.backend, "nccl");
+  EXPECT_EQ(parse({"--backend", "mpi"}, f), kExitUsage);
 }
 
 TEST(Cli, ExitCodes) {

@@ -2,7 +2,7 @@
 //
 // Every training program from lesson 02 on takes the same flags, so that lessons can be
 // compared run for run:
-//   --steps N  --seed S  --global-batch B  --json
+//   --steps N  --seed S  --global-batch B  --json  [--backend gloo|nccl]
 // With --json, rank 0 prints one JSON object on the last line of stdout with at least
 // "losses" (one per step) and "tokens_per_s".
 #pragma once
@@ -27,13 +27,14 @@ enum ExitCode : int {
 
 /// The flags that every training program shares.
 struct TrainFlags {
-  int64_t steps = 20;        ///< optimizer steps to run
-  uint64_t seed = 1;         ///< seeds weights and data: same seed, same run
-  int64_t global_batch = 8;  ///< sequences per optimizer step, summed over all ranks
-  bool json = false;         ///< print one JSON object on the last line of stdout (rank 0)
+  int64_t steps = 20;            ///< optimizer steps to run
+  uint64_t seed = 1;             ///< seeds weights and data: same seed, same run
+  int64_t global_batch = 8;      ///< sequences per optimizer step, summed over all ranks
+  bool json = false;             ///< print one JSON object on the last line of stdout (rank 0)
+  std::string backend = "gloo";  ///< collectives: gloo (CPU) or nccl (CUDA builds, GPU nodes)
 };
 
-/// Adds --steps, --seed, --global-batch and --json to @p app, bound to @p flags.
+/// Adds --steps, --seed, --global-batch, --json and --backend to @p app, bound to @p flags.
 void add_train_flags(CLI::App& app, TrainFlags& flags);
 
 /// Parses the command line and runs @p body, turning every error into a clear message and an

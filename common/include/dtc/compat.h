@@ -28,11 +28,9 @@ namespace dtc {
 #if TORCH_VERSION_MAJOR >= 2
 /// A communicator: one backend instance over a fixed set of ranks.
 using Comm = c10d::Backend;
-inline constexpr bool kTorch2 = true;
 #else
 /// A communicator: one backend instance over a fixed set of ranks.
 using Comm = c10d::ProcessGroup;
-inline constexpr bool kTorch2 = false;
 #endif
 
 /// True when this LibTorch was built with NCCL (a CUDA build) and the course was compiled
