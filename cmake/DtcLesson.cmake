@@ -1,4 +1,6 @@
-# dtc_add_lesson(NN DIR <NN_topic> SOURCES <files> [DRIVER <files>] TESTS <files> LIBS <libs>)
+# dtc_add_lesson(NN DIR <NN_topic> SOURCES <files> [DRIVER <files>] TESTS <files> LIBS <libs>
+#                [TORCH])
+# TORCH: the lesson includes LibTorch (LIBS has dtc::dist): reuse the precompiled header.
 #
 # Builds one lesson twice, from the same contract header (lessons/<NN_topic>/*.h):
 #   learner:  the exercise files lessons/<NN_topic>/<SOURCES>
@@ -11,7 +13,7 @@
 # lessonNN-<flavour>. One more test, lessonNN.bite, checks that the learner suite fails on
 # every TODO of the untouched exercise (scripts/check_bite.py).
 function(dtc_add_lesson num)
-  cmake_parse_arguments(L "" "DIR" "SOURCES;DRIVER;TESTS;LIBS" ${ARGN})
+  cmake_parse_arguments(L "TORCH" "DIR" "SOURCES;DRIVER;TESTS;LIBS" ${ARGN})
   set(name lesson${num})
   set(ldir "${PROJECT_SOURCE_DIR}/lessons/${L_DIR}")
   set(sdir "${PROJECT_SOURCE_DIR}/solutions/${L_DIR}")
@@ -30,6 +32,10 @@ function(dtc_add_lesson num)
   add_library(${name}_testobj OBJECT ${L_TESTS})
   target_link_libraries(${name}_testobj PUBLIC ${L_LIBS} dtc_test_support GTest::gtest)
   target_include_directories(${name}_testobj PUBLIC "${ldir}")
+  set(pch_targets ${name}_testobj)
+  if(L_DRIVER)
+    list(APPEND pch_targets ${name}_driver)
+  endif()
 
   foreach(flavour learner solution)
     if(flavour STREQUAL "learner")
@@ -48,6 +54,7 @@ function(dtc_add_lesson num)
     target_include_directories(${lib} PUBLIC "${ldir}")
     target_link_libraries(${lib} PUBLIC ${L_LIBS})
     target_compile_options(${lib} PRIVATE ${DTC_WARNINGS})
+    list(APPEND pch_targets ${lib} ${name}${suffix})
 
     add_executable(${name}${suffix} "${ldir}/main.cpp" ${driver_objs})
     target_link_libraries(${name}${suffix} PRIVATE ${lib})
@@ -71,6 +78,12 @@ function(dtc_add_lesson num)
       "endif()\n")
     set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${labels_file}")
   endforeach()
+
+  if(L_TORCH)
+    foreach(t IN LISTS pch_targets)
+      dtc_use_torch_pch(${t})
+    endforeach()
+  endif()
 
   add_test(NAME ${name}.bite
     COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/scripts/check_bite.py"

@@ -9,7 +9,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/paths.sh"
 program="$build/bin/lesson$nn"
 case "$nn" in
-  01|01_solution) exec "$program" "$@" ;;  # one process: a calculator, no ranks
+  01|01_solution|02|02_solution) exec "$program" "$@" ;;  # one process: no ranks
 esac
 nproc=${NPROC:-2}
 if [ -x "$DTC_VENV/bin/torchrun" ] && [ "$build" != "build-light" ]; then
