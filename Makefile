@@ -18,7 +18,7 @@ TORCH_PYTHON ?= $(DTC_VENV)/bin/python
 TORCH_PREFIX = $$($(TORCH_PYTHON) -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')
 
 .PHONY: help deps deps-light configure configure-light build build-light test run exercises \
-        check-exercises format tidy docs clean
+        check-exercises format tidy docs clean grade
 
 help:
 	@echo "Learners:"
@@ -30,6 +30,7 @@ help:
 	@echo "Instructors:"
 	@echo "  make test-lessonNN-solution test the reference solution of one lesson"
 	@echo "  make test                   everything CI checks, on both LibTorch paths"
+	@echo "  make grade [SUBMISSION=dir] grade a learner's lessons/ with the course's tests"
 	@echo "  make exercises [FORCE=1]    regenerate lessons/ from solutions/"
 	@echo "  make format | tidy | docs   apply clang-format | run clang-tidy | Doxygen HTML"
 
@@ -84,6 +85,13 @@ test:
 exercises:
 	python3 scripts/exercises.py generate $(if $(FORCE),--force)
 
+# Grade a learner's copy of lessons/ with the course's tests (default: this checkout's).
+SUBMISSION ?= lessons
+grade: | $(DEPS_PRIMARY)
+	python3 scripts/grade.py $(SUBMISSION) --out grade --build build-grade \
+	  --torch-dir "$$($(TORCH_PYTHON) -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+	@echo "Grades: grade/summary.md, grade/summary.html, JUnit XML in grade/lessonNN.xml"
+
 check-exercises:
 	python3 scripts/exercises.py check
 
@@ -98,4 +106,4 @@ tidy: configure
 	run-clang-tidy -quiet -p $(BUILD) '(common/src|lessons|solutions)/.*\.cpp$$'
 
 clean:
-	rm -rf $(BUILD) $(LIGHT_BUILD)
+	rm -rf $(BUILD) $(LIGHT_BUILD) build-grade grade

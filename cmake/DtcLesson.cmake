@@ -1,6 +1,8 @@
 # dtc_add_lesson(NN DIR <NN_topic> SOURCES <files> [DRIVER <files>] TESTS <files> LIBS <libs>
 #                [TORCH])
 # TORCH: the lesson includes LibTorch (LIBS has dtc::dist): reuse the precompiled header.
+# With -DDTC_SUBMISSION=<dir> (a copy of lessons/), the learner flavour compiles the exercise
+# files from <dir>/<NN_topic>/ instead; headers, drivers and tests stay the course's own.
 #
 # Builds one lesson twice, from the same contract header (lessons/<NN_topic>/*.h):
 #   learner:  the exercise files lessons/<NN_topic>/<SOURCES>
@@ -40,6 +42,9 @@ function(dtc_add_lesson num)
   foreach(flavour learner solution)
     if(flavour STREQUAL "learner")
       set(src "${ldir}")
+      if(DTC_SUBMISSION)  # grading: the learner's files from a submission (scripts/grade.py)
+        set(src "${DTC_SUBMISSION}/${L_DIR}")
+      endif()
       set(suffix "")
     else()
       set(src "${sdir}")

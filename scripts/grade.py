@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Grades a learner's submission with the course's own tests.
+
+    scripts/grade.py SUBMISSION [--out grade] [--build build-grade] [--lessons 01 02 ...]
+    make grade SUBMISSION=path/to/their/lessons      (default: this checkout's lessons/)
+
+SUBMISSION is a copy of lessons/. Only the exercise files are taken from it (the files that
+have a twin in solutions/); the contract headers, the programs and the tests are the course's
+own, so a learner cannot pass by editing a test (the nbgrader principle). A lesson missing from
+the submission is graded on the untouched exercise.
+
+Each lesson is built and run on its own: a compile error, a crash or a hang (killed after
+--timeout seconds) costs that lesson's points and nothing else. Points: one per test of the
+learner's code (suites not named ...Given); tests of given code are not scored.
+
+Writes, under --out: submission/ (what was graded), lessonNN.xml (JUnit XML, one per lesson),
+summary.md, summary.html and summary.json. Exits 0 when grading finished, whatever the score.
+"""
+import argparse
+import html
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def lessons_in_course():
+    return sorted(p.name for p in (ROOT / "solutions").iterdir() if re.match(r"\d\d_", p.name))
+
+
+def stage(submission: pathlib.Path, staged: pathlib.Path, notes: dict):
+    """Copies the exercise files from the submission, falling back to the untouched ones."""
+    if staged.exists():
+        shutil.rmtree(staged)
+    for lesson in lessons_in_course():
+        for sol in sorted((ROOT / "solutions" / lesson).iterdir()):
+            theirs = submission / lesson / sol.name
+            dst = staged / lesson / sol.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if theirs.is_file():
+                shutil.copyfile(theirs, dst)
+            else:
+                shutil.copyfile(ROOT / "lessons" / lesson / sol.name, dst)
+                notes.setdefault(lesson[:2], []).append(f"{sol.name} not submitted: untouched exercise")
+
+
+def run(cmd, timeout=None, **kw):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        return e
+
+
+def list_tests(binary: pathlib.Path):
+    r = run([str(binary), "--gtest_list_tests"], timeout=60)
+    tests, suite = [], None
+    if isinstance(r, subprocess.TimeoutExpired) or r.returncode != 0:
+        return tests
+    for line in r.stdout.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            suite = line.strip().rstrip(".")
+        else:
+            tests.append((suite, line.strip().split()[0]))
+    return tests
+
+
+def scored(tests):
+    return [t for t in tests if not t[0].endswith("Given")]
+
+
+def failure_xml(path: pathlib.Path, lesson: str, tests, reason: str):
+    """A JUnit file for a lesson that could not run: every scored test fails with the reason."""
+    suites = ET.Element("testsuites", name=f"lesson{lesson}", tests=str(len(tests)),
+                        failures=str(len(tests)))
+    suite = ET.SubElement(suites, "testsuite", name=f"lesson{lesson}", tests=str(len(tests)),
+                          failures=str(len(tests)))
+    for s, t in tests:
+        case = ET.SubElement(suite, "testcase", classname=s, name=t)
+        ET.SubElement(case, "failure", message=reason).text = reason
+    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def grade_lesson(nn: str, build: pathlib.Path, out: pathlib.Path, timeout: int, jobs: str):
+    result = {"lesson": nn, "status": "ok", "passed": 0, "total": 0, "detail": ""}
+    # The solution's test binary gives the list of tests, and so the points available.
+    r = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}_solution_tests"])
+    sol_tests = scored(list_tests(build / "tests" / f"lesson{nn}_solution_tests"))
+    result["total"] = len(sol_tests)
+    xml_path = out / f"lesson{nn}.xml"
+    r = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}_tests"])
+    if r.returncode != 0:
+        errors = [l for l in (r.stdout + r.stderr).splitlines() if "error" in l][:10]
+        result.update(status="compile error", detail="\n".join(errors))
+        failure_xml(xml_path, nn, sol_tests, "compile error:\n" + result["detail"])
+        return result
+    binary = build / "tests" / f"lesson{nn}_tests"
+    if xml_path.exists():
+        xml_path.unlink()
+    r = run([str(binary), f"--gtest_output=xml:{xml_path}"], timeout=timeout)
+    if isinstance(r, subprocess.TimeoutExpired):
+        result.update(status="hang", detail=f"killed after {timeout} s")
+        failure_xml(xml_path, nn, sol_tests, f"hang: the tests were killed after {timeout} s")
+        return result
+    if not xml_path.exists():
+        result.update(status="crash", detail=f"exit code {r.returncode}\n{r.stderr[-1500:]}")
+        failure_xml(xml_path, nn, sol_tests, "crash: " + result["detail"])
+        return result
+    root = ET.parse(xml_path).getroot()
+    scored_names = {f"{s}.{t}" for s, t in sol_tests}
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname')}.{case.get('name')}"
+        if name in scored_names and case.find("failure") is None and case.get("result") != "skipped":
+            result["passed"] += 1
+    return result
+
+
+def write_summary(out: pathlib.Path, results, submission: str, notes: dict):
+    total = sum(r["total"] for r in results)
+    passed = sum(r["passed"] for r in results)
+    rows = [(f"lesson{r['lesson']}", r["status"], f"{r['passed']} / {r['total']}",
+             f"{r['passed']}", "; ".join(notes.get(r["lesson"], []) + ([r["detail"].splitlines()[0]]
+                                                                       if r["detail"] else [])))
+            for r in results]
+    md = [f"# Grade of {submission}", "", "| lesson | status | tests passed / total | points | notes |",
+          "|---|---|---|---|---|"]
+    md += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
+    md += [f"| **total** | | {passed} / {total} | **{passed}** | |", ""]
+    (out / "summary.md").write_text("\n".join(md))
+    cells = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in row) + "</tr>"
+                    for row in rows)
+    (out / "summary.html").write_text(
+        "<!doctype html><meta charset='utf-8'><title>Grade</title>"
+        "<style>body{font-family:sans-serif}td,th{border:1px solid #999;padding:4px 8px}"
+        "table{border-collapse:collapse}</style>"
+        f"<h1>Grade of {html.escape(submission)}</h1><table><tr><th>lesson</th><th>status</th>"
+        f"<th>tests passed / total</th><th>points</th><th>notes</th></tr>{cells}"
+        f"<tr><th>total</th><td></td><td>{passed} / {total}</td><th>{passed}</th><td></td></tr>"
+        "</table>")
+    (out / "summary.json").write_text(json.dumps(
+        {"submission": submission, "points": passed, "max_points": total, "lessons": results},
+        indent=2))
+    print("\n".join(md))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("submission", nargs="?", default=str(ROOT / "lessons"))
+    ap.add_argument("--out", default=str(ROOT / "grade"))
+    ap.add_argument("--build", default=str(ROOT / "build-grade"))
+    ap.add_argument("--lessons", nargs="*", help="lesson numbers (default: all)")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per lesson's tests")
+    ap.add_argument("--torch-dir", help="a torch package directory (site-packages/torch) whose "
+                    "LibTorch to build with; default: the one CMake finds (Debian's)")
+    args = ap.parse_args()
+    submission = pathlib.Path(args.submission).resolve()
+    if not submission.is_dir():
+        print(f"grade.py: {submission} is not a folder\nHINT: pass a copy of lessons/, "
+              "e.g. make grade SUBMISSION=~/their-course/lessons", file=sys.stderr)
+        return 2
+    out, build = pathlib.Path(args.out).resolve(), pathlib.Path(args.build).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    notes = {}
+    staged = out / "submission"
+    stage(submission, staged, notes)
+    jobs = str(os.cpu_count() or 2)
+    prefix = []
+    if args.torch_dir:  # as the Makefile does: CMake files and libraries of that torch
+        prefix = [f"-DCMAKE_PREFIX_PATH={args.torch_dir}/share/cmake;{args.torch_dir}"]
+    r = run(["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja",
+             f"-DDTC_SUBMISSION={staged}", *prefix])
+    if r.returncode != 0:
+        print(f"grade.py: configuring the course failed (not the submission's fault):\n"
+              f"{r.stdout[-2000:]}\n{r.stderr[-2000:]}", file=sys.stderr)
+        return 1
+    wanted = args.lessons or [l[:2] for l in lessons_in_course()]
+    results = [grade_lesson(nn, build, out, args.timeout, jobs) for nn in wanted]
+    write_summary(out, results, str(submission), notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
