@@ -35,7 +35,8 @@ fi
 base_pkgs=(build-essential cmake ninja-build ccache git pkg-config
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   openmpi-bin libopenmpi-dev doxygen graphviz clang-format clang-tidy
-  python3 python3-venv python3-pip iproute2 util-linux procps)
+  python3 python3-venv python3-pip iproute2 util-linux procps
+  pandoc chromium python3-matplotlib fonts-dejavu-core)
 light_pkgs=(libtorch-dev libgloo-dev python3-torch)
 
 apt_missing() {

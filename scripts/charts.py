@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Draws the slides' charts from the course programs' own JSON output (never by hand).
+
+    scripts/charts.py BUILD_DIR OUT_DIR        # e.g. build build/slides/charts
+
+Each chart runs a reference program (BUILD_DIR/bin/lessonNN_solution ... --json) and plots what
+it printed, as SVG, with matplotlib. A chart whose program is not built is skipped with a note;
+a deck that shows it then fails the slide check (its image does not load).
+"""
+import json
+import pathlib
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+GB = 1e9
+PARTS = [("params", "parameters", "#4c72b0"), ("grads", "gradients", "#55a868"),
+         ("optimizer", "optimizer states", "#c44e52"), ("activations", "activations", "#8172b2")]
+
+
+def run_json(program: pathlib.Path, *args):
+    r = subprocess.run([str(program), *args, "--json"], capture_output=True, text=True,
+                       timeout=120, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def stacked(ax, labels, ledgers, capacity_gb, legend="upper left"):
+    bottom = [0.0] * len(labels)
+    for key, name, color in PARTS:
+        values = [l["per_device_bytes"][key] / GB for l in ledgers]
+        ax.bar(labels, values, bottom=bottom, label=name, color=color)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for x, total in enumerate(bottom):
+        ax.text(x, total, f"{total:,.0f} GB", ha="center", va="bottom", fontsize=9)
+    ax.axhline(capacity_gb, color="black", linestyle="--", linewidth=1)
+    ax.text(len(labels) - 0.5, capacity_gb, f" one {capacity_gb:g} GB GPU", va="bottom",
+            ha="right", fontsize=9)
+    ax.set_ylabel("GB per device")
+    ax.legend(fontsize=8, loc=legend)
+    return max(bottom)
+
+
+def lesson01_family(build: pathlib.Path, out: pathlib.Path):
+    rows = run_json(build / "bin" / "lesson01_solution")["comparison"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    top = stacked(ax, [r["model"]["name"] for r in rows], rows, rows[0]["gpu_memory_bytes"] / GB)
+    ax.set_ylim(0, top * 1.1)
+    ax.set_title("Training memory on one device: BF16 + AdamW, seq 2048, batch 1")
+    fig.tight_layout()
+    fig.savefig(out / "l01_family.svg")
+    plt.close(fig)
+
+
+def lesson01_zero(build: pathlib.Path, out: pathlib.Path):
+    ledgers = [run_json(build / "bin" / "lesson01_solution", "--model", "llama-7b", "--dp", "64",
+                        "--zero", str(stage)) for stage in range(4)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    top = stacked(ax, ["DDP (stage 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3"], ledgers,
+                  ledgers[0]["gpu_memory_bytes"] / GB, legend="upper right")
+    ax.set_ylim(0, top * 1.12)
+    ax.set_title("llama-7b over 64 data-parallel GPUs: what each ZeRO stage shards")
+    fig.tight_layout()
+    fig.savefig(out / "l01_zero.svg")
+    plt.close(fig)
+
+
+CHARTS = [("lesson01_solution", lesson01_family), ("lesson01_solution", lesson01_zero)]
+
+
+def main() -> int:
+    if len(sys.argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    build, out = pathlib.Path(sys.argv[1]).resolve(), pathlib.Path(sys.argv[2]).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for program, chart in CHARTS:
+        if not (build / "bin" / program).exists():
+            print(f"charts: skipped {chart.__name__}: {build}/bin/{program} is not built")
+            continue
+        chart(build, out)
+        print(f"charts: {chart.__name__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
