@@ -122,8 +122,9 @@ LaunchEnv read_mpi(const EnvLookup& env) {
   out.local_world_size = int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE").value_or(out.world_size);
   check_range("OMPI_COMM_WORLD_LOCAL_RANK", out.local_rank, 0, out.local_world_size,
               "OMPI_COMM_WORLD_LOCAL_SIZE");
-  out.group_rank =
-      int_var(env, "OMPI_COMM_WORLD_NODE_RANK").value_or(out.rank / out.local_world_size);
+  // The node index. Not OMPI_COMM_WORLD_NODE_RANK: despite its name, OpenMPI 4 sets it to the
+  // process's index on its node (1 for the second rank of a one-node job).
+  out.group_rank = out.rank / out.local_world_size;
   read_master(env, out, /*required=*/false);  // single node: 127.0.0.1:29500 by default
   return out;
 }

@@ -85,6 +85,7 @@ TEST(LaunchEnv, OpenMpi) {
   EXPECT_EQ(env.rank, 1);
   EXPECT_EQ(env.world_size, 2);
   EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.group_rank, 0) << "one node: rank / local size";
   EXPECT_EQ(env.master_addr, "127.0.0.1");
   EXPECT_EQ(env.master_port, 29500);
 }

@@ -1,0 +1,194 @@
+// Lesson 04: read the launch environment. Implements lessons/04_launch/launch_env.h.
+//
+// Fill in every TODO(L04) below, top to bottom; `make test-lesson04` checks each function on
+// made-up environments (closed-form expectations), and the end-to-end tests start the reference
+// program under torchrun, mpirun and two simulated nodes (README section 8).
+#include "launch_env.h"
+
+#include <fmt/format.h>
+
+#include "dtc/errors.h"
+#include "dtc/todo.h"
+#include "env_vars.h"
+
+namespace dtc::l04 {
+namespace {
+
+// Throws "<name>: <value> is outside 0..<hi-1> (<hi_name> is <hi>)" unless lo <= value < hi.
+// (maybe_unused: the untouched exercise does not call it yet.)
+[[maybe_unused]] void check_range(const std::string& name, int value, int lo, int hi,
+                                  const std::string& hi_name) {
+  if (value >= lo && value < hi) return;
+  throw UsageError(name,
+                   fmt::format("{} is outside {}..{} ({} is {})", value, lo, hi - 1, hi_name, hi),
+                   fmt::format("each rank needs {} <= {} < {}; a launcher sets them together, so "
+                               "look for a value exported by hand",
+                               lo, name, hi_name));
+}
+
+}  // namespace
+
+Launcher detect_launcher(const EnvLookup& env) {
+  // BEGIN SOLUTION: RANK means torchrun, OMPI_COMM_WORLD_RANK means mpirun; with neither, any
+  //   of WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK is a stray variable: throw
+  if (env("RANK")) return Launcher::kTorchrun;  // first: `mpirun torchrun ...` is torchrun
+  if (env("OMPI_COMM_WORLD_RANK")) return Launcher::kMpi;
+  for (const char* stray : {"WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}) {
+    if (env(stray)) {
+      throw UsageError(
+          stray, "is set but RANK is not",
+          fmt::format("launch with torchrun, which sets them together, or `unset {}`", stray));
+    }
+  }
+  return Launcher::kNone;
+  // END SOLUTION
+}
+
+LaunchInfo parse_torchrun(const EnvLookup& env) {
+  LaunchInfo info;
+  info.launcher = Launcher::kTorchrun;
+  const std::string why = "RANK is set (torchrun sets them together)";
+  // BEGIN SOLUTION: read the six required variables with env_required_int (MASTER_ADDR is a
+  //   string), then the optional ones with their defaults (header)
+  info.rank = env_required_int(env, "RANK", why);
+  info.world_size = env_required_int(env, "WORLD_SIZE", why);
+  info.local_rank = env_required_int(env, "LOCAL_RANK", why);
+  info.local_world_size = env_required_int(env, "LOCAL_WORLD_SIZE", why);
+  const auto addr = env("MASTER_ADDR");
+  if (!addr) {
+    throw UsageError("MASTER_ADDR", "is not set, but " + why,
+                     "export MASTER_ADDR=<host of the store> (torchrun sets it for you)");
+  }
+  info.master_addr = *addr;
+  info.master_port = env_required_int(env, "MASTER_PORT", why);
+  // Division by zero would crash before validate() could explain: guard the defaults.
+  const int per_node = info.local_world_size > 0 ? info.local_world_size : 1;
+  info.group_rank = env_int(env, "GROUP_RANK").value_or(info.rank / per_node);
+  info.group_world_size = env_int(env, "GROUP_WORLD_SIZE").value_or(info.world_size / per_node);
+  info.role_rank = env_int(env, "ROLE_RANK").value_or(info.rank);
+  info.role_world_size = env_int(env, "ROLE_WORLD_SIZE").value_or(info.world_size);
+  info.restart_count = env_int(env, "TORCHELASTIC_RESTART_COUNT").value_or(0);
+  info.max_restarts = env_int(env, "TORCHELASTIC_MAX_RESTARTS").value_or(0);
+  info.run_id = env("TORCHELASTIC_RUN_ID").value_or("");
+  info.use_agent_store = env_bool(env, "TORCHELASTIC_USE_AGENT_STORE").value_or(false);
+  // END SOLUTION
+  return info;
+}
+
+LaunchInfo parse_mpi(const EnvLookup& env) {
+  LaunchInfo info;
+  info.launcher = Launcher::kMpi;
+  const std::string why = "OMPI_COMM_WORLD_RANK is set (mpirun sets them together)";
+  // BEGIN SOLUTION: read the four OMPI_COMM_WORLD_* variables, derive the node from rank / local
+  //   size, and take MASTER_ADDR / MASTER_PORT when set (else 127.0.0.1:29500)
+  info.rank = env_required_int(env, "OMPI_COMM_WORLD_RANK", why);
+  info.world_size = env_required_int(env, "OMPI_COMM_WORLD_SIZE", why);
+  info.local_rank = env_required_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", why);
+  info.local_world_size = env_required_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", why);
+  const int per_node = info.local_world_size > 0 ? info.local_world_size : 1;
+  info.group_rank = info.rank / per_node;  // by slot: node 0 is filled first
+  info.group_world_size = (info.world_size + per_node - 1) / per_node;
+  info.role_rank = info.rank;
+  info.role_world_size = info.world_size;
+  info.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
+  info.master_port = env_int(env, "MASTER_PORT").value_or(29500);
+  // END SOLUTION
+  return info;
+}
+
+void validate(const LaunchInfo& info) {
+  const std::string rank = var_name(info.launcher, Var::kRank);
+  const std::string world = var_name(info.launcher, Var::kWorldSize);
+  const std::string local_rank = var_name(info.launcher, Var::kLocalRank);
+  const std::string local_world = var_name(info.launcher, Var::kLocalWorldSize);
+  // BEGIN SOLUTION: check the nine rules of the header, in order, each with a UsageError that
+  //   names the variable at fault (check_range above writes the range message)
+  if (info.world_size < 1) {
+    throw UsageError(world, fmt::format("{} is not a positive number of ranks", info.world_size),
+                     fmt::format("{} is the number of processes in the job (nodes x ranks per "
+                                 "node); a launcher sets it",
+                                 world));
+  }
+  check_range(rank, info.rank, 0, info.world_size, world);
+  if (info.local_world_size < 1 || info.local_world_size > info.world_size) {
+    throw UsageError(
+        local_world,
+        fmt::format("{} does not fit {} {}", info.local_world_size, world, info.world_size),
+        fmt::format("{} is the number of ranks on this node: 1..{}", local_world, world));
+  }
+  check_range(local_rank, info.local_rank, 0, info.local_world_size, local_world);
+  if (info.group_world_size < 1) {
+    throw UsageError(
+        "GROUP_RANK",
+        fmt::format("GROUP_WORLD_SIZE {} is not a positive number of nodes", info.group_world_size),
+        "GROUP_WORLD_SIZE is the number of nodes; torchrun sets it with GROUP_RANK");
+  }
+  check_range("GROUP_RANK", info.group_rank, 0, info.group_world_size, "GROUP_WORLD_SIZE");
+  check_range("ROLE_RANK", info.role_rank, 0, info.role_world_size, "ROLE_WORLD_SIZE");
+  if (info.master_addr.empty()) {
+    throw UsageError("MASTER_ADDR", "is empty", "set it to the host name or address of the store");
+  }
+  if (info.master_port < 1 || info.master_port > 65535) {
+    throw UsageError("MASTER_PORT", fmt::format("{} is not a TCP port", info.master_port),
+                     "use a port between 1 and 65535, e.g. 29500");
+  }
+  if (info.restart_count < 0 || info.restart_count > info.max_restarts) {
+    throw UsageError(
+        "TORCHELASTIC_RESTART_COUNT",
+        fmt::format("{} is outside 0..{} (TORCHELASTIC_MAX_RESTARTS is {})", info.restart_count,
+                    info.max_restarts, info.max_restarts),
+        "torchrun restarts at most --max-restarts times: unset both, or fix the one set by hand");
+  }
+  // END SOLUTION
+}
+
+LaunchInfo read_launch(const EnvLookup& env) {
+  // BEGIN SOLUTION: detect the launcher, parse its variables, validate; with no launcher,
+  //   a single rank that still honours MASTER_ADDR / MASTER_PORT
+  LaunchInfo info;
+  switch (detect_launcher(env)) {
+    case Launcher::kTorchrun: info = parse_torchrun(env); break;
+    case Launcher::kMpi: info = parse_mpi(env); break;
+    case Launcher::kNone:
+      info.master_addr = env("MASTER_ADDR").value_or(info.master_addr);
+      info.master_port = env_int(env, "MASTER_PORT").value_or(info.master_port);
+      break;
+  }
+  validate(info);
+  return info;
+  // END SOLUTION
+}
+
+torch::Device pick_device(const LaunchInfo& info, int cuda_devices) {
+  // BEGIN SOLUTION: CPU without CUDA; else cuda:<local_rank>, or a UsageError when this node
+  //   runs more ranks than it has GPUs
+  if (cuda_devices <= 0) return torch::Device(torch::kCPU);
+  if (info.local_rank >= cuda_devices) {
+    throw UsageError("LOCAL_RANK",
+                     fmt::format("is {}, but this process sees only {} CUDA device(s)",
+                                 info.local_rank, cuda_devices),
+                     fmt::format("start at most {} ranks per node (--nproc_per_node={}), or check "
+                                 "CUDA_VISIBLE_DEVICES",
+                                 cuda_devices, cuda_devices));
+  }
+  // DeviceIndex is a small integer type (int8_t, int16_t in newer LibTorch): cast explicitly.
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(info.local_rank));
+  // END SOLUTION
+}
+
+void require_ranks(const LaunchInfo& info, int min_ranks, const std::vector<std::string>& argv,
+                   const std::string& torchrun) {
+  // BEGIN SOLUTION: when world_size < min_ranks, throw the UsageError of the header, whose hint
+  //   is the exact torchrun command (shell_join the program's own argv)
+  if (info.world_size >= min_ranks) return;
+  const std::string program = argv.empty() ? std::string("the program") : argv.front();
+  throw UsageError(
+      "WORLD_SIZE",
+      fmt::format("{} needs at least {} ranks, but it was started as {} (launcher: {})", program,
+                  min_ranks, info.world_size, launcher_name(info.launcher)),
+      fmt::format("start it with a launcher:\n  {} --standalone --nproc_per_node={} --no_python {}",
+                  torchrun, min_ranks, shell_join(argv)));
+  // END SOLUTION
+}
+
+}  // namespace dtc::l04
