@@ -1,0 +1,37 @@
+# Lesson 03: process groups and collectives. Links dtc::dist (LibTorch's c10d, gloo).
+dtc_add_lesson(03 DIR 03_collectives SOURCES collectives.cpp DRIVER program.cpp
+               TESTS tests/lesson03/tour_test.cpp tests/lesson03/grid_test.cpp
+                     tests/lesson03/ring_test.cpp tests/lesson03/program_test.cpp
+               LIBS dtc::dist TORCH)
+
+# The collectives benchmark (nccl-tests style), on the reference solution's ring allreduce:
+#   torchrun --standalone --nproc_per_node=2 --no_python build/bin/bench_collectives
+add_executable(bench_collectives "${PROJECT_SOURCE_DIR}/bench/collectives.cpp")
+target_link_libraries(bench_collectives PRIVATE lesson03_solution_lib dtc::dist)
+target_compile_options(bench_collectives PRIVATE ${DTC_WARNINGS})
+dtc_use_torch_pch(bench_collectives)
+
+# End-to-end: the real programs on real processes, through the torchrun of this build's path
+# (the venv's for the primary path; Debian's for the light one, which needs --redirects/--tee).
+if(DTC_FLAVOR STREQUAL "primary")
+  find_program(DTC_L03_TORCHRUN torchrun HINTS "${DTC_TORCH_ROOT}/../../../../bin" NO_DEFAULT_PATH)
+  set(_l03_torchrun_flags "")
+else()
+  find_program(DTC_L03_TORCHRUN torchrun PATHS /usr/bin NO_DEFAULT_PATH)
+  set(_l03_torchrun_flags --redirects 2 --tee 2)
+endif()
+if(DTC_L03_TORCHRUN)
+  # The program on 3 ranks (an odd world: uneven ring chunks), with --json.
+  add_test(NAME lesson03.solution.torchrun_program
+    COMMAND "${DTC_L03_TORCHRUN}" --standalone --nproc_per_node=3 ${_l03_torchrun_flags}
+            --no_python $<TARGET_FILE:lesson03_solution> --numel 1001 --json)
+  set_tests_properties(lesson03.solution.torchrun_program PROPERTIES
+    PASS_REGULAR_EXPRESSION "\"ok\":true"
+    LABELS "lesson03;solution;lesson03-solution" TIMEOUT 120)
+  # A smoke run of the benchmark (not the benchmark itself): small sizes, 2 iterations.
+  add_test(NAME lesson03.solution.bench_smoke
+    COMMAND "${DTC_L03_TORCHRUN}" --standalone --nproc_per_node=2 ${_l03_torchrun_flags}
+            --no_python $<TARGET_FILE:bench_collectives> --max-bytes 64K --iters 2 --warmup 1)
+  set_tests_properties(lesson03.solution.bench_smoke PROPERTIES
+    LABELS "lesson03;solution;lesson03-solution" TIMEOUT 120)
+endif()
