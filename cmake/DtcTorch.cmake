@@ -66,6 +66,17 @@ else()
   target_link_libraries(dtc_fmt INTERFACE fmt::fmt)
 endif()
 
+# The torchrun that goes with this LibTorch, for end-to-end tests and the hints programs print:
+# the one beside the wheel's Python on the primary path; Debian's on the light path, whose 1.13
+# crashes under Python 3.11 unless output redirection is explicit (--redirects 2 --tee 2).
+if(DTC_FLAVOR STREQUAL "primary")
+  find_program(DTC_TORCHRUN torchrun HINTS "${DTC_TORCH_ROOT}/../../../../bin" NO_DEFAULT_PATH)
+  set(DTC_TORCHRUN_FLAGS "")
+else()
+  find_program(DTC_TORCHRUN torchrun PATHS /usr/bin NO_DEFAULT_PATH)
+  set(DTC_TORCHRUN_FLAGS --redirects 2 --tee 2)
+endif()
+
 message(STATUS "dtc: ${DTC_FLAVOR} path, LibTorch ${DTC_TORCH_VERSION} at ${DTC_TORCH_ROOT}, "
                "NCCL ${DTC_HAVE_NCCL}")
 

@@ -9,6 +9,7 @@ a deck that shows it then fails the slide check (its image does not load).
 """
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -68,7 +69,39 @@ def lesson01_zero(build: pathlib.Path, out: pathlib.Path):
     plt.close(fig)
 
 
-CHARTS = [("lesson01_solution", lesson01_family), ("lesson01_solution", lesson01_zero)]
+def torchrun(build: pathlib.Path):
+    """The torchrun CMake found for this build (DTC_TORCHRUN), with its flags."""
+    cache = (build / "CMakeCache.txt").read_text()
+    path = re.search(r"^DTC_TORCHRUN:FILEPATH=(.*)$", cache, re.M).group(1)
+    flags = [] if "venv" in path or "site-packages" in path else ["--redirects", "2", "--tee", "2"]
+    return [path, "--standalone", *flags]
+
+
+def lesson03_busbw(build: pathlib.Path, out: pathlib.Path):
+    r = subprocess.run(torchrun(build) + ["--nproc_per_node=2", "--no_python",
+                                         str(build / "bin" / "bench_collectives"), "--json",
+                                         "--max-bytes", "16M", "--warmup", "2", "--iters", "5"],
+                       capture_output=True, text=True, timeout=300, check=True)
+    data = json.loads([l for l in r.stdout.splitlines() if l.startswith("{")][-1])
+    sizes = [row["size"] for row in data["rows"]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, name, color in (("ring", "ring allreduce (yours)", "#c44e52"),
+                             ("gloo", "gloo allreduce", "#4c72b0")):
+        ax.plot(sizes, [row[key]["busbw"] for row in data["rows"]], marker="o", label=name,
+                color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"Allreduce on {data['world']} CPU ranks (gloo, loopback): busbw = algbw x 2(n-1)/n")
+    ax.legend(fontsize=9)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "l03_busbw.svg")
+    plt.close(fig)
+
+
+CHARTS = [("lesson01_solution", lesson01_family), ("lesson01_solution", lesson01_zero),
+          ("bench_collectives", lesson03_busbw)]
 
 
 def main() -> int:

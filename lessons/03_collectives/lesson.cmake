@@ -12,26 +12,19 @@ target_compile_options(bench_collectives PRIVATE ${DTC_WARNINGS})
 dtc_use_torch_pch(bench_collectives)
 
 # End-to-end: the real programs on real processes, through the torchrun of this build's path
-# (the venv's for the primary path; Debian's for the light one, which needs --redirects/--tee).
-if(DTC_FLAVOR STREQUAL "primary")
-  find_program(DTC_L03_TORCHRUN torchrun HINTS "${DTC_TORCH_ROOT}/../../../../bin" NO_DEFAULT_PATH)
-  set(_l03_torchrun_flags "")
-else()
-  find_program(DTC_L03_TORCHRUN torchrun PATHS /usr/bin NO_DEFAULT_PATH)
-  set(_l03_torchrun_flags --redirects 2 --tee 2)
-endif()
-if(DTC_L03_TORCHRUN)
+# (DTC_TORCHRUN, DtcTorch.cmake). Both use --standalone, whose port is fixed on 1.13: one at a time.
+if(DTC_TORCHRUN)
   # The program on 3 ranks (an odd world: uneven ring chunks), with --json.
   add_test(NAME lesson03.solution.torchrun_program
-    COMMAND "${DTC_L03_TORCHRUN}" --standalone --nproc_per_node=3 ${_l03_torchrun_flags}
+    COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=3 ${DTC_TORCHRUN_FLAGS}
             --no_python $<TARGET_FILE:lesson03_solution> --numel 1001 --json)
   set_tests_properties(lesson03.solution.torchrun_program PROPERTIES
-    PASS_REGULAR_EXPRESSION "\"ok\":true"
+    PASS_REGULAR_EXPRESSION "\"ok\":true" RESOURCE_LOCK torchrun_standalone
     LABELS "lesson03;solution;lesson03-solution" TIMEOUT 120)
   # A smoke run of the benchmark (not the benchmark itself): small sizes, 2 iterations.
   add_test(NAME lesson03.solution.bench_smoke
-    COMMAND "${DTC_L03_TORCHRUN}" --standalone --nproc_per_node=2 ${_l03_torchrun_flags}
+    COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=2 ${DTC_TORCHRUN_FLAGS}
             --no_python $<TARGET_FILE:bench_collectives> --max-bytes 64K --iters 2 --warmup 1)
-  set_tests_properties(lesson03.solution.bench_smoke PROPERTIES
+  set_tests_properties(lesson03.solution.bench_smoke PROPERTIES RESOURCE_LOCK torchrun_standalone
     LABELS "lesson03;solution;lesson03-solution" TIMEOUT 120)
 endif()

@@ -5,15 +5,11 @@ dtc_add_lesson(04 DIR 04_launch SOURCES launch_env.cpp DRIVER env_vars.cpp progr
                      tests/lesson04/program_test.cpp
                LIBS dtc::dist TORCH)
 
-# The torchrun command that works on this build's path, for the "needs several ranks" hint and
-# the end-to-end tests: the venv's torchrun (2.x) on the primary path; Debian's 1.13 on the light
-# one, which crashes under Python 3.11 unless its output redirection is explicit (README sec. 4).
-set(DTC_L04_VENV_TORCHRUN "$ENV{HOME}/.cache/dtc-course/venv/bin/torchrun")
-if(DEFINED ENV{DTC_VENV})
-  set(DTC_L04_VENV_TORCHRUN "$ENV{DTC_VENV}/bin/torchrun")
-endif()
-if(DTC_FLAVOR STREQUAL "primary" AND EXISTS "${DTC_L04_VENV_TORCHRUN}")
-  set(DTC_L04_TORCHRUN "${DTC_L04_VENV_TORCHRUN}")
+# The torchrun command that works on this build's path (DTC_TORCHRUN, DtcTorch.cmake), for the
+# "needs several ranks" hint and the end-to-end tests; Debian's 1.13 crashes under Python 3.11
+# unless its output redirection is explicit (README sec. 4).
+if(DTC_FLAVOR STREQUAL "primary" AND DTC_TORCHRUN)
+  set(DTC_L04_TORCHRUN "${DTC_TORCHRUN}")
   set(DTC_L04_TORCHRUN_KIND venv)
 else()
   set(DTC_L04_TORCHRUN "torchrun --redirects 2 --tee 2")
@@ -30,7 +26,7 @@ target_include_directories(lesson04_driver PRIVATE "${PROJECT_BINARY_DIR}/lesson
 # so they can run in parallel (ctest -j).
 set(l04_e2e "${PROJECT_SOURCE_DIR}/tests/lesson04/e2e.py")
 set(l04_args --program $<TARGET_FILE:lesson04_solution> --torchrun-kind ${DTC_L04_TORCHRUN_KIND}
-             --venv-torchrun "${DTC_L04_VENV_TORCHRUN}")
+             --venv-torchrun "${DTC_TORCHRUN}")
 add_test(NAME lesson04.solution.e2e.torchrun
          COMMAND Python3::Interpreter ${l04_e2e} torchrun ${l04_args})
 add_test(NAME lesson04.solution.e2e.restart
