@@ -6,6 +6,11 @@
 //
 // Both expose the same direct collective calls (allreduce, broadcast, allgather, alltoall_base,
 // send, recv, barrier) with the same signatures, so the course talks to `dtc::Comm`.
+//
+// Training (lesson 02 on): the CPU allocator interface (CpuAllocatorBase: `allocate` is const
+// before 2.3, 2.3 adds copy_data), setting gradients to none (zero_grad_to_none: 1.13's
+// zero_grad() only zeroes), and the optimizer's state map (optimizer_state: keyed by a
+// TensorImpl* in 2.x, by its string in 1.13).
 #pragma once
 
 #include <torch/torch.h>
@@ -66,6 +71,64 @@ inline c10::intrusive_ptr<Comm> new_nccl_comm(const c10::intrusive_ptr<c10d::Sto
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
 }
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// Memory and optimizers (lesson 02 on)
+// ---------------------------------------------------------------------------------------------
+
+// LibTorch's CPU allocator interface changed in 2.3: `allocate` lost its `const`, and a pure
+// virtual `copy_data` was added. Before 2.3 (1.13 here) `allocate` is const and there is no
+// copy_data. (1.13 verified on the light path; 2.15 on the primary path.)
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define DTC_ALLOCATOR_2_3 1
+#endif
+
+/// A CPU allocator with one interface on every LibTorch: derive from it and implement
+/// allocate_bytes(); it becomes `allocate` (const or not, as this LibTorch declares it), and
+/// copy_data, where LibTorch asks for it, is a memcpy.
+class CpuAllocatorBase : public c10::Allocator {
+ public:
+#if defined(DTC_ALLOCATOR_2_3)
+  c10::DataPtr allocate(size_t n) override { return allocate_bytes(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return allocate_bytes(n); }
+#endif
+
+ protected:
+  /// Allocates @p n bytes on the CPU.
+  virtual c10::DataPtr allocate_bytes(size_t n) const = 0;
+};
+
+/// Sets every gradient of @p optimizer's parameters to none (undefined), so that its memory is
+/// freed until the next backward writes a fresh one. 2.x: `zero_grad()` does this by default
+/// (set_to_none = true); 1.13's `zero_grad()` has no such flag and only fills them with zeros,
+/// keeping the memory.
+inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {
+#if TORCH_VERSION_MAJOR >= 2
+  optimizer.zero_grad(/*set_to_none=*/true);
+#else
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) p.mutable_grad().reset();
+  }
+#endif
+}
+
+/// The optimizer state of parameter @p param (e.g. a torch::optim::AdamWParamState), or nullptr
+/// before its first step. Optimizer::state() is keyed by the parameter's TensorImpl pointer in
+/// 2.x, and by that pointer printed as a string in 1.13.
+inline torch::optim::OptimizerParamState* optimizer_state(torch::optim::Optimizer& optimizer,
+                                                          const torch::Tensor& param) {
+#if TORCH_VERSION_MAJOR >= 2
+  const auto key = param.unsafeGetTensorImpl();
+#else
+  const auto key = c10::guts::to_string(param.unsafeGetTensorImpl());
+#endif
+  auto it = optimizer.state().find(key);
+  return it == optimizer.state().end() ? nullptr : it->second.get();
+}
 
 /// A TCPStore client (or server, when @p is_server) at host:port.
 inline c10::intrusive_ptr<c10d::Store> new_tcp_store(const std::string& host, int port,

@@ -1,0 +1,138 @@
+// The course's model: a small GPT-style decoder that every training lesson trains (lesson 02's
+// single-device baseline, then DDP, ZeRO, tensor and pipeline parallelism on the same weights).
+//
+//   tokens (B, T) int64
+//     -> wte(tokens) + wpe(0..T-1)                          (B, T, h)   learned positions
+//     -> L x Block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))         pre-LayerNorm
+//          attn: c_attn (h -> 3h) -> causal softmax(q k^T / sqrt(d)) v per head -> c_proj (h -> h)
+//          mlp:  c_fc (h -> 4h) -> GELU (exact, erf) -> c_proj (4h -> h)
+//     -> ln_f -> logits = x @ W_out^T                       (B, T, V)
+// W_out is wte.weight (tied, GPT-2's choice and the default) or a separate lm_head (untied:
+// set GptConfig::tied = false; pipeline parallelism is simpler without the shared matrix).
+// Every Linear has a bias; LayerNorm eps is 1e-5; no dropout (training is deterministic).
+// Parameters: L(12h^2 + 13h) + Vh + ctx*h + 2h when tied (lesson 01's GPT formula), + Vh untied.
+//
+// Initial weights are a pure function of (seed, parameter name, element index), written out in
+// init_weights() below and in tests/reference/lesson02_reference.py, so PyTorch builds the very
+// same model without sharing a file or a random-number generator with LibTorch.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace dtc {
+
+/// The shape of the course's GPT.
+struct GptConfig {
+  int64_t vocab = 256;   ///< V: 256 for the byte-level corpus (dtc/data.h)
+  int64_t ctx = 64;      ///< the longest sequence; one learned position embedding per position
+  int64_t hidden = 128;  ///< h, the model width
+  int64_t layers = 4;    ///< L, transformer blocks
+  int64_t heads = 4;     ///< a, attention heads; head size h / a
+  bool tied = true;      ///< output head shares the token embedding (GPT-2)
+
+  int64_t head_dim() const { return hidden / heads; }
+  int64_t ffn() const { return 4 * hidden; }
+};
+
+/// Checks a configuration.
+/// @throws dtc::UsageError naming the flag (--vocab, --seq, --hidden, --layers, --heads) for a
+///   size below 1, or heads that do not divide hidden.
+void validate(const GptConfig& config);
+
+/// Causal multi-head self-attention: c_attn (h -> 3h), softmax over earlier positions, c_proj.
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GptConfig& config);
+  /// x (B, T, h) -> (B, T, h)
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_attn{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+
+ private:
+  int64_t heads_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+/// The MLP: c_fc (h -> 4h), GELU, c_proj (4h -> h).
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const GptConfig& config);
+  /// x (B, T, h) -> (B, T, h)
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_fc{nullptr};
+  torch::nn::Linear c_proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+/// One pre-LayerNorm transformer block.
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GptConfig& config);
+  /// x (B, T, h) -> (B, T, h)
+  torch::Tensor forward(torch::Tensor x);
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+/// The GPT. Parameter names (named_parameters(), in this order): wte.weight, wpe.weight,
+/// h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias},
+/// ln_f.{weight, bias}, and lm_head.weight when untied.
+class GptImpl : public torch::nn::Module {
+ public:
+  /// Builds the modules; weights are LibTorch's defaults until init_weights().
+  /// @throws dtc::UsageError for a bad config (see validate()).
+  explicit GptImpl(const GptConfig& config);
+  /// tokens (B, T) int64 in [0, V), T <= ctx -> logits (B, T, V) float32.
+  torch::Tensor forward(const torch::Tensor& tokens);
+  const GptConfig& config() const { return config_; }
+
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear lm_head{nullptr};  ///< only when !config.tied (no bias)
+
+ private:
+  GptConfig config_;
+};
+TORCH_MODULE(Gpt);
+
+/// Sets every parameter from (seed, name, index), on the CPU, then copies to its device.
+///
+/// Element i of the parameter called `name` (as named_parameters() spells it) is
+///   key = splitmix64(seed ^ fnv1a64(name));  u = (splitmix64(key + i) >> 40) * 2^-24 in [0, 1)
+///   w   = (2u - 1) * std * sqrt(3)          (uniform with standard deviation std, in double,
+///                                            rounded once to float)
+/// with std = 0.02 (GPT-2) for embeddings, c_attn, c_fc and lm_head, std = 0.02 / sqrt(2L) for
+/// the two c_proj weights that write into the residual stream (GPT-2's scaled init), LayerNorm
+/// weights 1, and every bias 0.
+void init_weights(Gpt& model, uint64_t seed);
+
+/// The same value init_weights() gives element @p index of @p name (for tests).
+float init_value(uint64_t seed, const std::string& name, int64_t index, int64_t layers);
+
+/// SplitMix64's output function after its increment (Steele, Lea, Flood 2014): a well-mixed
+/// 64-bit hash of @p x. Shared by the initialiser and the batch sampler.
+uint64_t splitmix64(uint64_t x);
+
+/// FNV-1a, 64-bit, of @p text.
+uint64_t fnv1a64(const std::string& text);
+
+/// The device the course trains on: CUDA device 0 when this LibTorch has CUDA and a GPU is
+/// visible, else the CPU. DTC_DEVICE=cpu (or cuda) in the environment overrides it.
+/// @throws dtc::UsageError("DTC_DEVICE") for another value, or cuda without a GPU.
+torch::Device default_device();
+
+/// Sum of numel() over the parameters of @p module.
+int64_t count_parameters(const torch::nn::Module& module);
+
+}  // namespace dtc

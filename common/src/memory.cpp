@@ -1,0 +1,99 @@
+// The counting CPU allocator (see dtc/memory.h).
+#include "dtc/memory.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "dtc/compat.h"
+
+namespace dtc {
+namespace {
+
+std::atomic<int64_t> g_current{0};
+std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_allocations{0};
+std::atomic<bool> g_installed{false};
+
+// The size of every live counted allocation, by address. LibTorch's raw interface
+// (raw_allocate, used by some kernels for scratch buffers) requires a DataPtr's context to be
+// its data pointer, so the size cannot ride in the context: it is looked up here on free.
+std::mutex g_mutex;
+std::unordered_map<void*, int64_t>* g_sizes = nullptr;  // leaked: frees may come at exit
+c10::DeleterFnPtr g_inner_deleter = nullptr;            // the wrapped allocator's deleter
+
+void count_free(void* data) {
+  int64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_sizes->find(data);
+    if (it != g_sizes->end()) {
+      bytes = it->second;
+      g_sizes->erase(it);
+    }
+  }
+  g_current.fetch_sub(bytes, std::memory_order_relaxed);
+  g_inner_deleter(data);
+}
+
+// Wraps the CPU allocator that was installed before it (LibTorch's default, whose DataPtrs
+// have context == data and one raw deleter).
+class CountingAllocator final : public CpuAllocatorBase {
+ public:
+  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DeleterFnPtr raw_deleter() const override { return &count_free; }
+
+ protected:
+  c10::DataPtr allocate_bytes(size_t n) const override {
+    c10::DataPtr inner = inner_->allocate(n);
+    void* data = inner.get();
+    if (data == nullptr) return inner;  // 0 bytes: nothing to count, nothing to free
+    TORCH_CHECK(inner.get_context() == data && inner.get_deleter() == g_inner_deleter,
+                "dtc counting allocator: the wrapped CPU allocator is not a simple one");
+    const c10::Device device = inner.device();
+    inner.release_context();  // ours now: count_free hands it back to g_inner_deleter
+    const auto bytes = static_cast<int64_t>(n);
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      (*g_sizes)[data] = bytes;
+    }
+    const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+    int64_t peak = g_peak.load(std::memory_order_relaxed);
+    while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+    return {data, data, &count_free, device};
+  }
+
+ private:
+  c10::Allocator* inner_;
+};
+
+}  // namespace
+
+void install_counting_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    c10::Allocator* inner = c10::GetCPUAllocator();
+    g_inner_deleter = inner->raw_deleter();
+    TORCH_CHECK(g_inner_deleter != nullptr,
+                "dtc counting allocator: the CPU allocator has no raw deleter to wrap");
+    g_sizes = new std::unordered_map<void*, int64_t>();
+    // Leaked on purpose: tensors freed during static destruction still call its deleter.
+    static auto* counting = new CountingAllocator(inner);
+    // Priority 0 replaces the default allocator, which LibTorch registers with priority 0.
+    c10::SetCPUAllocator(counting, /*priority=*/0);
+    g_installed = true;
+  });
+}
+
+bool counting_allocator_installed() { return g_installed.load(); }
+
+MemoryCounters cpu_memory() { return {g_current.load(), g_peak.load(), g_allocations.load()}; }
+
+void reset_cpu_peak() { g_peak.store(g_current.load()); }
+
+}  // namespace dtc

@@ -1,0 +1,188 @@
+// The course's GPT (see dtc/model.h for the architecture and the initialisation formula).
+#include "dtc/model.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "dtc/errors.h"
+
+namespace dtc {
+
+void validate(const GptConfig& c) {
+  const std::pair<int64_t, const char*> sizes[] = {{c.vocab, "--vocab"},
+                                                   {c.ctx, "--seq"},
+                                                   {c.hidden, "--hidden"},
+                                                   {c.layers, "--layers"},
+                                                   {c.heads, "--heads"}};
+  for (const auto& [value, flag] : sizes) {
+    if (value < 1) {
+      throw UsageError(flag, fmt::format("is {}, but must be at least 1", value),
+                       fmt::format("pass a positive size, e.g. {} 4", flag));
+    }
+  }
+  if (c.hidden % c.heads != 0) {
+    throw UsageError("--heads",
+                     fmt::format("{} heads do not divide the hidden size {}", c.heads, c.hidden),
+                     "choose heads so that hidden / heads is a whole head size, e.g. "
+                     "--hidden 128 --heads 4");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules
+// ---------------------------------------------------------------------------------------------
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c) : heads_(c.heads) {
+  c_attn = register_module("c_attn", torch::nn::Linear(c.hidden, 3 * c.hidden));
+  c_proj = register_module("c_proj", torch::nn::Linear(c.hidden, c.hidden));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads_;
+  // (B, T, 3C) -> q, k, v each (B, T, C) -> (B, heads, T, D)
+  auto qkv = c_attn(x).split(C, /*dim=*/2);
+  auto q = qkv[0].view({B, T, heads_, D}).transpose(1, 2);
+  auto k = qkv[1].view({B, T, heads_, D}).transpose(1, 2);
+  auto v = qkv[2].view({B, T, heads_, D}).transpose(1, 2);
+  // scores (B, heads, T, T); position t attends to positions <= t only
+  auto att = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
+  auto future = torch::ones({T, T}, torch::dtype(torch::kBool).device(x.device())).triu(1);
+  att = att.masked_fill(future, -std::numeric_limits<float>::infinity()).softmax(-1);
+  // (B, heads, T, D) -> (B, T, C)
+  auto y = att.matmul(v).transpose(1, 2).contiguous().view({B, T, C});
+  return c_proj(y);
+}
+
+MlpImpl::MlpImpl(const GptConfig& c) {
+  c_fc = register_module("c_fc", torch::nn::Linear(c.hidden, c.ffn()));
+  c_proj = register_module("c_proj", torch::nn::Linear(c.ffn(), c.hidden));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return c_proj(torch::gelu(c_fc(x)));  // exact (erf) GELU
+}
+
+BlockImpl::BlockImpl(const GptConfig& c) {
+  const auto ln = torch::nn::LayerNormOptions({c.hidden}).eps(1e-5);
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(ln));
+  attn = register_module("attn", CausalSelfAttention(c));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(ln));
+  mlp = register_module("mlp", Mlp(c));
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  x = x + attn(ln_1(x));
+  return x + mlp(ln_2(x));
+}
+
+GptImpl::GptImpl(const GptConfig& c) : config_(c) {
+  validate(c);
+  wte = register_module("wte", torch::nn::Embedding(c.vocab, c.hidden));
+  wpe = register_module("wpe", torch::nn::Embedding(c.ctx, c.hidden));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.layers; ++i) h->push_back(Block(c));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
+  if (!c.tied) {
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.vocab).bias(false)));
+  }
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
+  const int64_t T = tokens.size(1);
+  TORCH_CHECK(T <= config_.ctx, "sequence of ", T, " tokens is longer than the context ",
+              config_.ctx);
+  auto pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
+  auto x = wte(tokens) + wpe(pos);  // (B, T, h) + (T, h)
+  for (const auto& block : *h) x = block->as<Block>()->forward(x);
+  x = ln_f(x);
+  // (B, T, h) @ (h, V) -> (B, T, V)
+  return config_.tied ? torch::matmul(x, wte->weight.t()) : lm_head(x);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic initialisation
+// ---------------------------------------------------------------------------------------------
+
+uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a64(const std::string& text) {
+  uint64_t hash = 0xCBF29CE484222325ULL;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 0x100000001B3ULL;
+  }
+  return hash;
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// 0: zeros, 1: ones, otherwise the standard deviation of the uniform draw.
+double init_std(const std::string& name, int64_t layers) {
+  if (ends_with(name, ".bias")) return 0.0;
+  if (name.find("ln_") != std::string::npos) return -1.0;  // LayerNorm weight: ones
+  if (ends_with(name, "c_proj.weight")) return 0.02 / std::sqrt(2.0 * static_cast<double>(layers));
+  return 0.02;
+}
+
+}  // namespace
+
+float init_value(uint64_t seed, const std::string& name, int64_t index, int64_t layers) {
+  const double std = init_std(name, layers);
+  if (std == 0.0) return 0.0f;
+  if (std < 0.0) return 1.0f;
+  const uint64_t key = splitmix64(seed ^ fnv1a64(name));
+  const double u = static_cast<double>(splitmix64(key + static_cast<uint64_t>(index)) >> 40) *
+                   (1.0 / 16777216.0);  // 24 bits: [0, 1)
+  return static_cast<float>((2.0 * u - 1.0) * std * std::sqrt(3.0));
+}
+
+void init_weights(Gpt& model, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  const int64_t layers = model->config().layers;
+  for (auto& item : model->named_parameters()) {
+    auto& p = item.value();
+    std::vector<float> values(static_cast<size_t>(p.numel()));
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      values[static_cast<size_t>(i)] = init_value(seed, item.key(), i, layers);
+    }
+    auto cpu = torch::from_blob(values.data(), p.sizes(), torch::kFloat32);
+    p.copy_(cpu);  // from_blob does not own `values`: copy before it goes
+  }
+}
+
+torch::Device default_device() {
+  const char* env = std::getenv("DTC_DEVICE");
+  const std::string want = env ? env : "";
+  if (want == "cpu") return torch::kCPU;
+  if (want.empty() || want == "cuda") {
+    if (torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
+    if (want == "cuda") {
+      throw UsageError("DTC_DEVICE", "is cuda, but no GPU is visible to this LibTorch",
+                       "unset DTC_DEVICE (or set it to cpu) on a machine without a GPU");
+    }
+    return torch::kCPU;
+  }
+  throw UsageError("DTC_DEVICE", fmt::format("'{}' is not a device", want),
+                   "set DTC_DEVICE to cpu or cuda, or unset it");
+}
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace dtc

@@ -1,0 +1,11 @@
+// lesson02: the single-device baseline. Trains the course's GPT and measures its memory.
+//
+//   build/bin/lesson02                              # 500 steps, the memory table at the end
+//   build/bin/lesson02 --steps 20 --json            # one JSON line: losses, tokens_per_s, memory
+//   build/bin/lesson02 --steps 250 --save ck.pt     # then: --steps 500 --resume ck.pt
+//   build/bin/lesson02 --help
+#include <iostream>
+
+#include "program.h"
+
+int main(int argc, char** argv) { return dtc::l02::run_program(argc, argv, std::cout, std::cerr); }

@@ -1,0 +1,112 @@
+// Lesson 02 tests of the program: its flags, its errors, and its JSON line.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "program.h"
+#include "reference.h"
+
+namespace dtc::l02 {
+namespace {
+
+struct ProgramRun {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+ProgramRun run(std::vector<std::string> args) {
+  ::setenv("DTC_DEVICE", "cpu", 1);  // the allocator measures CPU memory, also on GPU machines
+  args.insert(args.begin(), "lesson02");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int code = run_program(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+nlohmann::json last_json_line(const std::string& out) {
+  const auto end = out.find_last_not_of('\n');
+  const auto start = out.rfind('\n', end);
+  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+}
+
+const std::vector<std::string> kTiny = {"--layers", "1",  "--hidden",       "32", "--heads", "2",
+                                        "--seq",    "16", "--global-batch", "2"};
+
+std::vector<std::string> tiny(std::vector<std::string> more) {
+  std::vector<std::string> args = kTiny;
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+TEST(L02ProgramGiven, BadInputExitsTwoNamingTheFlag) {
+  const std::pair<std::vector<std::string>, const char*> cases[] = {
+      {{"--heads", "3"}, "--heads"},           {{"--layers", "0"}, "--layers"},
+      {{"--seq", "1000000"}, "--seq"},         {{"--lr", "-1"}, "--lr"},
+      {{"--steps", "0"}, "--steps"},           {{"--resume", "/nonexistent/ck.pt"}, "--resume"},
+      {{"--data", "/nonexistent/x"}, "--data"}};
+  for (const auto& [args, flag] : cases) {
+    SCOPED_TRACE(flag);
+    const ProgramRun r = run(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+  }
+}
+
+TEST(L02ProgramGiven, HelpExitsZero) {
+  const ProgramRun r = run({"--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.err.find("--global-batch"), std::string::npos);
+}
+
+TEST(L02Program, JsonLineHasLossesTokensPerSecondAndMemory) {
+  const ProgramRun r = run(tiny({"--steps", "3", "--json"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = last_json_line(r.out);
+  EXPECT_EQ(j.at("losses").size(), 3u);
+  EXPECT_GT(j.at("tokens_per_s").get<double>(), 0.0);
+  GptConfig m{256, 16, 32, 1, 2, true};
+  const int64_t P = test::gpt_params(m);
+  EXPECT_EQ(j.at("params").get<int64_t>(), P);
+  const auto& mem = j.at("memory");
+  for (const char* kind : {"measured", "from_tensors", "predicted"}) {
+    SCOPED_TRACE(kind);
+    EXPECT_EQ(mem.at(kind).at("params").get<int64_t>(), 4 * P);
+    EXPECT_EQ(mem.at(kind).at("grads").get<int64_t>(), 4 * P);
+    EXPECT_EQ(mem.at(kind).at("optimizer").get<int64_t>(), 8 * P);
+  }
+  EXPECT_GE(mem.at("measured").at("activations").get<int64_t>(),
+            mem.at("predicted").at("activations").get<int64_t>());
+  EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << "progress goes to stderr";
+  EXPECT_NE(r.err.find("ETA"), std::string::npos);
+}
+
+TEST(L02Program, SaveAndResumeContinueTheRun) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("dtc-l02-program-" + std::to_string(::getpid()) + ".pt"))
+                               .string();
+  const ProgramRun straight = run(tiny({"--steps", "4", "--json"}));
+  ASSERT_EQ(straight.code, 0) << straight.err;
+  const ProgramRun first = run(tiny({"--steps", "2", "--save", path}));
+  ASSERT_EQ(first.code, 0) << first.err;
+  const ProgramRun resumed = run(tiny({"--steps", "4", "--resume", path, "--json"}));
+  std::remove(path.c_str());
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  const auto all = last_json_line(straight.out).at("losses").get<std::vector<float>>();
+  const auto rest = last_json_line(resumed.out).at("losses").get<std::vector<float>>();
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0], all[2]) << "bit for bit";
+  EXPECT_EQ(rest[1], all[3]) << "bit for bit";
+  EXPECT_EQ(last_json_line(resumed.out).at("first_step").get<int64_t>(), 2);
+}
+
+}  // namespace
+}  // namespace dtc::l02

@@ -1,0 +1,60 @@
+// Lesson 02 tests: the PyTorch reference values, and the configurations they were made with.
+// tests/reference/lesson02_reference.py computes them with PyTorch (see that script).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "baseline.h"
+#include "dtc/data.h"
+
+namespace dtc::l02::test {
+
+/// tests/reference/lesson02_reference.json, read once.
+inline const nlohmann::json& reference() {
+  static const nlohmann::json j = [] {
+    const std::string path = source_path("tests/reference/lesson02_reference.json");
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot read " + path);
+    return nlohmann::json::parse(in);
+  }();
+  return j;
+}
+
+/// One case of the reference ("tiny_tied", "tiny_untied").
+inline const nlohmann::json& reference_case(const std::string& name) {
+  return reference().at("cases").at(name);
+}
+
+/// The TrainConfig that a reference case was computed with.
+inline TrainConfig config_of(const nlohmann::json& c) {
+  const auto& j = c.at("config");
+  TrainConfig t;
+  t.model.vocab = j.at("vocab");
+  t.model.ctx = j.at("ctx");
+  t.model.hidden = j.at("hidden");
+  t.model.layers = j.at("layers");
+  t.model.heads = j.at("heads");
+  t.model.tied = j.at("tied");
+  t.seed = j.at("seed");
+  t.batch = j.at("batch");
+  t.lr = j.at("lr");
+  t.beta1 = j.at("betas")[0];
+  t.beta2 = j.at("betas")[1];
+  t.eps = j.at("eps");
+  t.weight_decay = j.at("weight_decay");
+  return t;
+}
+
+/// Lesson 01's GPT parameter count (its section 4; REFERENCES.md "GPT-2 style"):
+/// L(12h^2 + 13h) + Vh + ctx*h + 2h, plus Vh for an untied output head.
+inline int64_t gpt_params(const GptConfig& m) {
+  const int64_t h = m.hidden;
+  return m.layers * (12 * h * h + 13 * h) + m.vocab * h + m.ctx * h + 2 * h +
+         (m.tied ? 0 : m.vocab * h);
+}
+
+}  // namespace dtc::l02::test
