@@ -18,7 +18,7 @@ TORCH_PYTHON ?= $(DTC_VENV)/bin/python
 TORCH_PREFIX = $$($(TORCH_PYTHON) -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')
 
 .PHONY: help deps deps-light configure configure-light build build-light test run exercises \
-        check-exercises format tidy docs clean grade
+        check-exercises format tidy docs slides clean grade
 
 help:
 	@echo "Learners:"
@@ -32,7 +32,8 @@ help:
 	@echo "  make test                   everything CI checks, on both LibTorch paths"
 	@echo "  make grade [SUBMISSION=dir] grade a learner's lessons/ with the course's tests"
 	@echo "  make exercises [FORCE=1]    regenerate lessons/ from solutions/"
-	@echo "  make format | tidy | docs   apply clang-format | run clang-tidy | Doxygen HTML"
+	@echo "  make slides | docs          slide decks (HTML + PDF) | API docs (Doxygen HTML)"
+	@echo "  make format | tidy          apply clang-format | run clang-tidy"
 
 # DTC_SKIP_DEPS=1: a machine that brings its own (a GPU node with its PyTorch): no installer.
 DEPS_PRIMARY := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-primary.stamp)
@@ -99,8 +100,13 @@ format:
 	python3 scripts/check_format.py --fix
 
 docs:
-	doxygen docs/Doxyfile
-	@echo "API docs: build/docs/html/index.html"
+	bash scripts/check_docs.sh build/docs
+
+# Slides: charts from the programs' JSON, HTML (self-contained) and PDF per deck, checked.
+slides: configure
+	cmake --build $(BUILD)
+	python3 scripts/slides.py --build $(BUILD) --check --screenshots --pdf
+	@echo "Slides: $(BUILD)/slides/NN_topic.html and .pdf; screenshots in $(BUILD)/slides/shots/"
 
 tidy: configure
 	run-clang-tidy -quiet -p $(BUILD) '(common/src|lessons|solutions)/.*\.cpp$$'

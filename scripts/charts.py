@@ -69,6 +69,20 @@ def lesson01_zero(build: pathlib.Path, out: pathlib.Path):
     plt.close(fig)
 
 
+def lesson02_loss(build: pathlib.Path, out: pathlib.Path):
+    data = run_json(build / "bin" / "lesson02_solution", "--steps", "200", "--seed", "1")
+    losses = data["losses"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(range(1, len(losses) + 1), losses, color="#4c72b0")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss (nats per byte)")
+    ax.set_title("The baseline: one process, default model, seed 1")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "l02_loss.svg")
+    plt.close(fig)
+
+
 def torchrun(build: pathlib.Path):
     """The torchrun CMake found for this build (DTC_TORCHRUN), with its flags."""
     cache = (build / "CMakeCache.txt").read_text()
@@ -101,7 +115,7 @@ def lesson03_busbw(build: pathlib.Path, out: pathlib.Path):
 
 
 CHARTS = [("lesson01_solution", lesson01_family), ("lesson01_solution", lesson01_zero),
-          ("bench_collectives", lesson03_busbw)]
+          ("lesson02_solution", lesson02_loss), ("bench_collectives", lesson03_busbw)]
 
 
 def main() -> int:
