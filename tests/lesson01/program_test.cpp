@@ -8,30 +8,18 @@
 
 #include "dtc_test.h"
 #include "program.h"
+#include "program_run.h"
 
 namespace dtc::l01 {
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-  std::string err;
-};
+using Result = ::dtc::test::ProgramRun;
 
 Result run_lesson01(std::vector<std::string> args) {
-  args.insert(args.begin(), "lesson01");
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = run_program(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
+  return ::dtc::test::run_in_process("lesson01", std::move(args), run_program);
 }
 
-nlohmann::json last_json_line(const std::string& out) {
-  const auto end = out.find_last_not_of('\n');
-  const auto start = out.rfind('\n', end);
-  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-}
+using ::dtc::test::last_json_line;
 
 // Each case (arguments, flag) must exit with 2 and a message naming the flag and the fix.
 void expect_usage_errors(

@@ -11,31 +11,18 @@
 #include <vector>
 
 #include "program.h"
+#include "program_run.h"
 #include "reference.h"
 
 namespace dtc::l02 {
 namespace {
 
-struct ProgramRun {
-  int code;
-  std::string out;
-  std::string err;
-};
+using ::dtc::test::last_json_line;
+using ::dtc::test::ProgramRun;
 
 ProgramRun run(std::vector<std::string> args) {
   ::setenv("DTC_DEVICE", "cpu", 1);  // the allocator measures CPU memory, also on GPU machines
-  args.insert(args.begin(), "lesson02");
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = run_program(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
-
-nlohmann::json last_json_line(const std::string& out) {
-  const auto end = out.find_last_not_of('\n');
-  const auto start = out.rfind('\n', end);
-  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+  return ::dtc::test::run_in_process("lesson02", std::move(args), run_program);
 }
 
 const std::vector<std::string> kTiny = {"--layers", "1",  "--hidden",       "32", "--heads", "2",

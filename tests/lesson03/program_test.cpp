@@ -12,15 +12,12 @@
 #include "dtc/ranks.h"
 #include "dtc_test.h"
 #include "program.h"
+#include "program_run.h"
 
 namespace dtc::l03 {
 namespace {
 
-nlohmann::json last_json_line(const std::string& out) {
-  const auto end = out.find_last_not_of('\n');
-  const auto start = out.rfind('\n', end);
-  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-}
+using ::dtc::test::last_json_line;
 
 // Runs the demo on `world` thread-ranks; returns rank 0's JSON.
 nlohmann::json demo_json(int world, int tp, int64_t numel) {
@@ -71,24 +68,19 @@ TEST(L03Program, DemoOnFourRanksWithTp2) {
   EXPECT_EQ(j.at("ring").at("chunks"), (nlohmann::json{3, 3, 2, 2}));
 }
 
-struct Result {
-  int code;
-  std::string out;
-  std::string err;
-};
+using Result = ::dtc::test::ProgramRun;
 
 Result run_lesson03(std::vector<std::string> args, std::map<std::string, std::string> vars) {
-  args.insert(args.begin(), "lesson03");
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
   const EnvLookup env = [&](const std::string& name) -> std::optional<std::string> {
     auto it = vars.find(name);
     if (it == vars.end()) return std::nullopt;
     return it->second;
   };
-  const int code = run_program(static_cast<int>(argv.size()), argv.data(), out, err, env);
-  return {code, out.str(), err.str()};
+  return ::dtc::test::run_in_process(
+      "lesson03", std::move(args),
+      [&](int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+        return run_program(argc, argv, out, err, env);
+      });
 }
 
 const std::map<std::string, std::string> kFourRanks = {

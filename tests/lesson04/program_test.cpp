@@ -10,31 +10,22 @@
 
 #include "env_vars.h"
 #include "program.h"
+#include "program_run.h"
 
 namespace dtc::l04 {
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-  std::string err;
-};
+using Result = ::dtc::test::ProgramRun;
 
 Result run_lesson04(std::vector<std::string> args, const EnvMap& env) {
-  args.insert(args.begin(), "build/bin/lesson04");
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code =
-      run_program(static_cast<int>(argv.size()), argv.data(), out, err, lookup_in(env));
-  return {code, out.str(), err.str()};
+  return ::dtc::test::run_in_process(
+      "build/bin/lesson04", std::move(args),
+      [&](int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+        return run_program(argc, argv, out, err, lookup_in(env));
+      });
 }
 
-nlohmann::json last_json_line(const std::string& out) {
-  const auto end = out.find_last_not_of('\n');
-  const auto start = out.rfind('\n', end);
-  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-}
+using ::dtc::test::last_json_line;
 
 TEST(L04Program, NoLauncherSaysWhatToRun) {
   const Result r = run_lesson04({"--json"}, {});
