@@ -8,6 +8,8 @@ DTC_VENV ?= $(DTC_CACHE)/venv
 export DTC_CACHE DTC_VENV
 export CCACHE_DIR ?= $(DTC_CACHE)/ccache
 export CCACHE_SLOPPINESS ?= pch_defines,time_macros,include_file_mtime,include_file_ctime
+# Paths relative to the checkout in ccache's keys: every clone (and CI's) shares the cache.
+export CCACHE_BASEDIR ?= $(CURDIR)
 BUILD ?= build
 LIGHT_BUILD ?= build-light
 CTEST_FLAGS ?= --output-on-failure --timeout 300
