@@ -84,7 +84,7 @@ class BlockImpl : public torch::nn::Module {
 TORCH_MODULE(Block);
 
 /// The GPT. Parameter names (named_parameters(), in this order): wte.weight, wpe.weight,
-/// h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias},
+/// `h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias}`,
 /// ln_f.{weight, bias}, and lm_head.weight when untied.
 class GptImpl : public torch::nn::Module {
  public:
