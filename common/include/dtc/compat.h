@@ -151,3 +151,102 @@ inline int tcp_store_port(const c10::intrusive_ptr<c10d::Store>& store) {
 }
 
 }  // namespace dtc
+
+// =============================================================================================
+// GPU: CUDA devices and memory statistics (added by lesson 05)
+// =============================================================================================
+// A CUDA build of LibTorch (PyPI's wheel, a GPU node's PyTorch) has c10/cuda and the CUDA
+// runtime headers; Debian's 1.13 (the light path) has neither. DTC_HAVE_CUDA marks the first.
+// Everything below compiles on both paths: without CUDA it reports no devices and zero bytes.
+// On a CPU-only machine a CUDA build also reports no devices (torch::cuda::device_count() == 0).
+#if defined(DTC_HAVE_NCCL) && __has_include(<c10/cuda/CUDACachingAllocator.h>) && \
+    __has_include(<cuda_runtime_api.h>)
+#define DTC_HAVE_CUDA 1
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <cstdint>
+#include <stdexcept>
+
+namespace dtc {
+
+/// True when this LibTorch is a CUDA build (it may still see no GPU).
+#if defined(DTC_HAVE_CUDA)
+inline constexpr bool kHaveCuda = true;
+#else
+inline constexpr bool kHaveCuda = false;
+#endif
+
+/// How many CUDA devices this process sees (after CUDA_VISIBLE_DEVICES); 0 without CUDA.
+inline int cuda_device_count() {
+  return kHaveCuda ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
+/// The device of the rank with local rank @p local_rank: cuda:<local_rank>, made the current
+/// device (so that NCCL and new tensors use it), when CUDA devices are visible; else the CPU.
+/// @throws std::runtime_error when local_rank >= the number of visible devices (more ranks per
+///   node than GPUs: check --nproc_per_node and CUDA_VISIBLE_DEVICES).
+inline torch::Device cuda_device_for_local_rank(int local_rank) {
+  const int n = cuda_device_count();
+  if (n == 0) return torch::Device(torch::kCPU);
+  if (local_rank < 0 || local_rank >= n) {
+    throw std::runtime_error("LOCAL_RANK " + std::to_string(local_rank) + " has no GPU: this " +
+                             "process sees " + std::to_string(n) + " device(s)\nHINT: run at " +
+                             "most one rank per GPU (--nproc_per_node <= " + std::to_string(n) +
+                             "), and check CUDA_VISIBLE_DEVICES");
+  }
+#if defined(DTC_HAVE_CUDA)
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(local_rank));
+#endif
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+/// The CUDA device's name ("NVIDIA H100 80GB HBM3"), or "" without CUDA.
+inline std::string cuda_device_name(int device) {
+#if defined(DTC_HAVE_CUDA)
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) return prop.name;
+#endif
+  (void)device;
+  return "";
+}
+
+/// Bytes held by the CUDA caching allocator on one device (current and peak since the last
+/// reset_cuda_peak_memory()); all zero without CUDA.
+struct CudaMemoryStats {
+  int64_t allocated = 0;       ///< bytes in live tensors
+  int64_t peak_allocated = 0;  ///< the most bytes in live tensors at once
+  int64_t reserved = 0;        ///< bytes the allocator holds from the driver (cached included)
+  int64_t peak_reserved = 0;
+};
+
+/// The caching allocator's statistics for @p device (index 0 of each StatArray: the aggregate
+/// over small and large pools; the same layout in 1.13 and 2.x).
+inline CudaMemoryStats cuda_memory_stats(int device) {
+  CudaMemoryStats out;
+#if defined(DTC_HAVE_CUDA)
+  if (cuda_device_count() == 0) return out;
+  const auto stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  out.allocated = stats.allocated_bytes[0].current;
+  out.peak_allocated = stats.allocated_bytes[0].peak;
+  out.reserved = stats.reserved_bytes[0].current;
+  out.peak_reserved = stats.reserved_bytes[0].peak;
+#endif
+  (void)device;
+  return out;
+}
+
+/// Starts a new peak for cuda_memory_stats(); does nothing without CUDA.
+inline void reset_cuda_peak_memory(int device) {
+#if defined(DTC_HAVE_CUDA)
+  if (cuda_device_count() > 0) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  }
+#endif
+  (void)device;
+}
+
+}  // namespace dtc

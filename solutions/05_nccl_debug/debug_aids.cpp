@@ -1,0 +1,107 @@
+// Lesson 05, your part: the "who is missing" barrier and collective fingerprinting, both through
+// the store (contract: debug_aids.h).
+//   make test-lesson05
+// Both poll the store with check() and a deadline: a blocking get() or wait() on a key that a
+// dead rank will never write is exactly the hang these aids exist to replace.
+#include <algorithm>
+#include <stdexcept>
+#include <thread>
+
+#include "debug_aids.h"
+#include "dtc/todo.h"
+
+namespace dtc::l05 {
+namespace {
+
+// (maybe_unused: the untouched exercise does not call these helpers yet.)
+using Clock = std::chrono::steady_clock;
+[[maybe_unused]] constexpr auto kPoll = std::chrono::milliseconds(5);
+
+// The ranks in [0, world) whose key (key_of(r)) is not in the store yet, ascending.
+template <class KeyOf>
+[[maybe_unused]] std::vector<int> absent(c10d::Store& store, int world, const KeyOf& key_of) {
+  std::vector<int> out;
+  for (int r = 0; r < world; ++r) {
+    if (!store.check({key_of(r)})) out.push_back(r);
+  }
+  return out;
+}
+
+// Polls until every key is present (returns {}) or the deadline passes (returns who is absent).
+template <class KeyOf>
+[[maybe_unused]] std::vector<int> wait_all(c10d::Store& store, int world, const KeyOf& key_of,
+                                           Clock::time_point deadline) {
+  while (true) {
+    auto missing = absent(store, world, key_of);
+    if (missing.empty() || Clock::now() >= deadline) return missing;
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+[[maybe_unused]] std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+void barrier_with_report(c10d::Store& store, const std::string& name, int rank, int world,
+                         std::chrono::milliseconds timeout) {
+  // BEGIN SOLUTION: set barrier_key(name, rank), then poll store.check() for every rank's key
+  //   until all are there or the timeout passes; else throw MissingRanksError with the absent ranks
+  if (world < 1 || rank < 0 || rank >= world) {
+    throw std::invalid_argument("barrier '" + name + "': rank " + std::to_string(rank) +
+                                " is not in [0, " + std::to_string(world) + ")");
+  }
+  const auto deadline = Clock::now() + timeout;
+  store.set(barrier_key(name, rank), bytes("1"));
+  auto missing = wait_all(
+      store, world, [&](int r) { return barrier_key(name, r); }, deadline);
+  if (!missing.empty()) {
+    throw MissingRanksError("barrier '" + name + "': rank(s) " + join_ranks(missing) + " of " +
+                                std::to_string(world) + " never arrived within " +
+                                std::to_string(timeout.count()) + " ms (seen from rank " +
+                                std::to_string(rank) + ")",
+                            missing);
+  }
+  // END SOLUTION
+}
+
+void check_fingerprint(c10d::Store& store, int rank, int world, const Fingerprint& mine,
+                       std::chrono::milliseconds timeout) {
+  // BEGIN SOLUTION: publish mine.encode() under fingerprint_key(mine.seq, rank), poll for every
+  //   rank's key, then group the decoded fingerprints by call: one group is fine, more is a
+  //   CollectiveMismatchError; absent ranks after the timeout are a MissingRanksError
+  const auto deadline = Clock::now() + timeout;
+  store.set(fingerprint_key(mine.seq, rank), bytes(mine.encode()));
+  auto missing = wait_all(
+      store, world, [&](int r) { return fingerprint_key(mine.seq, r); }, deadline);
+  if (!missing.empty()) {
+    throw MissingRanksError("rank(s) " + join_ranks(missing) + " of " + std::to_string(world) +
+                                " never reached collective " + mine.describe() + " within " +
+                                std::to_string(timeout.count()) + " ms (seen from rank " +
+                                std::to_string(rank) + "): they crashed, hang elsewhere, or " +
+                                "skipped a collective",
+                            missing);
+  }
+  // Group ranks by the call they published, in order of their first rank.
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r = 0; r < world; ++r) {
+    const auto raw = store.get(fingerprint_key(mine.seq, r));
+    const auto call = Fingerprint::decode(std::string(raw.begin(), raw.end())).describe();
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == call; });
+    if (it == groups.end()) {
+      groups.push_back({call, {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  if (groups.size() > 1) {
+    std::string message = "collective #" + std::to_string(mine.seq) + " differs across ranks:";
+    for (const auto& [call, ranks] : groups) {
+      message += "\n  rank(s) " + join_ranks(ranks) + ": " + call;
+    }
+    throw CollectiveMismatchError(message);
+  }
+  // END SOLUTION
+}
+
+}  // namespace dtc::l05
