@@ -1,0 +1,29 @@
+# Lesson 09: pipeline parallelism. Links dtc::dist (LibTorch's c10d, gloo; NCCL on CUDA builds).
+dtc_add_lesson(09 DIR 09_pipeline_parallel SOURCES pipeline.cpp DRIVER program.cpp
+               TESTS tests/lesson09/schedule_test.cpp tests/lesson09/pipeline_test.cpp
+                     tests/lesson09/program_test.cpp
+               LIBS dtc::dist TORCH)
+
+# End-to-end: the real program on 4 processes through this path's torchrun, tiny sizes.
+if(DTC_TORCHRUN)
+  add_test(NAME lesson09.solution.torchrun_program
+    COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=4 ${DTC_TORCHRUN_FLAGS}
+            --no_python $<TARGET_FILE:lesson09_solution> --steps 3 --micro-batches 4
+            --sweep 1 4 --sweep-steps 1 --json)
+  set_tests_properties(lesson09.solution.torchrun_program PROPERTIES
+    PASS_REGULAR_EXPRESSION "\"tokens_per_s\"" RESOURCE_LOCK torchrun_standalone
+    LABELS "lesson09;solution;lesson09-solution" TIMEOUT 120)
+endif()
+
+# A smoke run (not the benchmark itself) of bench/lesson09_vs_pytorch.py: tiny sizes, 2 ranks.
+# Primary path only: it needs PyTorch's torch.distributed.pipelining (the venv's 2.x; Debian's
+# 1.13 has no such module). The real run: see the lesson README, section 8.
+if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
+  get_filename_component(_l09_bin "${DTC_TORCHRUN}" DIRECTORY)
+  add_test(NAME lesson09.solution.bench_smoke
+    COMMAND "${_l09_bin}/python" "${PROJECT_SOURCE_DIR}/bench/lesson09_vs_pytorch.py"
+            --binary $<TARGET_FILE:lesson09_solution> --torchrun "${DTC_TORCHRUN}" --nproc 2
+            --steps 2 --layers 2 --hidden 32 --heads 2 --seq 16 --schedule 1f1b)
+  set_tests_properties(lesson09.solution.bench_smoke PROPERTIES
+    LABELS "lesson09;solution;lesson09-solution" TIMEOUT 120)
+endif()

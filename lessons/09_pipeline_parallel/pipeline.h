@@ -1,0 +1,189 @@
+// Lesson 09 contract: pipeline parallelism.
+//
+// The course's GPT (dtc/model.h, untied output head) is cut into p stages along its layers;
+// stage s runs on rank s. Activations go forward from stage s to s + 1 with send/recv, their
+// gradients come back from s + 1 to s, and a batch is cut into m micro-batches so that stages
+// work at the same time. Two schedules decide in which order a stage runs its micro-batches:
+// GPipe (all forwards, then all backwards; Huang et al. 2019) and 1F1B (one forward, one
+// backward; PipeDream-Flush, Narayanan et al. 2021, as in Megatron-LM). This header is the whole
+// specification of what you implement in pipeline.cpp; README.md beside it teaches it.
+//
+//   make test-lesson09        # your exercise, test by test
+//   make run-lesson09 NPROC=4 ARGS="--micro-batches 4 --schedule 1f1b"
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtc/compat.h"
+#include "dtc/data.h"
+#include "dtc/model.h"
+
+namespace dtc::l09 {
+
+// ---------------------------------------------------------------------------------------------
+// The split (you implement stage_layers and make_stage)
+// ---------------------------------------------------------------------------------------------
+
+/// The layers one stage owns: blocks [first, last) of the model, and the ends of the model.
+struct StageLayers {
+  int64_t first = 0;   ///< first transformer block of the stage
+  int64_t last = 0;    ///< one past its last block
+  bool embed = false;  ///< stage 0: holds wte and wpe, and reads the tokens
+  bool head = false;   ///< the last stage: holds ln_f and lm_head, and computes the loss
+  int64_t count() const { return last - first; }
+};
+
+/// The blocks of stage @p stage out of @p stages, for a model of @p layers blocks.
+///
+/// The rule: as even as possible, the remainder to the first stages. Every stage gets
+/// layers / stages blocks, and the first layers % stages stages one more; stages are
+/// contiguous and in order (stage 0 starts at block 0, the last ends at block layers).
+/// E.g. 5 layers on 2 stages: [0, 3) and [3, 5). embed is true for stage 0, head for stage
+/// stages - 1 (both for a single stage).
+/// Precondition: 1 <= stages <= layers and 0 <= stage < stages (check_pipeline() checks them).
+StageLayers stage_layers(int64_t layers, int stages, int stage);
+
+/// One stage of the pipeline: the modules it owns (the others are nullptr / absent).
+struct Stage {
+  GptConfig config;
+  int stage = 0;   ///< this stage's index, 0 .. stages - 1
+  int stages = 1;  ///< p
+  StageLayers layers;
+  torch::nn::Embedding wte{nullptr};   ///< stage 0 only
+  torch::nn::Embedding wpe{nullptr};   ///< stage 0 only
+  std::vector<Block> blocks;           ///< model blocks layers.first .. layers.last - 1
+  torch::nn::LayerNorm ln_f{nullptr};  ///< last stage only
+  torch::nn::Linear lm_head{nullptr};  ///< last stage only
+
+  /// Every parameter this stage owns, in the model's order (what its optimizer updates).
+  std::vector<torch::Tensor> parameters() const;
+
+  /// This stage's part of the model's forward (given, in pipeline.cpp):
+  ///   stage 0:  tokens (b, T) int64 -> wte(tokens) + wpe(0..T-1) -> its blocks
+  ///   others:   activations (b, T, h) -> its blocks
+  ///   last:     ... -> ln_f -> lm_head -> logits (b, T, V)
+  torch::Tensor forward(const torch::Tensor& input);
+};
+
+/// Stage @p stage of @p stages, cut out of @p full: the same module objects (not copies), so
+/// the stage starts from exactly the weights of @p full (build it with dtc::init_weights for the
+/// baseline's weights). Take stage_layers()' blocks from full->h, and wte, wpe (stage 0) and
+/// ln_f, lm_head (last stage) from @p full; leave the others null.
+/// @throws dtc::UsageError from check_pipeline() (stages vs layers), or when @p full is tied
+///   ("--untied": pipelines here need the separate output head).
+Stage make_stage(const Gpt& full, int stages, int stage);
+
+// ---------------------------------------------------------------------------------------------
+// Checks (given)
+// ---------------------------------------------------------------------------------------------
+
+/// Checks a pipeline: 1 <= stages <= layers, and micro_batches >= 1 dividing @p batch.
+/// @throws dtc::UsageError naming --stages ("more stages than layers") or --micro-batches
+///   ("does not divide the batch"), with the fix in the hint.
+void check_pipeline(const GptConfig& config, int stages, int64_t batch, int64_t micro_batches);
+
+// ---------------------------------------------------------------------------------------------
+// Schedules (you implement them): a pure function of (p, m, stage)
+// ---------------------------------------------------------------------------------------------
+
+/// One step of a schedule: the forward or the backward of micro-batch `micro`.
+struct Op {
+  enum Kind { kForward, kBackward } kind = kForward;
+  int64_t micro = 0;
+  bool operator==(const Op& o) const { return kind == o.kind && micro == o.micro; }
+};
+
+/// Which schedule.
+enum class ScheduleKind { kGpipe, k1f1b };
+
+/// "gpipe" or "1f1b" -> ScheduleKind. @throws dtc::UsageError("--schedule") otherwise. Given.
+ScheduleKind parse_schedule(const std::string& name);
+/// ScheduleKind -> "gpipe" or "1f1b". Given.
+const char* schedule_name(ScheduleKind kind);
+
+/// GPipe (Huang et al. 2019): F0 F1 ... F(m-1), then B0 B1 ... B(m-1), on every stage (the
+/// backward order of Narayanan et al. 2021, Figure 3, and of PyTorch's ScheduleGPipe).
+std::vector<Op> gpipe_schedule(int stages, int64_t micro_batches, int stage);
+
+/// 1F1B (PipeDream-Flush, Narayanan et al. 2021, Figure 4; Megatron-LM's
+/// forward_backward_pipelining_without_interleaving). With w = min(p - s - 1, m) warm-up
+/// forwards:
+///   warm-up    F0 .. F(w-1)
+///   steady     F(w) B0  F(w+1) B1  ...  F(m-1) B(m-1-w)      (one forward, one backward)
+///   cool-down  B(m-w) .. B(m-1)
+/// The last stage has no warm-up (F0 B0 F1 B1 ...); stage 0 runs p - 1 forwards first.
+std::vector<Op> one_f_one_b_schedule(int stages, int64_t micro_batches, int stage);
+
+/// The schedule @p kind for (stages, micro_batches, stage). Given.
+std::vector<Op> make_schedule(ScheduleKind kind, int stages, int64_t micro_batches, int stage);
+
+/// "F0 F1 B0 B1" (given; for messages and the program's output).
+std::string to_string(const std::vector<Op>& ops);
+
+/// The largest number of micro-batches whose forward is done and whose backward is not, at any
+/// point of @p ops: the stored activations a stage holds at its peak (GPipe: m; 1F1B:
+/// min(m, p - s)). Given.
+int64_t max_in_flight(const std::vector<Op>& ops);
+
+// ---------------------------------------------------------------------------------------------
+// Point-to-point (you implement them)
+// ---------------------------------------------------------------------------------------------
+
+/// The tag of micro-batch @p micro's activations (even) and of its gradients (odd), so the two
+/// directions and the micro-batches never mix. Given.
+inline int activation_tag(int64_t micro) { return static_cast<int>(2 * micro); }
+inline int gradient_tag(int64_t micro) { return static_cast<int>(2 * micro + 1); }
+
+/// Starts sending @p tensor (contiguous) to rank @p dst with @p tag: comm.send({tensor}, dst,
+/// tag). Returns the work without waiting: the executor waits for it later (a send may only
+/// complete once the receiver has posted its recv, and the receiver may be busy).
+c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tensor, int dst,
+                                           int tag);
+
+/// Receives a float tensor of shape @p shape from rank @p src with @p tag into a fresh tensor on
+/// @p device, and waits for it (the communicator's timeout turns a missing sender into an error).
+torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
+                          const torch::Device& device = torch::kCPU);
+
+// ---------------------------------------------------------------------------------------------
+// The executor (you implement run_schedule)
+// ---------------------------------------------------------------------------------------------
+
+/// What one stage measured during one step.
+struct StepStats {
+  float loss = 0;             ///< last stage: sum over micro-batches of loss_i / m; else 0
+  int64_t max_in_flight = 0;  ///< most micro-batches stored at once (forward done, backward not)
+  double total_s = 0;         ///< seconds from the start of the step to the end of its last op
+  double compute_s = 0;       ///< seconds spent in forward and backward compute
+  /// Idle fraction (total - compute) / total: waiting for neighbours and moving data.
+  double bubble() const { return total_s > 0 ? (total_s - compute_s) / total_s : 0.0; }
+};
+
+/// Runs @p ops on this stage for one batch, accumulating gradients into the stage's parameters
+/// (the caller zeroes them before and steps the optimizer after). The communicator's rank is
+/// the stage index.
+///
+/// @p batch is the whole batch of the step, (b, T) inputs and targets, on every stage, on the
+/// device the stage computes on (received tensors go there too); micro-
+/// batch i is rows [i b/m, (i+1) b/m). For each op:
+///  - Forward i: stage 0 takes micro-batch i's inputs; another stage receives the activations
+///    (b/m, T, h) from stage - 1 (tag activation_tag(i)) and sets requires_grad on them, to get
+///    their gradient later. Run stage.forward. The last stage computes the micro-batch's mean
+///    cross-entropy divided by m (so the gradients add up to the full batch's mean) and adds its
+///    value to the loss; another stage sends its output to stage + 1 (not waiting). Keep the
+///    input and the output of micro-batch i until its backward.
+///  - Backward i: the last stage runs backward from its scaled loss; another stage receives the
+///    output's gradient (b/m, T, h) from stage + 1 (tag gradient_tag(i)) and runs
+///    torch::autograd::backward({output}, {grad}). A stage other than 0 sends its input's
+///    gradient to stage - 1 (not waiting). Then drop micro-batch i's tensors.
+/// Wait for every send before returning. Fill StepStats: time compute (forward, loss,
+/// backward) separately from the whole step, and count micro-batches in flight.
+StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
+                       int64_t micro_batches);
+
+}  // namespace dtc::l09

@@ -1,0 +1,316 @@
+// The lesson09 program: trains the course's GPT cut into one pipeline stage per rank, then
+// measures the pipeline bubble for several micro-batch counts and the activation memory of GPipe
+// against 1F1B. Given in full; the split, the schedules, send/recv and the executor are yours,
+// in pipeline.cpp.
+//
+//   torchrun --standalone --nproc_per_node=4 --no_python build/bin/lesson09 --micro-batches 4
+#include "program.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ostream>
+
+#include "dtc/cli.h"
+#include "dtc/dist.h"
+#include "dtc/errors.h"
+#include "dtc/memory.h"
+
+namespace dtc::l09 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+GptConfig untied(GptConfig c) {
+  c.tied = false;
+  return c;
+}
+
+// This rank's stage, from the baseline's initial weights, on options.device.
+Stage build_stage(const PipelineOptions& o, int stages, int stage) {
+  Gpt full(untied(o.model));
+  init_weights(full, o.seed);  // every rank builds the whole model, keeps its part
+  full->to(o.device);
+  return make_stage(full, stages, stage);  // the other modules are freed with `full`
+}
+
+void zero_grads(const std::vector<torch::Tensor>& params) {
+  for (auto p : params) p.mutable_grad().reset();  // to none, as lesson 02's zero_grad_to_none
+}
+
+// Sums a per-stage value over the ranks: every rank writes its own slot.
+std::vector<double> gather_per_stage(Comm& comm, double value, const torch::Device& device) {
+  auto t = torch::zeros({comm.getSize()}, torch::dtype(torch::kDouble).device(device));
+  t[comm.getRank()] = value;
+  std::vector<at::Tensor> v{t};
+  comm.allreduce(v)->wait();
+  auto cpu = t.cpu();
+  return std::vector<double>(cpu.data_ptr<double>(), cpu.data_ptr<double>() + cpu.numel());
+}
+
+}  // namespace
+
+double BubbleRow::theory() const {
+  const auto p = static_cast<double>(bubble.size());
+  return (p - 1) / (static_cast<double>(micro_batches) + p - 1);
+}
+
+double BubbleRow::mean_bubble() const {
+  double sum = 0;
+  for (double b : bubble) sum += b;
+  return bubble.empty() ? 0.0 : sum / static_cast<double>(bubble.size());
+}
+
+std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm,
+                                  std::vector<double>* step_seconds) {
+  const int p = comm.getSize();
+  const int s = comm.getRank();
+  check_pipeline(o.model, p, o.batch, o.micro_batches);
+  Stage stage = build_stage(o, p, s);
+  const auto params = stage.parameters();
+  // AdamW per stage over its own parameters: elementwise, so p optimizers = the baseline's one.
+  torch::optim::AdamW optimizer(
+      params, torch::optim::AdamWOptions(o.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
+  const auto ops = make_schedule(o.schedule, p, o.micro_batches, s);
+  const ByteDataset data = ByteDataset::builtin();
+  std::vector<float> losses;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    const auto start = Clock::now();
+    const Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
+    zero_grads(params);
+    const StepStats stats = run_schedule(stage, comm, ops, batch, o.micro_batches);
+    optimizer.step();
+    // The loss lives on the last stage: a sum in which only it writes a non-zero.
+    auto loss = torch::full({1}, s == p - 1 ? stats.loss : 0.0f,
+                            torch::dtype(torch::kFloat).device(o.device));
+    std::vector<at::Tensor> v{loss};
+    comm.allreduce(v)->wait();
+    losses.push_back(loss.cpu().item<float>());
+    if (step_seconds) {
+      step_seconds->push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+  }
+  return losses;
+}
+
+std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
+  const int p = comm.getSize();
+  const int s = comm.getRank();
+  Stage stage = build_stage(o, p, s);
+  const auto params = stage.parameters();
+  const ByteDataset data = ByteDataset::builtin();
+  const Batch batch = data.batch(o.seed, 0, o.batch, o.model.ctx).to(o.device);
+  std::vector<BubbleRow> rows;
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1f1b}) {
+    for (int64_t m : o.sweep) {
+      if (m < 1 || o.batch % m != 0) continue;
+      const auto ops = make_schedule(kind, p, m, s);
+      double best_bubble = 1.0;
+      int64_t in_flight = 0, peak = -1;
+      for (int64_t k = 0; k < std::max<int64_t>(1, o.sweep_steps); ++k) {
+        zero_grads(params);
+        comm.barrier()->wait();  // every stage starts the step together
+        int64_t before = 0;
+        if (counting_allocator_installed()) {
+          before = cpu_memory().current;
+          reset_cpu_peak();
+        }
+        const StepStats st = run_schedule(stage, comm, ops, batch, m);
+        if (counting_allocator_installed()) peak = std::max(peak, cpu_memory().peak - before);
+        best_bubble = std::min(best_bubble, st.bubble());
+        in_flight = st.max_in_flight;
+      }
+      zero_grads(params);
+      BubbleRow row;
+      row.schedule = kind;
+      row.micro_batches = m;
+      row.bubble = gather_per_stage(comm, best_bubble, o.device);
+      for (double v : gather_per_stage(comm, static_cast<double>(in_flight), o.device))
+        row.in_flight.push_back(static_cast<int64_t>(v));
+      for (double v : gather_per_stage(comm, static_cast<double>(peak), o.device))
+        row.peak_bytes.push_back(static_cast<int64_t>(v));
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::ostream& err) {
+  const int p = comm.getSize();
+  const int rank = comm.getRank();
+  check_pipeline(o.model, p, o.batch, o.micro_batches);
+  if (rank == 0 && !o.json) {
+    fmt::print(out,
+               "Lesson 09: pipeline parallelism, {} stages (one per rank), {} schedule, {} "
+               "micro-batches of {} sequences\n"
+               "  model   GPT, {} layers, hidden {}, {} heads, seq {}, vocab {}, untied head\n",
+               p, schedule_name(o.schedule), o.micro_batches, o.batch / o.micro_batches,
+               o.model.layers, o.model.hidden, o.model.heads, o.model.ctx, o.model.vocab);
+    for (int s = 0; s < p; ++s) {
+      const StageLayers l = stage_layers(o.model.layers, p, s);
+      fmt::print(out, "  stage {} (rank {}): blocks [{}, {}){}{}   schedule {}\n", s, s, l.first,
+                 l.last, l.embed ? " + embeddings" : "", l.head ? " + ln_f, lm_head, loss" : "",
+                 to_string(make_schedule(o.schedule, p, o.micro_batches, s)));
+    }
+    out.flush();
+  }
+
+  const auto start = Clock::now();
+  std::vector<double> step_s;
+  const std::vector<float> losses = train_pipeline(o, comm, &step_s);
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  const double tokens_per_s =
+      static_cast<double>(o.steps * o.batch * o.model.ctx) / std::max(elapsed, 1e-9);
+  if (rank == 0 && !o.json && !losses.empty()) {
+    fmt::print(err, "trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s\n", o.steps,
+               losses.front(), losses.back(), tokens_per_s);
+  }
+
+  const std::vector<BubbleRow> rows = measure_bubbles(o, comm);
+  if (rank != 0) return kExitOk;
+
+  if (o.json) {
+    nlohmann::json j;
+    j["losses"] = losses;
+    j["tokens_per_s"] = tokens_per_s;
+    j["step_s"] = step_s;  // rank 0's wall time of every step (the first one warms up)
+    j["stages"] = p;
+    j["micro_batches"] = o.micro_batches;
+    j["schedule"] = schedule_name(o.schedule);
+    j["device"] = o.device.str();
+    j["torch"] = torch_version();
+    nlohmann::json layers = nlohmann::json::array();
+    for (int s = 0; s < p; ++s) {
+      const StageLayers l = stage_layers(o.model.layers, p, s);
+      layers.push_back({l.first, l.last});
+    }
+    j["stage_blocks"] = layers;
+    j["bubble"] = nlohmann::json::array();
+    for (const auto& r : rows) {
+      j["bubble"].push_back({{"schedule", schedule_name(r.schedule)},
+                             {"micro_batches", r.micro_batches},
+                             {"measured", r.bubble},
+                             {"mean", r.mean_bubble()},
+                             {"theory", r.theory()},
+                             {"in_flight", r.in_flight},
+                             {"peak_bytes", r.peak_bytes}});
+    }
+    j["config"] = {{"layers", o.model.layers}, {"hidden", o.model.hidden},
+                   {"heads", o.model.heads},   {"seq", o.model.ctx},
+                   {"vocab", o.model.vocab},   {"batch", o.batch},
+                   {"seed", o.seed},           {"lr", o.lr}};
+    print_json_line(out, j);
+    return kExitOk;
+  }
+
+  fmt::print(out, "\n  trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.2f} s\n",
+             o.steps, losses.empty() ? 0.0f : losses.front(), losses.empty() ? 0.0f : losses.back(),
+             tokens_per_s, elapsed);
+  if (rows.empty()) return kExitOk;
+  fmt::print(out,
+             "\nThe bubble: idle / total time of one forward-backward step per stage, from "
+             "timestamps\n(best of {} steps), against (p-1)/(m+p-1):\n\n",
+             o.sweep_steps);
+  fmt::print(out, "  {:<9} {:>3}  {:>8} {:>8}  {}\n", "schedule", "m", "theory", "mean",
+             "per stage");
+  for (const auto& r : rows) {
+    std::vector<std::string> per;
+    for (double b : r.bubble) per.push_back(fmt::format("{:.2f}", b));
+    fmt::print(out, "  {:<9} {:>3}  {:>8.3f} {:>8.3f}  {}\n", schedule_name(r.schedule),
+               r.micro_batches, r.theory(), r.mean_bubble(), fmt::join(per, " "));
+  }
+  fmt::print(out,
+             "\nActivation memory per stage: micro-batches stored at once (GPipe m, 1F1B "
+             "min(m, p-s)),\nand the counting allocator's peak during the step (MiB; '-' "
+             "when not measured):\n\n");
+  fmt::print(out, "  {:<9} {:>3}  {:<22} {}\n", "schedule", "m", "in flight per stage",
+             "peak MiB per stage");
+  for (const auto& r : rows) {
+    std::vector<std::string> mib;
+    for (int64_t b : r.peak_bytes)
+      mib.push_back(b < 0 ? "-" : fmt::format("{:.2f}", static_cast<double>(b) / (1 << 20)));
+    fmt::print(out, "  {:<9} {:>3}  {:<22} {}\n", schedule_name(r.schedule), r.micro_batches,
+               fmt::format("{}", fmt::join(r.in_flight, " ")), fmt::join(mib, " "));
+  }
+  return kExitOk;
+}
+
+int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+                const EnvLookup& env_lookup) {
+  CLI::App app{
+      "Lesson 09: pipeline parallelism. Trains the course's GPT (untied head) cut into one "
+      "stage per rank with GPipe or 1F1B over micro-batches, then measures the bubble and the "
+      "activation memory. Start it with torchrun (one process per stage).",
+      "lesson09"};
+  TrainFlags flags;
+  PipelineOptions o;
+  int stages = 0;
+  std::string schedule = "1f1b";
+  int64_t timeout_ms = 60000;
+  add_train_flags(app, flags);
+  app.add_option("--stages", stages, "pipeline stages (default and only value: the world size)");
+  app.add_option("--micro-batches", o.micro_batches, "micro-batches m per step (divides the batch)")
+      ->capture_default_str();
+  app.add_option("--schedule", schedule, "gpipe or 1f1b")->capture_default_str();
+  app.add_option("--layers", o.model.layers, "transformer blocks L")->capture_default_str();
+  app.add_option("--hidden", o.model.hidden, "model width h")->capture_default_str();
+  app.add_option("--heads", o.model.heads, "attention heads a")->capture_default_str();
+  app.add_option("--seq", o.model.ctx, "tokens per sequence")->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--sweep", o.sweep,
+                 "micro-batch counts for the bubble measurement (those that divide the batch)")
+      ->capture_default_str();
+  bool no_sweep = false;
+  app.add_flag("--no-sweep", no_sweep, "skip the bubble and memory measurement");
+  app.add_option("--sweep-steps", o.sweep_steps, "timed steps per (schedule, m)")
+      ->capture_default_str();
+  app.add_option("--timeout", timeout_ms, "milliseconds a send/recv may wait before it fails")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  return run_cli(
+      app, argc, argv,
+      [&] {
+        if (no_sweep) o.sweep.clear();
+        o.steps = flags.steps;
+        o.seed = flags.seed;
+        o.batch = flags.global_batch;
+        o.json = flags.json;
+        o.schedule = parse_schedule(schedule);
+        o.model.tied = false;
+        validate(o.model);
+        const BackendKind backend = parse_backend(flags.backend);
+        const LaunchEnv env = read_launch_env(env_lookup);
+        if (stages == 0) stages = env.world_size;
+        // More ranks than the default 4 layers (e.g. 8 GPUs) and no --layers: one block each.
+        if (app.count("--layers") == 0 && stages > o.model.layers) o.model.layers = stages;
+        if (stages != env.world_size) {
+          throw UsageError(
+              "--stages",
+              fmt::format("{} stages on {} ranks: this lesson runs one stage per rank", stages,
+                          env.world_size),
+              fmt::format("start {} ranks (torchrun --nproc_per_node={}) or leave --stages out",
+                          stages, stages));
+        }
+        check_pipeline(o.model, stages, o.batch, o.micro_batches);  // before connecting
+        if (backend == BackendKind::kNccl) {
+          if (!torch::cuda::is_available()) {
+            throw UsageError("--backend", "nccl needs a CUDA GPU, and none is visible",
+                             "use --backend gloo on the CPU");
+          }
+          o.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+        } else {
+          install_counting_allocator();  // CPU: measure each stage's activation peak
+        }
+        DistOptions dist_options;
+        dist_options.backend = backend;
+        dist_options.timeout = std::chrono::milliseconds(timeout_ms);
+        Distributed dist = init_distributed(env, dist_options);
+        return run_pipeline(o, *dist.comm, out, err);
+      },
+      err);
+}
+
+}  // namespace dtc::l09

@@ -1,0 +1,69 @@
+// Lesson 09's program, as functions so that tests can run it in-process: train_pipeline() trains
+// the pipelined GPT on a connected job (the tests call it on thread-ranks), run_pipeline() adds
+// the measurements (bubble fraction, activation memory), run_program() reads the flags and the
+// launch environment and connects the ranks. Given in full (program.cpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <vector>
+
+#include "dtc/launch.h"
+#include "pipeline.h"
+
+namespace dtc::l09 {
+
+/// Everything that decides a pipelined training run.
+struct PipelineOptions {
+  GptConfig model;            ///< tied = false is forced: the pipeline needs its own head
+  int64_t batch = 8;          ///< sequences per optimizer step (--global-batch)
+  uint64_t seed = 1;          ///< seeds the weights and the batches (--seed)
+  double lr = 3e-3;           ///< AdamW, as lesson 02 (betas 0.9/0.999, eps 1e-8, wd 0.01)
+  int64_t steps = 20;         ///< optimizer steps (--steps)
+  int64_t micro_batches = 4;  ///< m (--micro-batches)
+  ScheduleKind schedule = ScheduleKind::k1f1b;  ///< --schedule
+  /// Micro-batch counts for the bubble measurement (only those that divide the batch); empty:
+  /// no measurement.
+  std::vector<int64_t> sweep{1, 2, 4, 8};
+  int64_t sweep_steps = 3;             ///< timed steps per (schedule, m); the fastest one counts
+  bool json = false;                   ///< rank 0 prints one JSON object on the last line of stdout
+  torch::Device device = torch::kCPU;  ///< where this rank computes
+};
+
+/// Trains on every rank of @p comm, one stage per rank (stages = comm size), from the
+/// baseline's initial weights (dtc::init_weights with the seed) on the baseline's batches
+/// (ByteDataset::builtin(), rows 0..batch-1 of each step).
+/// @param step_seconds when not null, receives the wall time of every step on this rank.
+/// @return the loss of every step, on every rank (sent from the last stage).
+/// @throws dtc::UsageError for a pipeline that does not fit (check_pipeline()).
+std::vector<float> train_pipeline(const PipelineOptions& options, Comm& comm,
+                                  std::vector<double>* step_seconds = nullptr);
+
+/// One schedule at one micro-batch count, measured on every stage.
+struct BubbleRow {
+  ScheduleKind schedule = ScheduleKind::kGpipe;
+  int64_t micro_batches = 1;
+  std::vector<double> bubble;       ///< per stage: idle / total of the step (timestamps)
+  std::vector<int64_t> in_flight;   ///< per stage: most micro-batches stored at once
+  std::vector<int64_t> peak_bytes;  ///< per stage: allocator peak above the step's start, or
+                                    ///< -1 when the counting allocator is not installed
+  double theory() const;            ///< (p - 1) / (m + p - 1)
+  double mean_bubble() const;       ///< the mean over stages
+};
+
+/// Runs options.sweep_steps forward-backward steps (no optimizer step) for each schedule and
+/// each m of options.sweep that divides the batch, and gathers every stage's numbers.
+std::vector<BubbleRow> measure_bubbles(const PipelineOptions& options, Comm& comm);
+
+/// Trains, measures, and prints the report on rank 0 (tables, or one JSON line with "losses",
+/// "tokens_per_s", "bubble", "memory"). @return 0.
+int run_pipeline(const PipelineOptions& options, Comm& comm, std::ostream& out, std::ostream& err);
+
+/// Runs `lesson09` with @p argv. A single process (no launcher) runs a one-stage pipeline.
+/// @return the exit code: 0, 1 for a runtime failure, 2 for bad input (the message names the
+///   flag), 3 while a TODO(L09) is unfinished.
+int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+                const EnvLookup& env = process_env);
+
+}  // namespace dtc::l09

@@ -1,0 +1,286 @@
+// Lesson 09: pipeline parallelism. Implements lessons/09_pipeline_parallel/pipeline.h.
+//
+// Fill in every TODO(L09) below, top to bottom: the split, the two schedules, send/recv, and
+// the executor. `make test-lesson09` checks the schedules against the textbook order and the
+// pipelined training against a single-process baseline on the same weights and batches; then
+//   make run-lesson09 NPROC=4 ARGS="--micro-batches 4 --schedule 1f1b"
+// runs the program on 4 ranks (one stage each).
+#include "pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "dtc/errors.h"
+#include "dtc/todo.h"
+
+namespace dtc::l09 {
+
+// ---------------------------------------------------------------------------------------------
+// The split
+// ---------------------------------------------------------------------------------------------
+
+StageLayers stage_layers(int64_t layers, int stages, int stage) {
+  StageLayers s;
+  // BEGIN SOLUTION: give every stage layers / stages blocks and the first layers % stages
+  //   stages one more, contiguous from block 0; embed on stage 0, head on the last stage
+  const int64_t base = layers / stages;
+  const int64_t extra = layers % stages;
+  s.first = stage * base + std::min<int64_t>(stage, extra);
+  s.last = s.first + base + (stage < extra ? 1 : 0);
+  s.embed = stage == 0;
+  s.head = stage == stages - 1;
+  // END SOLUTION
+  return s;
+}
+
+Stage make_stage(const Gpt& full, int stages, int stage) {
+  const GptConfig& config = full->config();
+  if (config.tied) {
+    throw UsageError("--untied",
+                     "the pipeline needs an untied output head (the embedding lives on stage 0, "
+                     "the head on the last stage)",
+                     "build the model with GptConfig::tied = false");
+  }
+  check_pipeline(config, stages, 1, 1);
+  if (stage < 0 || stage >= stages) {
+    throw UsageError("stage", fmt::format("stage {} is not in 0..{}", stage, stages - 1),
+                     "the stage is the rank in the pipeline");
+  }
+  Stage s;
+  s.config = config;
+  s.stage = stage;
+  s.stages = stages;
+  // BEGIN SOLUTION: set s.layers with stage_layers(); take those blocks from full->h
+  //   (Block(full->h->ptr<BlockImpl>(i))), and wte, wpe on stage 0, ln_f, lm_head on the last stage
+  s.layers = stage_layers(config.layers, stages, stage);
+  for (int64_t i = s.layers.first; i < s.layers.last; ++i) {
+    s.blocks.push_back(Block(full->h->ptr<BlockImpl>(static_cast<size_t>(i))));
+  }
+  if (s.layers.embed) {
+    s.wte = full->wte;
+    s.wpe = full->wpe;
+  }
+  if (s.layers.head) {
+    s.ln_f = full->ln_f;
+    s.lm_head = full->lm_head;
+  }
+  // END SOLUTION
+  return s;
+}
+
+std::vector<torch::Tensor> Stage::parameters() const {
+  std::vector<torch::Tensor> params;
+  auto add = [&](const torch::nn::Module& m) {
+    for (const auto& p : m.parameters()) params.push_back(p);
+  };
+  if (wte) add(*wte);
+  if (wpe) add(*wpe);
+  for (const auto& b : blocks) add(*b);
+  if (ln_f) add(*ln_f);
+  if (lm_head) add(*lm_head);
+  return params;
+}
+
+torch::Tensor Stage::forward(const torch::Tensor& input) {
+  torch::Tensor x = input;
+  if (layers.embed) {
+    // tokens (b, T) -> (b, T, h), exactly as GptImpl::forward
+    auto pos = torch::arange(input.size(1), torch::dtype(torch::kLong).device(input.device()));
+    x = wte->forward(input) + wpe->forward(pos);
+  }
+  for (auto& b : blocks) x = b->forward(x);                 // (b, T, h)
+  if (layers.head) x = lm_head->forward(ln_f->forward(x));  // (b, T, V)
+  return x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks
+// ---------------------------------------------------------------------------------------------
+
+void check_pipeline(const GptConfig& config, int stages, int64_t batch, int64_t micro_batches) {
+  if (stages < 1) {
+    throw UsageError("--stages", fmt::format("{} stages", stages), "pass at least 1");
+  }
+  if (stages > config.layers) {
+    throw UsageError("--stages",
+                     fmt::format("more stages than layers: {} stages for {} layers (every stage "
+                                 "needs at least one transformer block)",
+                                 stages, config.layers),
+                     fmt::format("pass --stages {} or fewer, or more --layers", config.layers));
+  }
+  if (micro_batches < 1) {
+    throw UsageError("--micro-batches", fmt::format("{} micro-batches", micro_batches),
+                     "pass at least 1");
+  }
+  if (batch % micro_batches != 0) {
+    throw UsageError("--micro-batches",
+                     fmt::format("{} micro-batches does not divide the batch of {} sequences",
+                                 micro_batches, batch),
+                     "pass a divisor of --global-batch (e.g. 1, 2, 4 for a batch of 8)");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedules
+// ---------------------------------------------------------------------------------------------
+
+ScheduleKind parse_schedule(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::kGpipe;
+  if (name == "1f1b") return ScheduleKind::k1f1b;
+  throw UsageError("--schedule", fmt::format("'{}' is not a schedule", name), "use gpipe or 1f1b");
+}
+
+const char* schedule_name(ScheduleKind kind) {
+  return kind == ScheduleKind::kGpipe ? "gpipe" : "1f1b";
+}
+
+std::vector<Op> gpipe_schedule(int stages, int64_t micro_batches, int stage) {
+  (void)stages;
+  (void)stage;
+  std::vector<Op> ops;
+  // BEGIN SOLUTION: every forward F0 .. F(m-1), then every backward B0 .. B(m-1)
+  for (int64_t i = 0; i < micro_batches; ++i) ops.push_back({Op::kForward, i});
+  for (int64_t i = 0; i < micro_batches; ++i) ops.push_back({Op::kBackward, i});
+  // END SOLUTION
+  return ops;
+}
+
+std::vector<Op> one_f_one_b_schedule(int stages, int64_t micro_batches, int stage) {
+  std::vector<Op> ops;
+  // BEGIN SOLUTION: w = min(p - s - 1, m) warm-up forwards; then m - w pairs F(w + i) B(i);
+  //   then the last w backwards
+  const int64_t warmup = std::min<int64_t>(stages - stage - 1, micro_batches);
+  for (int64_t i = 0; i < warmup; ++i) ops.push_back({Op::kForward, i});
+  for (int64_t i = 0; i < micro_batches - warmup; ++i) {
+    ops.push_back({Op::kForward, warmup + i});
+    ops.push_back({Op::kBackward, i});
+  }
+  for (int64_t i = micro_batches - warmup; i < micro_batches; ++i) {
+    ops.push_back({Op::kBackward, i});
+  }
+  // END SOLUTION
+  return ops;
+}
+
+std::vector<Op> make_schedule(ScheduleKind kind, int stages, int64_t micro_batches, int stage) {
+  return kind == ScheduleKind::kGpipe ? gpipe_schedule(stages, micro_batches, stage)
+                                      : one_f_one_b_schedule(stages, micro_batches, stage);
+}
+
+std::string to_string(const std::vector<Op>& ops) {
+  std::string text;
+  for (const auto& op : ops) {
+    if (!text.empty()) text += ' ';
+    text += fmt::format("{}{}", op.kind == Op::kForward ? 'F' : 'B', op.micro);
+  }
+  return text;
+}
+
+int64_t max_in_flight(const std::vector<Op>& ops) {
+  int64_t now = 0, most = 0;
+  for (const auto& op : ops) {
+    now += op.kind == Op::kForward ? 1 : -1;
+    most = std::max(most, now);
+  }
+  return most;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point-to-point
+// ---------------------------------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tensor, int dst,
+                                           int tag) {
+  // BEGIN SOLUTION: put the tensor (contiguous) in a vector and return comm.send(..., dst, tag)
+  std::vector<at::Tensor> buffer{tensor.contiguous()};
+  return comm.send(buffer, dst, tag);
+  // END SOLUTION
+}
+
+torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
+                          const torch::Device& device) {
+  // BEGIN SOLUTION: make an empty float tensor of the shape on the device, comm.recv it from
+  //   src with tag, wait(), and return it
+  std::vector<at::Tensor> buffer{torch::empty(shape, torch::dtype(torch::kFloat).device(device))};
+  comm.recv(buffer, src, tag)->wait();
+  return buffer[0];
+  // END SOLUTION
+}
+
+// ---------------------------------------------------------------------------------------------
+// The executor
+// ---------------------------------------------------------------------------------------------
+
+StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
+                       int64_t micro_batches) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  StepStats stats;
+  const auto start = Clock::now();
+  // BEGIN SOLUTION: for each op, forward (recv activations or take tokens, forward, loss / m or
+  //   send) or backward (backward from the loss or from the received gradient, send the input's
+  //   gradient); keep inputs and outputs per micro-batch until their backward; wait for every
+  //   send at the end; time the compute and count micro-batches in flight
+  const int s = stage.stage;
+  const int64_t rows = batch.inputs.size(0) / micro_batches;  // b / m
+  const int64_t T = batch.inputs.size(1);
+  const std::vector<int64_t> act_shape{rows, T, stage.config.hidden};  // (b/m, T, h)
+  const torch::Device device = batch.inputs.device();                  // where this stage computes
+  const bool first = stage.layers.embed;
+  const bool last = stage.layers.head;
+  std::vector<torch::Tensor> inputs(static_cast<size_t>(micro_batches));
+  std::vector<torch::Tensor> outputs(static_cast<size_t>(micro_batches));  // or scaled losses
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  int64_t in_flight = 0;
+  double loss_sum = 0;
+  for (const Op& op : ops) {
+    const auto i = static_cast<size_t>(op.micro);
+    if (op.kind == Op::kForward) {
+      torch::Tensor input;
+      if (first) {
+        input = batch.inputs.narrow(0, op.micro * rows, rows);  // tokens (b/m, T)
+      } else {
+        input = recv_tensor(comm, act_shape, s - 1, activation_tag(op.micro), device);
+        input.requires_grad_(true);  // so that backward gives us its gradient to send back
+      }
+      const auto t0 = Clock::now();
+      torch::Tensor out = stage.forward(input);
+      if (last) {
+        auto targets = batch.targets.narrow(0, op.micro * rows, rows);  // (b/m, T)
+        out = torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}),
+                                                   targets.reshape({-1})) /
+              static_cast<double>(micro_batches);
+        loss_sum += out.item<double>();
+      }
+      stats.compute_s += seconds(Clock::now() - t0);
+      if (!last) sends.push_back(send_tensor(comm, out.detach(), s + 1, activation_tag(op.micro)));
+      inputs[i] = input;
+      outputs[i] = out;
+      stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
+    } else {
+      torch::Tensor grad;
+      if (!last) grad = recv_tensor(comm, act_shape, s + 1, gradient_tag(op.micro), device);
+      const auto t0 = Clock::now();
+      if (last) {
+        outputs[i].backward();
+      } else {
+        torch::autograd::backward({outputs[i]}, {grad});
+      }
+      stats.compute_s += seconds(Clock::now() - t0);
+      if (!first)
+        sends.push_back(send_tensor(comm, inputs[i].grad(), s - 1, gradient_tag(op.micro)));
+      inputs[i] = torch::Tensor();  // the micro-batch's activations are freed here
+      outputs[i] = torch::Tensor();
+      --in_flight;
+    }
+  }
+  for (auto& work : sends) work->wait();
+  stats.loss = static_cast<float>(loss_sum);
+  // END SOLUTION
+  stats.total_s = seconds(Clock::now() - start);
+  return stats;
+}
+
+}  // namespace dtc::l09
