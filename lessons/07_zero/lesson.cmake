@@ -1,0 +1,26 @@
+# Lesson 07: ZeRO stages 1-3 (and stage 0, DDP). Links dtc::dist (LibTorch's c10d, gloo).
+dtc_add_lesson(07 DIR 07_zero SOURCES zero.cpp DRIVER program.cpp
+               TESTS tests/lesson07/zero_test.cpp tests/lesson07/engine_test.cpp
+               LIBS dtc::dist TORCH)
+
+# End-to-end: the reference program on real processes through this path's torchrun: memory
+# against the ledger (within padding), the ranking DDP > 1 > 2 > 3, bytes against the ZeRO
+# paper, losses against PyTorch's (tests/reference/lesson02_reference.json), checkpoints.
+if(DTC_TORCHRUN)
+  string(JOIN " " l07_flags ${DTC_TORCHRUN_FLAGS})
+  add_test(NAME lesson07.solution.e2e
+    COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson07/e2e.py"
+            --program $<TARGET_FILE:lesson07_solution> --torchrun "${DTC_TORCHRUN}"
+            "--torchrun-flags=${l07_flags}")
+  set_tests_properties(lesson07.solution.e2e PROPERTIES
+    LABELS "lesson07;solution;lesson07-solution" TIMEOUT 240)
+  # A smoke run of the benchmark against PyTorch (primary path only: it needs the venv's torch).
+  get_filename_component(l07_bin "${DTC_TORCHRUN}" DIRECTORY)
+  if(NOT DTC_TORCHRUN_FLAGS AND EXISTS "${l07_bin}/python")
+    add_test(NAME lesson07.solution.bench_smoke
+      COMMAND "${l07_bin}/python" "${PROJECT_SOURCE_DIR}/bench/lesson07_vs_pytorch.py"
+              --program $<TARGET_FILE:lesson07_solution> --torchrun "${DTC_TORCHRUN}" --smoke)
+    set_tests_properties(lesson07.solution.bench_smoke PROPERTIES
+      LABELS "lesson07;solution;lesson07-solution" TIMEOUT 240)
+  endif()
+endif()

@@ -1,0 +1,256 @@
+// Lesson 07 contract: ZeRO stages 1-3 (and stage 0, plain data parallelism, as the reference).
+//
+// Every data-parallel rank trains the same GPT on its rows of the global batch. Stage 0 (DDP)
+// keeps everything on every rank; ZeRO (Rajbhandari et al. 2020) shards, across the W ranks,
+//   stage 1: the optimizer state (AdamW's two moments),
+//   stage 2: ... and the gradients,
+//   stage 3: ... and the parameters, gathered one unit (a transformer block) at a time.
+// This header is the whole specification of what you implement in zero.cpp; README.md beside
+// it teaches it. Build and test:
+//
+//   make test-lesson07          # your exercise, test by test
+//   make run-lesson07 ARGS="--stage 2"
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtc/compat.h"
+#include "dtc/data.h"
+#include "dtc/model.h"
+
+namespace dtc::l07 {
+
+// ---------------------------------------------------------------------------------------------
+// The flat, padded layout (FSDP's "flat parameter", one per unit)
+// ---------------------------------------------------------------------------------------------
+
+/// One unit: the parameters that are gathered together (the embeddings and the output head, or
+/// one transformer block), flattened into one range of the flat buffer and padded with zeros
+/// to a multiple of W, so that each rank owns an equal chunk of it.
+struct Unit {
+  std::string name;                          ///< "outer" (wte, wpe, ln_f, lm_head) or "h.<i>"
+  std::vector<torch::Tensor> params;         ///< the model's parameters, in order
+  std::vector<std::string> names;            ///< their names (named_parameters())
+  std::vector<std::vector<int64_t>> shapes;  ///< their shapes (stage 3 empties the tensors)
+  int64_t numel = 0;                         ///< sum of their numel(): no padding
+  int64_t padded = 0;                        ///< numel rounded up to a multiple of W
+  int64_t offset = 0;                        ///< where the unit starts in the full flat buffer
+  int64_t shard_offset = 0;                  ///< where this rank's chunk starts in its shard buffer
+  int world = 1;                             ///< W
+  int64_t chunk() const { return padded / world; }  ///< elements per rank: padded / W
+};
+
+/// All units of a model. The full flat buffer is unit 0 (padded), unit 1 (padded), ...; rank r's
+/// shard buffer is its chunk of unit 0, its chunk of unit 1, ...
+struct FlatLayout {
+  std::vector<Unit> units;  ///< units[0] is "outer", units[1 + i] is block h.<i>
+  int world = 1;            ///< W
+  int64_t numel = 0;        ///< Psi: parameters of the model, tied weights counted once
+  int64_t padded = 0;       ///< sum of the units' padded sizes: the full flat buffer
+  int64_t shard = 0;        ///< padded / W: one rank's shard buffer
+};
+
+/// @p numel rounded up to a multiple of @p world (0 stays 0).
+/// @throws std::invalid_argument for world < 1 or numel < 0.
+int64_t padded_size(int64_t numel, int world);
+
+/// Groups @p model's parameters into units ("outer": wte, wpe, ln_f and lm_head when untied;
+/// then one unit per block) and lays them out for @p world ranks with padded_size().
+/// Given in full. A tied output head is wte itself: parameters() lists it once, so it is
+/// stored once.
+FlatLayout make_layout(Gpt& model, int world);
+
+// ---------------------------------------------------------------------------------------------
+// Collectives that count their bytes
+// ---------------------------------------------------------------------------------------------
+
+/// A collective that has been started and not yet finished (for overlap and prefetch).
+struct Pending {
+  c10::intrusive_ptr<c10d::Work> work;  ///< wait() on it before reading the result
+  torch::Tensor buffer;                 ///< what the collective writes into
+  int64_t chunk = 0;                    ///< elements per rank
+};
+
+/// Reduce-scatter, all-gather and allreduce on the flat buffers, over any gloo (1.13 or 2.x),
+/// each adding to bytes_sent() what one rank sends in the ring algorithm (lesson 03):
+/// (W-1)/W * N * 4 bytes for a reduce-scatter or an all-gather of N fp32 elements, and twice
+/// that for an allreduce.
+class CountingComm {
+ public:
+  explicit CountingComm(c10::intrusive_ptr<Comm> comm) : comm_(std::move(comm)) {}
+  int rank() const { return comm_->getRank(); }
+  int world() const { return comm_->getSize(); }
+  Comm& comm() { return *comm_; }
+
+  /// Starts a reduce-scatter of @p flat (W * chunk elements, contiguous): alltoall_base sends
+  /// chunk j of @p flat to rank j and receives every rank's chunk r into Pending::buffer,
+  /// (W, chunk). Counts (W-1)/W * numel * 4 bytes.
+  Pending reduce_scatter_start(const torch::Tensor& flat);
+  /// Waits for @p pending and returns the sum over ranks of chunk r: (chunk).
+  static torch::Tensor reduce_scatter_finish(Pending& pending);
+  /// reduce_scatter_start, then reduce_scatter_finish.
+  torch::Tensor reduce_scatter(const torch::Tensor& flat);
+
+  /// Starts an all-gather of @p chunk (every rank's chunk has the same size) into a new
+  /// (W * chunk) buffer, Pending::buffer, whose chunk j comes from rank j (the allgather list
+  /// form: its W outputs are views of the buffer). Counts (W-1)/W * buffer numel * 4 bytes.
+  Pending all_gather_start(const torch::Tensor& chunk);
+  /// Waits for @p pending and returns its buffer.
+  static torch::Tensor all_gather_finish(Pending& pending);
+  /// all_gather_start, then all_gather_finish.
+  torch::Tensor all_gather(const torch::Tensor& chunk);
+
+  /// Sums @p flat over ranks in place (allreduce). Counts 2 (W-1)/W * numel * 4 bytes.
+  void all_reduce(torch::Tensor& flat);
+
+  /// Bytes this rank has sent since construction or reset_bytes(), by the ring's count.
+  int64_t bytes_sent() const { return bytes_; }
+  void reset_bytes() { bytes_ = 0; }
+
+ private:
+  c10::intrusive_ptr<Comm> comm_;
+  int64_t bytes_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// AdamW, elementwise
+// ---------------------------------------------------------------------------------------------
+
+/// AdamW's hyperparameters (PyTorch's defaults, lesson 02's learning rate).
+struct AdamWOptions {
+  double lr = 3e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+/// One AdamW update, in place, of @p param from @p grad, with moments @p exp_avg and
+/// @p exp_avg_sq (same shape), at step @p step (1 on the first update), exactly as
+/// torch::optim::AdamW does it:
+///   param *= 1 - lr * weight_decay
+///   exp_avg = beta1 exp_avg + (1 - beta1) grad;  exp_avg_sq = beta2 exp_avg_sq + (1 - beta2) grad^2
+///   denom = sqrt(exp_avg_sq) / sqrt(1 - beta2^step) + eps
+///   param -= lr / (1 - beta1^step) * exp_avg / denom
+/// Every line is elementwise: updating a shard equals updating the full tensor, shard by shard.
+/// That is why ZeRO can shard the optimizer state at no cost in accuracy.
+void adamw_update(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp_avg,
+                  torch::Tensor exp_avg_sq, int64_t step, const AdamWOptions& options);
+
+// ---------------------------------------------------------------------------------------------
+// The engine
+// ---------------------------------------------------------------------------------------------
+
+/// Options of a ZeRO run.
+struct ZeroOptions {
+  int stage = 0;          ///< 0 (DDP), 1, 2 or 3
+  bool prefetch = false;  ///< stage 3: start gathering the next unit before computing this one
+  AdamWOptions adamw;
+};
+
+/// One rank of a data-parallel run of the course's GPT at a ZeRO stage.
+///
+/// It takes over @p model's parameters: stages 0-2 keep a full flat buffer (the parameters
+/// become views of it), stage 3 keeps only this rank's shard (the parameters are empty between
+/// uses). Training: forward_backward() on this rank's rows, then optimizer_step().
+class ZeroEngine {
+ public:
+  /// @throws UsageError("--stage") for a stage outside 0..3.
+  ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptions& options);
+
+  /// Forward and backward on @p batch (this rank's rows), then the stage's gradient
+  /// communication, so that this rank holds the gradient it needs, averaged over the W ranks:
+  ///   stage 0: the full flat gradient, allreduced;
+  ///   stage 1: the full flat gradient buffer, its chunk r reduce-scattered;
+  ///   stages 2, 3: only the shard's gradient (grad_shard()), reduce-scattered unit by unit
+  ///   during backward; the full gradients of a unit are freed right after.
+  /// @return this rank's loss (mean over its rows), before the update.
+  float forward_backward(const Batch& batch);
+
+  /// AdamW on what this rank owns (stage 0: everything; stages 1-3: its shard), then, for
+  /// stages 1 and 2, the all-gather that gives every rank the updated full parameters.
+  void optimizer_step();
+
+  /// The full parameters, flat and unpadded (Psi elements, units in order, each unit's
+  /// parameters in order): a copy, gathered for stage 3. Collective: every rank must call it.
+  torch::Tensor full_parameters();
+
+  /// What this rank owns, in the shard layout (layout().shard elements each; copies): its chunk
+  /// of the parameters and of both moments (zeros before the first step), and the step count.
+  struct ShardState {
+    torch::Tensor params, exp_avg, exp_avg_sq;
+    int64_t step = 0;
+  };
+  ShardState shard_state();
+
+  /// Replaces the training state with @p params, @p exp_avg and @p exp_avg_sq, full and
+  /// unpadded (Psi elements each, as full_parameters() lays them out), after @p step steps:
+  /// each rank keeps what its stage keeps. Not collective (checkpoint loading).
+  void load_full_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
+                       const torch::Tensor& exp_avg_sq, int64_t step);
+
+  int64_t steps_done() const { return step_; }
+  const FlatLayout& layout() const { return layout_; }
+  CountingComm& comm() { return comm_; }
+  int stage() const { return options_.stage; }
+  Gpt& model() { return model_; }
+
+ private:
+  // The pieces of forward_backward, by stage.
+  float forward_backward_replicated(const Batch& batch);  // stages 0 and 1
+  float forward_backward_sharded(const Batch& batch);     // stages 2 and 3
+  // Stage 3: make unit u's parameters usable (views of a gathered buffer) / empty again.
+  void bind_unit(Unit& unit, const torch::Tensor& full);
+  void release_unit(Unit& unit);
+  // This rank's chunk of unit u in a full flat buffer / in the shard buffer.
+  torch::Tensor chunk_of_full(const torch::Tensor& full, const Unit& unit) const;
+  torch::Tensor chunk_of_shard(const torch::Tensor& shard, const Unit& unit) const;
+  // Reduce-scatters a unit's padded gradient and stores the average in the shard's gradient.
+  void reduce_unit_gradient(Pending& pending, const Unit& unit);
+  // Makes AdamW's moments (zeros) on the first step: stage 0 full, stages 1-3 a shard.
+  void ensure_moments();
+  // This rank's chunks of a full (padded) flat buffer, concatenated: the shard layout.
+  torch::Tensor shard_of_full(const torch::Tensor& full) const;
+  // The full flat buffer (padded) from a Psi-element unpadded one, and back.
+  torch::Tensor pad_full(const torch::Tensor& unpadded) const;
+  torch::Tensor unpad_full(const torch::Tensor& padded) const;
+
+  Gpt model_;
+  torch::TensorOptions float_options_;  ///< fp32 on the model's device
+  CountingComm comm_;
+  ZeroOptions options_;
+  FlatLayout layout_;
+  torch::Tensor flat_params_;  ///< stages 0-2: (padded); stage 3: undefined
+  torch::Tensor flat_grads_;   ///< stages 0-1: (padded), made by the first backward
+  torch::Tensor param_shard_;  ///< stage 3: (shard), the only copy of the parameters
+  torch::Tensor grad_shard_;   ///< stages 2-3: (shard), made by the first backward
+  torch::Tensor exp_avg_;      ///< stage 0: (padded); stages 1-3: (shard); after step 1
+  torch::Tensor exp_avg_sq_;   ///< same
+  int64_t step_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Sharded checkpoints
+// ---------------------------------------------------------------------------------------------
+
+/// Writes this rank's shard (parameters, both moments, step, and the layout's unit sizes and
+/// W) to @p dir/shard-<r>-of-<W>.pt. Every rank calls it; @p dir must exist.
+void save_sharded(ZeroEngine& engine, const std::string& dir);
+
+/// Loads a checkpoint saved by save_sharded() with any number N of ranks into @p engine, which
+/// may run on M != N ranks and at any stage (re-sharding): every rank reads the N files,
+/// rebuilds the full, unpadded parameters and moments of each unit (dropping the N-rank
+/// padding), and hands them to load_full_state(), which keeps this rank's M-rank part.
+/// @throws UsageError("--load-sharded") when the files are missing or the model differs.
+void load_sharded(ZeroEngine& engine, const std::string& dir);
+
+/// Gathers the full parameters and writes them on rank 0 to @p file as one archive of named
+/// tensors (named_parameters() names, the unsharded model). Collective.
+void consolidate(ZeroEngine& engine, const std::string& file);
+
+}  // namespace dtc::l07

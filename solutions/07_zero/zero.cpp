@@ -1,0 +1,644 @@
+// Lesson 07: ZeRO stages 1-3. Implements lessons/07_zero/zero.h.
+//
+// Fill in every TODO(L07) below, top to bottom; `make test-lesson07` checks each piece on 2 and
+// 3 thread-ranks against closed forms and against plain single-process AdamW training. Then
+// run the program on real processes and compare the stages' memory:
+//   torchrun --standalone --nproc_per_node=2 --no_python build/bin/lesson07 --stage 3
+#include "zero.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
+
+#include "dtc/errors.h"
+#include "dtc/todo.h"
+
+namespace dtc::l07 {
+
+// =============================================================================================
+// Part 1: the flat, padded layout
+// =============================================================================================
+
+int64_t padded_size(int64_t numel, int world) {
+  if (world < 1) throw std::invalid_argument("padded_size: world must be at least 1");
+  if (numel < 0) throw std::invalid_argument("padded_size: numel must not be negative");
+  // BEGIN SOLUTION: round numel up to the next multiple of world (ceil(numel / W) * W)
+  return (numel + world - 1) / world * world;
+  // END SOLUTION
+}
+
+FlatLayout make_layout(Gpt& model, int world) {
+  FlatLayout layout;
+  layout.world = world;
+  const int64_t blocks = static_cast<int64_t>(model->h->size());
+  layout.units.resize(static_cast<size_t>(1 + blocks));
+  layout.units[0].name = "outer";
+  for (int64_t i = 0; i < blocks; ++i)
+    layout.units[static_cast<size_t>(1 + i)].name = fmt::format("h.{}", i);
+  // named_parameters(): wte, wpe, h.<i>.*, ln_f.*, lm_head (untied only). Tied: the head is
+  // wte itself, listed once, so it is stored, gathered and updated once.
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    size_t u = 0;
+    if (name.rfind("h.", 0) == 0) u = 1 + std::stoul(name.substr(2, name.find('.', 2) - 2));
+    Unit& unit = layout.units[u];
+    unit.params.push_back(item.value());
+    unit.names.push_back(name);
+    unit.shapes.push_back(item.value().sizes().vec());
+    unit.numel += item.value().numel();
+  }
+  for (Unit& unit : layout.units) {
+    unit.world = world;
+    unit.padded = padded_size(unit.numel, world);
+    unit.offset = layout.padded;
+    unit.shard_offset = layout.shard;
+    layout.numel += unit.numel;
+    layout.padded += unit.padded;
+    layout.shard += unit.chunk();
+  }
+  return layout;
+}
+
+// =============================================================================================
+// Part 2: collectives that count their bytes
+// =============================================================================================
+// LibTorch 1.13's gloo has no reduce_scatter and no _allgather_base, so the course builds them
+// from what every gloo has: alltoall_base (a reduce-scatter is "send chunk j to rank j, then add
+// up what you received": the same bytes on the wire as a ring reduce-scatter) and the list form
+// of allgather. Bytes are counted by the ring's definition (lesson 03), so that they compare
+// with the ZeRO paper's volumes whatever gloo does inside.
+
+Pending CountingComm::reduce_scatter_start(const torch::Tensor& flat) {
+  const int w = world();
+  TORCH_CHECK(flat.dim() == 1 && flat.numel() % w == 0,
+              "reduce_scatter: a flat buffer of a multiple of W elements, got ", flat.sizes());
+  Pending pending;
+  pending.chunk = flat.numel() / w;
+  // BEGIN SOLUTION: alltoall_base flat (contiguous) into a new buffer of the same size (empty
+  //   split vectors: equal chunks), keep its Work; count (W-1) * chunk * 4 bytes
+  auto input = flat.contiguous();
+  pending.buffer = torch::empty_like(input);
+  std::vector<int64_t> equal_splits;  // empty: W equal chunks
+  pending.work = comm_->alltoall_base(pending.buffer, input, equal_splits, equal_splits);
+  bytes_ += (w - 1) * pending.chunk * 4;  // ring: (W-1)/W of the N elements leave each rank
+  // END SOLUTION
+  return pending;
+}
+
+torch::Tensor CountingComm::reduce_scatter_finish(Pending& pending) {
+  // BEGIN SOLUTION: wait, then view the buffer as (W, chunk) (row j came from rank j) and sum
+  //   over dim 0
+  pending.work->wait();
+  const int64_t w = pending.buffer.numel() / std::max<int64_t>(pending.chunk, 1);
+  auto sum = pending.chunk == 0 ? pending.buffer.narrow(0, 0, 0).clone()
+                                : pending.buffer.view({w, pending.chunk}).sum(0);
+  pending = Pending{};  // frees the (W, chunk) receive buffer
+  return sum;
+  // END SOLUTION
+}
+
+torch::Tensor CountingComm::reduce_scatter(const torch::Tensor& flat) {
+  Pending pending = reduce_scatter_start(flat);
+  return reduce_scatter_finish(pending);
+}
+
+Pending CountingComm::all_gather_start(const torch::Tensor& chunk) {
+  Pending pending;
+  pending.chunk = chunk.numel();
+  // BEGIN SOLUTION: allgather (list form) the contiguous chunk into W outputs that are views
+  //   (narrow) of a new (W * chunk) buffer; keep its Work; count (W-1) * chunk * 4 bytes
+  const int w = world();
+  pending.buffer = torch::empty({w * pending.chunk}, chunk.options());
+  std::vector<std::vector<at::Tensor>> outputs(1);  // [device][rank]
+  for (int j = 0; j < w; ++j) {
+    outputs[0].push_back(pending.buffer.narrow(0, j * pending.chunk, pending.chunk));
+  }
+  std::vector<at::Tensor> inputs{chunk.contiguous()};
+  pending.work = comm_->allgather(outputs, inputs);
+  bytes_ += (w - 1) * pending.chunk * 4;
+  // END SOLUTION
+  return pending;
+}
+
+torch::Tensor CountingComm::all_gather_finish(Pending& pending) {
+  pending.work->wait();
+  auto full = pending.buffer;
+  pending = Pending{};
+  return full;
+}
+
+torch::Tensor CountingComm::all_gather(const torch::Tensor& chunk) {
+  Pending pending = all_gather_start(chunk);
+  return all_gather_finish(pending);
+}
+
+void CountingComm::all_reduce(torch::Tensor& flat) {
+  // BEGIN SOLUTION: allreduce flat in place (SUM), wait; count 2 (W-1) * (numel / W) * 4 bytes
+  std::vector<at::Tensor> tensors{flat};
+  comm_->allreduce(tensors)->wait();
+  bytes_ += 2 * (world() - 1) * (flat.numel() / world()) * 4;  // reduce-scatter + all-gather
+  // END SOLUTION
+}
+
+// =============================================================================================
+// Part 3: AdamW, elementwise
+// =============================================================================================
+
+void adamw_update(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp_avg,
+                  torch::Tensor exp_avg_sq, int64_t step, const AdamWOptions& o) {
+  torch::NoGradGuard no_grad;
+  // BEGIN SOLUTION: decay param, update both moments, then param -= lr / bc1 * m / denom, in
+  //   torch::optim::AdamW's order (see the header), all in place
+  param.mul_(1 - o.lr * o.weight_decay);
+  exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
+  exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
+  const double bias_correction1 = 1 - std::pow(o.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(o.beta2, static_cast<double>(step));
+  auto denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
+  param.addcdiv_(exp_avg, denom, -o.lr / bias_correction1);
+  // END SOLUTION
+}
+
+// =============================================================================================
+// Part 4: the engine
+// =============================================================================================
+
+namespace {
+
+// x (B, T, h) from tokens (B, T): token plus position embeddings (dtc/model.h, GptImpl::forward).
+torch::Tensor embed(Gpt& model, const torch::Tensor& tokens) {
+  auto pos = torch::arange(tokens.size(1), torch::dtype(torch::kLong).device(tokens.device()));
+  return model->wte(tokens) + model->wpe(pos);
+}
+
+// The mean next-token loss from the last block's output x (B, T, h): ln_f, the head, softmax.
+torch::Tensor head_loss(Gpt& model, const torch::Tensor& x, const torch::Tensor& targets) {
+  auto y = model->ln_f(x);
+  auto logits = model->config().tied ? torch::matmul(y, model->wte->weight.t())
+                                     : model->lm_head(y);  // (B, T, V)
+  return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
+                                              targets.view({-1}));
+}
+
+// Makes every parameter's gradient a view of @p grads (the unit's padded gradient buffer), so
+// that backward accumulates straight into it (PyTorch DDP's gradient_as_bucket_view).
+void bind_grads(const Unit& unit, const torch::Tensor& grads, int64_t base) {
+  int64_t off = base;
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    auto p = unit.params[k];
+    const int64_t numel = c10::multiply_integers(unit.shapes[k]);
+    p.mutable_grad() = grads.narrow(0, off, numel).view(unit.shapes[k]);
+    off += numel;
+  }
+}
+
+void unbind_grads(const Unit& unit) {
+  for (auto p : unit.params) p.mutable_grad().reset();
+}
+
+}  // namespace
+
+ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptions& options)
+    : model_(std::move(model)), comm_(std::move(comm)), options_(options) {
+  if (options_.stage < 0 || options_.stage > 3) {
+    throw UsageError("--stage", fmt::format("{} is not a ZeRO stage", options_.stage),
+                     "use 0 (DDP), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)");
+  }
+  torch::NoGradGuard no_grad;
+  float_options_ =
+      torch::TensorOptions().dtype(torch::kFloat).device(model_->parameters().front().device());
+  layout_ = make_layout(model_, comm_.world());
+  // The full flat buffer: every unit's parameters one after the other, zeros in the padding.
+  auto full = torch::zeros({layout_.padded}, float_options_);
+  for (Unit& unit : layout_.units) {
+    int64_t off = unit.offset;
+    for (auto& p : unit.params) {
+      full.narrow(0, off, p.numel()).copy_(p.reshape({-1}));
+      off += p.numel();
+    }
+  }
+  if (options_.stage <= 2) {
+    // Stages 0-2 keep every parameter: make each one a view of the flat buffer (the model's own
+    // tensors are freed), so that one collective can move all of them.
+    flat_params_ = full;
+    for (Unit& unit : layout_.units)
+      bind_unit(unit, flat_params_.narrow(0, unit.offset, unit.padded));
+  } else {
+    // Stage 3 keeps only its chunk of each unit; the parameters are empty until gathered.
+    param_shard_ = shard_of_full(full);
+    full = torch::Tensor();
+    for (Unit& unit : layout_.units) release_unit(unit);
+  }
+}
+
+torch::Tensor ZeroEngine::chunk_of_full(const torch::Tensor& full, const Unit& unit) const {
+  return full.narrow(0, unit.offset + comm_.rank() * unit.chunk(), unit.chunk());
+}
+
+torch::Tensor ZeroEngine::chunk_of_shard(const torch::Tensor& shard, const Unit& unit) const {
+  return shard.narrow(0, unit.shard_offset, unit.chunk());
+}
+
+torch::Tensor ZeroEngine::shard_of_full(const torch::Tensor& full) const {
+  std::vector<torch::Tensor> chunks;
+  for (const Unit& unit : layout_.units) chunks.push_back(chunk_of_full(full, unit));
+  return torch::cat(chunks);
+}
+
+torch::Tensor ZeroEngine::pad_full(const torch::Tensor& unpadded) const {
+  TORCH_CHECK(unpadded.numel() == layout_.numel, "expected ", layout_.numel, " elements, got ",
+              unpadded.numel());
+  auto full = torch::zeros({layout_.padded}, float_options_);
+  int64_t from = 0;
+  for (const Unit& unit : layout_.units) {
+    full.narrow(0, unit.offset, unit.numel).copy_(unpadded.narrow(0, from, unit.numel));
+    from += unit.numel;
+  }
+  return full;
+}
+
+torch::Tensor ZeroEngine::unpad_full(const torch::Tensor& padded) const {
+  std::vector<torch::Tensor> parts;
+  for (const Unit& unit : layout_.units) parts.push_back(padded.narrow(0, unit.offset, unit.numel));
+  return torch::cat(parts);
+}
+
+void ZeroEngine::bind_unit(Unit& unit, const torch::Tensor& full) {
+  // Each parameter becomes a view of its range of @p full (the unit's padded buffer).
+  int64_t off = 0;
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    const int64_t numel = c10::multiply_integers(unit.shapes[k]);
+    unit.params[k].set_data(full.narrow(0, off, numel).view(unit.shapes[k]));
+    off += numel;
+  }
+}
+
+void ZeroEngine::release_unit(Unit& unit) {
+  // An empty tensor of the same type: the gathered buffer is freed once nothing else holds it.
+  for (auto& p : unit.params) p.set_data(torch::empty({0}, float_options_));
+}
+
+void ZeroEngine::ensure_moments() {
+  if (exp_avg_.defined()) return;
+  const int64_t n = options_.stage == 0 ? layout_.padded : layout_.shard;
+  exp_avg_ = torch::zeros({n}, float_options_);
+  exp_avg_sq_ = torch::zeros({n}, float_options_);
+}
+
+float ZeroEngine::forward_backward(const Batch& batch) {
+  return options_.stage <= 1 ? forward_backward_replicated(batch) : forward_backward_sharded(batch);
+}
+
+float ZeroEngine::forward_backward_replicated(const Batch& batch) {
+  // The full gradient buffer, made on the first step; every parameter's grad is a view of it.
+  if (!flat_grads_.defined()) {
+    flat_grads_ = torch::zeros({layout_.padded}, float_options_);
+    for (const Unit& unit : layout_.units) bind_grads(unit, flat_grads_, unit.offset);
+  } else {
+    flat_grads_.zero_();
+  }
+  auto loss = head_loss(
+      model_,
+      [&] {
+        auto x = embed(model_, batch.inputs);
+        for (size_t i = 0; i < model_->h->size(); ++i)
+          x = model_->h[i]->as<BlockImpl>()->forward(x);
+        return x;
+      }(),
+      batch.targets);
+  loss.backward();
+  const float value = loss.item<float>();
+  torch::NoGradGuard no_grad;
+  // BEGIN SOLUTION: stage 0: allreduce the whole flat_grads_ and divide by W. Stage 1: per
+  //   unit, reduce-scatter its padded range of flat_grads_ and write sum / W into this rank's
+  //   chunk of it (chunk_of_full); the rest of the buffer is not needed any more
+  const double world = comm_.world();
+  if (options_.stage == 0) {
+    comm_.all_reduce(flat_grads_);
+    flat_grads_.div_(world);
+  } else {
+    for (const Unit& unit : layout_.units) {
+      auto sum = comm_.reduce_scatter(flat_grads_.narrow(0, unit.offset, unit.padded));
+      chunk_of_full(flat_grads_, unit).copy_(sum.div_(world));
+    }
+  }
+  // END SOLUTION
+  return value;
+}
+
+void ZeroEngine::reduce_unit_gradient(Pending& pending, const Unit& unit) {
+  if (!pending.work) return;
+  auto sum = CountingComm::reduce_scatter_finish(pending);
+  chunk_of_shard(grad_shard_, unit).copy_(sum.div_(static_cast<double>(comm_.world())));
+}
+
+float ZeroEngine::forward_backward_sharded(const Batch& batch) {
+  const bool stage3 = options_.stage == 3;
+  const size_t blocks = model_->h->size();
+  if (!grad_shard_.defined()) grad_shard_ = torch::zeros({layout_.shard}, float_options_);
+  Unit& outer = layout_.units[0];
+  auto gather = [&](size_t u) {
+    return comm_.all_gather_start(chunk_of_shard(param_shard_, layout_.units[u]));
+  };
+
+  // The outer unit (embeddings, final norm, head) is used first and last: stage 3 gathers it
+  // once and keeps it for the whole step (as FSDP does with its root). Its gradient buffer lives
+  // through backward, since the head's and the embedding's gradients both land in it (tied).
+  if (stage3) {
+    Pending p = gather(0);
+    bind_unit(outer, CountingComm::all_gather_finish(p));
+  }
+  auto outer_grads = torch::zeros({outer.padded}, float_options_);
+  bind_grads(outer, outer_grads, 0);
+  auto x0 = embed(model_, batch.inputs);  // (B, T, h), with the graph back to wte and wpe
+
+  // Forward, block by block. Each block starts from a detached copy of its input, so that
+  // backward can be run one block at a time (and its gradients reduced right after).
+  std::vector<torch::Tensor> inputs(blocks), outputs(blocks);
+  torch::Tensor x = x0.detach();
+  // BEGIN SOLUTION: for each block i: stage 2: inputs[i] = x.detach().requires_grad_(),
+  //   outputs[i] = block(inputs[i]), x = outputs[i].detach(). Stage 3: gather unit 1 + i (with
+  //   --prefetch, start the next unit's gather before computing), bind_unit, run the block under
+  //   NoGradGuard (nothing saved), keep only its input in inputs[i], release_unit
+  Pending next;
+  if (stage3 && blocks > 0) next = gather(1);
+  for (size_t i = 0; i < blocks; ++i) {
+    auto blk = model_->h[i]->as<BlockImpl>();
+    if (!stage3) {
+      inputs[i] = x.detach().requires_grad_();
+      outputs[i] = blk->forward(inputs[i]);
+      x = outputs[i].detach();
+      continue;
+    }
+    Unit& unit = layout_.units[1 + i];
+    auto full = CountingComm::all_gather_finish(next);  // (padded) this block's parameters
+    if (options_.prefetch && i + 1 < blocks) next = gather(2 + i);  // overlaps with the block
+    bind_unit(unit, full);
+    inputs[i] = x;  // the block's input: all that stage 3 keeps of its activations
+    {
+      torch::NoGradGuard no_grad;  // recomputed in backward instead of saved
+      x = blk->forward(x);
+    }
+    release_unit(unit);
+    full = torch::Tensor();
+    if (!options_.prefetch && i + 1 < blocks) next = gather(2 + i);
+  }
+  // END SOLUTION
+
+  auto last = x.detach().requires_grad_();
+  auto loss = head_loss(model_, last, batch.targets);
+  loss.backward();  // the head's gradients (into outer_grads), and d loss / d last
+  const float value = loss.item<float>();
+  loss = torch::Tensor();
+  torch::Tensor g = last.grad();  // (B, T, h)
+  last = torch::Tensor();
+
+  // Backward, block by block, last block first. A unit's gradient buffer is reduce-scattered
+  // as soon as its block is done (the Work runs while the next block computes) and freed.
+  Pending reducing;
+  size_t reducing_unit = 0;
+  // BEGIN SOLUTION: for each block i from the last: bind a zeroed (padded) gradient buffer to
+  //   unit 1 + i (bind_grads); stage 2: outputs[i].backward(g); stage 3: gather (prefetch the
+  //   previous unit), bind_unit, recompute block(inputs[i] detached, requiring grad), backward
+  //   it with g, release_unit. Then g = the input's grad, unbind_grads, finish the previous
+  //   reduce-scatter (reduce_unit_gradient) and start this unit's
+  if (stage3 && blocks > 0) next = gather(blocks);
+  for (size_t i = blocks; i-- > 0;) {
+    Unit& unit = layout_.units[1 + i];
+    auto grads = torch::zeros({unit.padded}, float_options_);
+    bind_grads(unit, grads, 0);
+    torch::Tensor input;
+    if (!stage3) {
+      input = inputs[i];
+      outputs[i].backward(g);
+      outputs[i] = torch::Tensor();
+    } else {
+      auto full = CountingComm::all_gather_finish(next);
+      if (options_.prefetch && i > 0) next = gather(i);
+      bind_unit(unit, full);
+      input = inputs[i].detach().requires_grad_();
+      auto y = model_->h[i]->as<BlockImpl>()->forward(input);  // recompute
+      y.backward(g);
+      y = torch::Tensor();
+      release_unit(unit);
+      full = torch::Tensor();
+      if (!options_.prefetch && i > 0) next = gather(i);
+    }
+    g = input.grad();
+    input = torch::Tensor();
+    inputs[i] = torch::Tensor();
+    unbind_grads(unit);
+    torch::NoGradGuard no_grad;
+    reduce_unit_gradient(reducing, layout_.units[reducing_unit]);
+    reducing = comm_.reduce_scatter_start(grads);
+    reducing_unit = 1 + i;
+  }
+  // END SOLUTION
+  x0.backward(g);  // the embeddings' gradients, added to the head's in outer_grads (tied wte)
+  x0 = torch::Tensor();
+  g = torch::Tensor();
+  torch::NoGradGuard no_grad;
+  reduce_unit_gradient(reducing, layout_.units[reducing_unit]);
+  unbind_grads(outer);
+  Pending p = comm_.reduce_scatter_start(outer_grads);
+  outer_grads = torch::Tensor();
+  reduce_unit_gradient(p, outer);
+  if (stage3) release_unit(outer);
+  return value;
+}
+
+void ZeroEngine::optimizer_step() {
+  torch::NoGradGuard no_grad;
+  ensure_moments();
+  ++step_;
+  // BEGIN SOLUTION: stage 0: adamw_update on the whole flat buffers. Stage 1: per unit, update
+  //   this rank's chunk of flat_params_ from its chunk of flat_grads_ with the unit's chunk of
+  //   the moments; stage 2: the same from grad_shard_; stages 1-2 then all-gather each unit's
+  //   chunk back into flat_params_. Stage 3: adamw_update on param_shard_ from grad_shard_
+  const AdamWOptions& o = options_.adamw;
+  if (options_.stage == 0) {
+    adamw_update(flat_params_, flat_grads_, exp_avg_, exp_avg_sq_, step_, o);
+    return;
+  }
+  if (options_.stage == 3) {
+    adamw_update(param_shard_, grad_shard_, exp_avg_, exp_avg_sq_, step_, o);
+    return;
+  }
+  for (const Unit& unit : layout_.units) {
+    auto grad =
+        options_.stage == 1 ? chunk_of_full(flat_grads_, unit) : chunk_of_shard(grad_shard_, unit);
+    adamw_update(chunk_of_full(flat_params_, unit), grad, chunk_of_shard(exp_avg_, unit),
+                 chunk_of_shard(exp_avg_sq_, unit), step_, o);
+  }
+  for (const Unit& unit : layout_.units) {
+    auto full = comm_.all_gather(chunk_of_full(flat_params_, unit).clone());
+    flat_params_.narrow(0, unit.offset, unit.padded).copy_(full);
+  }
+  // END SOLUTION
+}
+
+torch::Tensor ZeroEngine::full_parameters() {
+  torch::NoGradGuard no_grad;
+  if (options_.stage <= 2) return unpad_full(flat_params_).clone();
+  std::vector<torch::Tensor> parts;
+  for (const Unit& unit : layout_.units) {
+    // Not counted: this is inspection (tests, checkpoints), not training.
+    std::vector<std::vector<at::Tensor>> out(1);
+    auto full = torch::empty({unit.padded}, float_options_);
+    for (int j = 0; j < comm_.world(); ++j)
+      out[0].push_back(full.narrow(0, j * unit.chunk(), unit.chunk()));
+    std::vector<at::Tensor> in{chunk_of_shard(param_shard_, unit).contiguous()};
+    comm_.comm().allgather(out, in)->wait();
+    parts.push_back(full.narrow(0, 0, unit.numel));
+  }
+  return torch::cat(parts);
+}
+
+ZeroEngine::ShardState ZeroEngine::shard_state() {
+  ShardState s;
+  s.step = step_;
+  s.params = options_.stage <= 2 ? shard_of_full(flat_params_) : param_shard_.clone();
+  if (!exp_avg_.defined()) {
+    s.exp_avg = torch::zeros({layout_.shard}, float_options_);
+    s.exp_avg_sq = torch::zeros({layout_.shard}, float_options_);
+  } else if (options_.stage == 0) {
+    s.exp_avg = shard_of_full(exp_avg_);
+    s.exp_avg_sq = shard_of_full(exp_avg_sq_);
+  } else {
+    s.exp_avg = exp_avg_.clone();
+    s.exp_avg_sq = exp_avg_sq_.clone();
+  }
+  return s;
+}
+
+void ZeroEngine::load_full_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
+                                 const torch::Tensor& exp_avg_sq, int64_t step) {
+  torch::NoGradGuard no_grad;
+  auto p = pad_full(params.to(float_options_.device()));
+  auto m = pad_full(exp_avg.to(float_options_.device()));
+  auto v = pad_full(exp_avg_sq.to(float_options_.device()));
+  if (options_.stage <= 2) {
+    flat_params_.copy_(p);  // the parameters stay views of it
+  } else {
+    param_shard_ = shard_of_full(p);
+  }
+  exp_avg_ = options_.stage == 0 ? m : shard_of_full(m);
+  exp_avg_sq_ = options_.stage == 0 ? v : shard_of_full(v);
+  step_ = step;
+  if (step == 0) {
+    exp_avg_ = torch::Tensor();
+    exp_avg_sq_ = torch::Tensor();
+  }
+}
+
+// =============================================================================================
+// Part 5: sharded checkpoints
+// =============================================================================================
+
+namespace {
+
+std::string shard_file(const std::string& dir, int rank, int world) {
+  return (std::filesystem::path(dir) / fmt::format("shard-{}-of-{}.pt", rank, world)).string();
+}
+
+torch::Tensor unit_numels(const FlatLayout& layout) {
+  std::vector<int64_t> n;
+  for (const Unit& unit : layout.units) n.push_back(unit.numel);
+  return torch::tensor(n, torch::kLong);
+}
+
+}  // namespace
+
+void save_sharded(ZeroEngine& engine, const std::string& dir) {
+  const auto s = engine.shard_state();
+  torch::serialize::OutputArchive archive;
+  archive.write("params", s.params.cpu());
+  archive.write("exp_avg", s.exp_avg.cpu());
+  archive.write("exp_avg_sq", s.exp_avg_sq.cpu());
+  archive.write("step", torch::tensor({s.step}, torch::kLong));
+  archive.write("world",
+                torch::tensor({static_cast<int64_t>(engine.layout().world)}, torch::kLong));
+  archive.write("unit_numels", unit_numels(engine.layout()));
+  archive.save_to(shard_file(dir, engine.comm().rank(), engine.layout().world));
+}
+
+void load_sharded(ZeroEngine& engine, const std::string& dir) {
+  // How many ranks saved it: the N of shard-0-of-N.pt.
+  int saved_world = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    int r = -1, n = 0;
+    if (std::sscanf(name.c_str(), "shard-%d-of-%d.pt", &r, &n) == 2 && r == 0) saved_world = n;
+  }
+  if (ec || saved_world < 1) {
+    throw UsageError("--load-sharded", fmt::format("no shard-0-of-N.pt in '{}'", dir),
+                     "pass a directory written by --save-sharded");
+  }
+  std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;
+  int64_t step = 0;
+  for (int r = 0; r < saved_world; ++r) {
+    const std::string file = shard_file(dir, r, saved_world);
+    if (!std::filesystem::exists(file)) {
+      throw UsageError(
+          "--load-sharded", fmt::format("'{}' is missing", file),
+          fmt::format("a checkpoint of {} ranks has {} files", saved_world, saved_world));
+    }
+    torch::serialize::InputArchive archive;
+    archive.load_from(file);
+    torch::Tensor numels, p, m, v, st;
+    archive.read("unit_numels", numels);
+    if (!torch::equal(numels, unit_numels(engine.layout()))) {
+      throw UsageError("--load-sharded", fmt::format("'{}' is a checkpoint of another model", file),
+                       "use the same model flags (--layers, --hidden, --seq, --untied, ...)");
+    }
+    archive.read("params", p);
+    archive.read("exp_avg", m);
+    archive.read("exp_avg_sq", v);
+    archive.read("step", st);
+    params.push_back(p);
+    exp_avg.push_back(m);
+    exp_avg_sq.push_back(v);
+    step = st.item<int64_t>();
+  }
+  torch::Tensor full_params, full_exp_avg, full_exp_avg_sq;  // Psi elements each, unpadded
+  // BEGIN SOLUTION: for each unit (in order), rebuild its full padded range from the N files'
+  //   chunks (N-rank layout: padded_size(numel, N) / N elements per file, at the running sum of
+  //   earlier units' chunks), drop the padding, and concatenate the units
+  auto rebuild = [&](const std::vector<torch::Tensor>& shards) {
+    std::vector<torch::Tensor> units;
+    int64_t shard_offset = 0;
+    for (const Unit& unit : engine.layout().units) {
+      const int64_t chunk = padded_size(unit.numel, saved_world) / saved_world;
+      std::vector<torch::Tensor> chunks;
+      for (const auto& s : shards) chunks.push_back(s.narrow(0, shard_offset, chunk));
+      units.push_back(torch::cat(chunks).narrow(0, 0, unit.numel));
+      shard_offset += chunk;
+    }
+    return torch::cat(units);
+  };
+  full_params = rebuild(params);
+  full_exp_avg = rebuild(exp_avg);
+  full_exp_avg_sq = rebuild(exp_avg_sq);
+  // END SOLUTION
+  engine.load_full_state(full_params, full_exp_avg, full_exp_avg_sq, step);
+}
+
+void consolidate(ZeroEngine& engine, const std::string& file) {
+  auto full = engine.full_parameters().cpu();  // collective: every rank gathers
+  if (engine.comm().rank() != 0) return;
+  torch::serialize::OutputArchive archive;
+  int64_t off = 0;
+  for (const Unit& unit : engine.layout().units) {
+    for (size_t k = 0; k < unit.names.size(); ++k) {
+      const int64_t numel = c10::multiply_integers(unit.shapes[k]);
+      archive.write(unit.names[k], full.narrow(0, off, numel).view(unit.shapes[k]).clone());
+      off += numel;
+    }
+  }
+  archive.save_to(file);
+}
+
+}  // namespace dtc::l07
