@@ -1,0 +1,111 @@
+// Lesson 08's program, and the given pieces around your tensor-parallel modules: the dp x tp rank
+// grid (lesson 03's layout), its subgroups, the training loop with data-parallel gradient
+// averaging, and the communication volume per layer (so that tests can run them in-process).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "dtc/compat.h"
+#include "dtc/dist.h"
+#include "tensor_parallel.h"
+
+namespace dtc::l08 {
+
+// ---------------------------------------------------------------------------------------------
+// The rank grid (given; lesson 03's layout with pp = 1, written out here again because lesson
+// 03's grid is an exercise of its own)
+// ---------------------------------------------------------------------------------------------
+
+/// dp x tp = world, Megatron-LM's order: tp fastest, rank = tp_rank + TP * dp_rank. A TP group
+/// is TP consecutive ranks (one node, NVLink); a DP group strides by TP.
+struct Grid {
+  int world = 1;
+  int dp = 1;
+  int tp = 1;
+  int tp_rank(int rank) const { return rank % tp; }
+  int dp_rank(int rank) const { return rank / tp; }
+  /// The TP group of @p rank: TP consecutive ranks, sorted.
+  std::vector<int> tp_group(int rank) const;
+  /// The DP group of @p rank: the ranks with the same tp_rank, sorted.
+  std::vector<int> dp_group(int rank) const;
+};
+
+/// @brief The grid for @p world ranks from --dp and --tp (0 = not given): neither given ->
+///   tp = world, dp = 1; one given -> the other is world / it.
+/// @throws UsageError (--dp or --tp) when a degree is below 1 or dp * tp != world.
+Grid make_grid(int world, int dp, int tp);
+
+/// This rank's two communicators.
+struct Groups {
+  c10::intrusive_ptr<Comm> tp;  ///< this rank's TP group
+  c10::intrusive_ptr<Comm> dp;  ///< this rank's DP group
+};
+
+/// Builds @p rank's TP and DP groups over @p store (dtc::new_subgroup, TP first, then DP).
+Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& grid, int rank,
+                   BackendKind backend, std::chrono::milliseconds timeout,
+                   const std::string& master_addr = "127.0.0.1");
+
+// ---------------------------------------------------------------------------------------------
+// Training (given)
+// ---------------------------------------------------------------------------------------------
+
+/// Everything that decides a training run: lesson 02's TrainConfig, the same defaults.
+struct TrainConfig {
+  GptConfig model;
+  int64_t batch = 8;  ///< global batch (--global-batch), split over the dp replicas
+  uint64_t seed = 1;
+  double lr = 3e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+/// Averages every gradient of @p module over @p dp: allreduce SUM, then divide by dp's size
+/// (gloo in LibTorch 1.13 has no ReduceOp::AVG).
+void average_gradients(torch::nn::Module& module, Comm& dp);
+
+/// @brief Trains @p config's model, split over @p tp and replicated over @p dp, for @p steps.
+///
+/// Builds the full GPT with init_weights (on the CPU, then @p device), shards it (TpGpt),
+/// AdamW over the shards (elementwise: the same update as the baseline's, slice by slice). DP
+/// replica d trains on rows [d * B/dp, (d+1) * B/dp) of the global batch, and averages its
+/// gradients over @p dp before each step, so the update is the baseline's.
+/// @param on_step called after every step with (step, loss), if set
+/// @return the loss of every step: the global batch's mean (averaged over dp), on every rank
+/// @throws UsageError when dp does not divide the batch (or tp the model: validate_tp)
+std::vector<float> train_tp(const TrainConfig& config, Comm& tp, Comm& dp, int64_t steps,
+                            const torch::Device& device = torch::kCPU,
+                            const std::function<void(int64_t, float)>& on_step = {});
+
+// ---------------------------------------------------------------------------------------------
+// Communication volume (given)
+// ---------------------------------------------------------------------------------------------
+
+/// What one transformer layer sends per training step under tensor parallelism.
+struct CommVolume {
+  int64_t allreduces = 0;          ///< per layer per step: 2 forward (g) + 2 backward (f)
+  int64_t bytes_each = 0;          ///< one allreduce's tensor: b * s * h elements
+  int64_t bytes_per_layer = 0;     ///< allreduces * bytes_each
+  double wire_bytes_per_rank = 0;  ///< ring allreduce: each rank sends 2(tp-1)/tp x the tensor
+  double nvlink_s = 0;             ///< wire bytes at NVLink 4: 450 GB/s each way (900 both ways)
+  double infiniband_s = 0;         ///< wire bytes at InfiniBand NDR: 400 Gb/s = 50 GB/s each way
+};
+
+/// @brief Megatron's count: 4 allreduces of b*s*h elements per layer and step.
+CommVolume tp_comm_volume(int64_t batch, int64_t seq, int64_t hidden, int tp,
+                          int64_t bytes_per_element);
+
+/// Runs `lesson08` with @p argv on this process's rank (torchrun's environment); prints on
+/// @p out (rank 0), progress and errors on @p err.
+/// @return the exit code: 0, 2 for bad input, 3 while a TODO(L08) is unfinished.
+int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace dtc::l08

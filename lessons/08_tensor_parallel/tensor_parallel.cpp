@@ -1,0 +1,289 @@
+// Lesson 08: tensor parallelism. Implements lessons/08_tensor_parallel/tensor_parallel.h.
+//
+// Fill in every TODO(L08) below, top to bottom; `make test-lesson08` checks each parallel
+// module's outputs and gradients against the unsplit module on the same weights (2 and 4 ranks),
+// then whole training runs against the single-process baseline and PyTorch.
+#include "tensor_parallel.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "dtc/errors.h"
+#include "dtc/todo.h"
+
+namespace dtc::l08 {
+
+namespace F = torch::nn::functional;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// ---------------------------------------------------------------------------------------------
+// Given: checks, slices and an in-place allreduce
+// ---------------------------------------------------------------------------------------------
+
+void validate_tp(const GptConfig& m, int tp) {
+  if (tp < 1) {
+    throw UsageError("--tp", fmt::format("is {}, but must be at least 1", tp),
+                     "pass the number of ranks that split each layer, e.g. --tp 2");
+  }
+  // What tp must divide, and why: every split is into equal slices.
+  const std::vector<std::pair<int64_t, const char*>> sizes = {
+      {m.hidden, "the hidden size (--hidden)"},
+      {m.heads, "the attention heads (--heads): each rank owns whole heads"},
+      {m.ffn(), "the MLP width 4h"},
+      {m.vocab, "the vocabulary (256 byte tokens): the embedding is split by rows"},
+  };
+  for (const auto& [size, what] : sizes) {
+    if (size % tp == 0) continue;
+    std::string fits;
+    for (int t = 1; t <= 64; ++t) {
+      if (m.hidden % t == 0 && m.heads % t == 0 && m.ffn() % t == 0 && m.vocab % t == 0) {
+        fits += (fits.empty() ? "" : ", ") + std::to_string(t);
+      }
+    }
+    throw UsageError("--tp", fmt::format("{} does not divide {} = {}", tp, what, size),
+                     fmt::format("use a tp that divides hidden, heads, 4h and vocab: {} here "
+                                 "(and --dp so that dp x tp = the world size)",
+                                 fits));
+  }
+}
+
+torch::Tensor shard(const torch::Tensor& full, int64_t dim, int rank, int parts) {
+  const int64_t n = full.size(dim);
+  if (parts < 1 || n % parts != 0 || rank < 0 || rank >= parts) {
+    throw std::invalid_argument(
+        fmt::format("shard: cannot take slice {} of {} from a size of {}", rank, parts, n));
+  }
+  const int64_t len = n / parts;
+  return full.narrow(dim, rank * len, len).detach().clone().contiguous();
+}
+
+void allreduce_(torch::Tensor& t, Comm& comm, c10d::ReduceOp op) {
+  std::vector<torch::Tensor> tensors{t};
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  comm.allreduce(tensors, options)->wait();
+}
+
+namespace {
+
+// The communicator travels to backward inside the autograd context, as a pointer stored in an
+// int64 IValue: backward may run later (and, on GPUs, on another thread), so a thread_local or a
+// global would be fragile; the pointer is what the module holds anyway.
+int64_t comm_handle(Comm& comm) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm)); }
+[[maybe_unused]] Comm& comm_of(const AutogradContext* ctx) {  // (called only in your regions)
+  return *reinterpret_cast<Comm*>(static_cast<intptr_t>(ctx->saved_data.at("comm").toInt()));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Part 1: the conjugate operators f and g
+// ---------------------------------------------------------------------------------------------
+
+/// f: identity forward, allreduce backward.
+struct CopyToTp : public torch::autograd::Function<CopyToTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    // TODO(L08): forward is the identity: return x itself (autograd records the new edge)
+    DTC_TODO("L08", "forward is the identity: return x itself (autograd records the new edge)");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // TODO(L08): sum the incoming gradient over the TP group (allreduce_ on a copy) and
+    //   return it; the int64 argument gets an undefined tensor
+    DTC_TODO("L08", "sum the incoming gradient over the TP group (allreduce_ on a copy) and "
+                    "return it; the int64 argument gets an undefined tensor");
+  }
+};
+
+/// g: allreduce forward, identity backward.
+struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    // TODO(L08): sum a copy of x over the TP group (allreduce_) and return it
+    DTC_TODO("L08", "sum a copy of x over the TP group (allreduce_) and return it");
+  }
+  static variable_list backward(AutogradContext* /*ctx*/, variable_list grad_outputs) {
+    // TODO(L08): backward is the identity: pass the gradient through unchanged
+    DTC_TODO("L08", "backward is the identity: pass the gradient through unchanged");
+  }
+};
+
+torch::Tensor copy_to_tp(const torch::Tensor& x, Comm& tp) {
+  return CopyToTp::apply(x, comm_handle(tp));
+}
+
+torch::Tensor reduce_from_tp(const torch::Tensor& x, Comm& tp) {
+  return ReduceFromTp::apply(x, comm_handle(tp));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 2: the parallel Linear layers
+// ---------------------------------------------------------------------------------------------
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& full, Comm& tp)
+    : ColumnParallelLinearImpl(
+          shard(full->weight, 0, tp.getRank(), tp.getSize()),
+          full->bias.defined() ? shard(full->bias, 0, tp.getRank(), tp.getSize()) : torch::Tensor(),
+          tp) {}
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::Tensor& w, const torch::Tensor& b,
+                                                   Comm& comm)
+    : tp(&comm) {
+  weight = register_parameter("weight", w.detach().clone());
+  if (b.defined()) bias = register_parameter("bias", b.detach().clone());
+}
+
+torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
+  // TODO(L08): f (copy_to_tp) on x, then the local Linear with this rank's weight and bias
+  //   (F::linear): (..., in) -> (..., out/tp)
+  DTC_TODO("L08", "f (copy_to_tp) on x, then the local Linear with this rank's weight and bias "
+                  "(F::linear): (..., in) -> (..., out/tp)");
+}
+
+RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full, Comm& comm)
+    : tp(&comm) {
+  weight = register_parameter("weight", shard(full->weight, 1, comm.getRank(), comm.getSize()));
+  if (full->bias.defined()) bias = register_parameter("bias", full->bias.detach().clone());
+}
+
+torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
+  // TODO(L08): the local product without bias (..., out) is a partial sum: g
+  //   (reduce_from_tp) adds the ranks' parts; then add the bias once
+  DTC_TODO("L08", "the local product without bias (..., out) is a partial sum: g "
+                  "(reduce_from_tp) adds the ranks' parts; then add the bias once");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 3: the tensor-parallel MLP and attention
+// ---------------------------------------------------------------------------------------------
+
+TpMlpImpl::TpMlpImpl(const Mlp& full, Comm& tp) {
+  c_fc = register_module("c_fc", ColumnParallelLinear(full->c_fc, tp));
+  c_proj = register_module("c_proj", RowParallelLinear(full->c_proj, tp));
+}
+
+torch::Tensor TpMlpImpl::forward(const torch::Tensor& x) {
+  // TODO(L08): c_proj(gelu(c_fc(x))), as the unsplit MLP: GELU is elementwise, so it runs
+  //   on the local (B, T, 4h/tp) slice with no communication
+  DTC_TODO("L08", "c_proj(gelu(c_fc(x))), as the unsplit MLP: GELU is elementwise, so it runs "
+                  "on the local (B, T, 4h/tp) slice with no communication");
+}
+
+TpAttentionImpl::TpAttentionImpl(const CausalSelfAttention& full, int64_t heads, Comm& tp) {
+  local_heads = heads / tp.getSize();
+  torch::Tensor w, b;  // this rank's c_attn weight (3h/tp, h) and bias (3h/tp)
+  // TODO(L08): split full->c_attn's weight (3h, h) and bias (3h) into their q, k, v blocks
+  //   (chunk(3, 0)), take slice tp.getRank() of tp.getSize() of each block (shard), and stack
+  //   them back (cat) into w and b
+  DTC_TODO("L08", "split full->c_attn's weight (3h, h) and bias (3h) into their q, k, v blocks "
+                  "(chunk(3, 0)), take slice tp.getRank() of tp.getSize() of each block (shard), and stack "
+                  "them back (cat) into w and b");
+  c_attn = register_module("c_attn", ColumnParallelLinear(w, b, tp));
+  c_proj = register_module("c_proj", RowParallelLinear(full->c_proj, tp));
+}
+
+torch::Tensor TpAttentionImpl::forward(const torch::Tensor& x) {
+  // TODO(L08): qkv = c_attn(x) (B, T, 3h/tp); causal attention over local_heads heads of
+  //   size d = h/a, exactly as CausalSelfAttentionImpl::forward; c_proj of (B, T, h/tp)
+  DTC_TODO("L08", "qkv = c_attn(x) (B, T, 3h/tp); causal attention over local_heads heads of "
+                  "size d = h/a, exactly as CausalSelfAttentionImpl::forward; c_proj of (B, T, h/tp)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 4: the vocabulary-parallel embedding and cross-entropy
+// ---------------------------------------------------------------------------------------------
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embedding& full, Comm& comm)
+    : tp(&comm) {
+  weight = register_parameter("weight", shard(full->weight, 0, comm.getRank(), comm.getSize()));
+  vocab_begin = comm.getRank() * weight.size(0);
+  vocab_end = vocab_begin + weight.size(0);
+}
+
+torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
+  // TODO(L08): mask = tokens in [vocab_begin, vocab_end); look up (tokens - vocab_begin),
+  //   with masked-out tokens at index 0, zero their rows, then g (reduce_from_tp)
+  DTC_TODO("L08", "mask = tokens in [vocab_begin, vocab_end); look up (tokens - vocab_begin), "
+                  "with masked-out tokens at index 0, zero their rows, then g (reduce_from_tp)");
+}
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local,
+                                           const torch::Tensor& targets, int64_t vocab_begin,
+                                           Comm& tp) {
+  // TODO(L08): m = allreduce MAX of the detached row max (N); s = g(sum exp(z - m)) (N);
+  //   zt = g(target logit - m, 0 where the target is not in this rank's columns) (N);
+  //   return mean(log(s) - zt)
+  DTC_TODO("L08", "m = allreduce MAX of the detached row max (N); s = g(sum exp(z - m)) (N); "
+                  "zt = g(target logit - m, 0 where the target is not in this rank's columns) (N); "
+                  "return mean(log(s) - zt)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tensor-parallel GPT
+// ---------------------------------------------------------------------------------------------
+
+TpBlockImpl::TpBlockImpl(const Block& full, int64_t heads, Comm& tp) {
+  const auto ln = torch::nn::LayerNormOptions({full->ln_1->weight.size(0)}).eps(1e-5);
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(ln));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(ln));
+  torch::NoGradGuard no_grad;
+  ln_1->weight.copy_(full->ln_1->weight);
+  ln_1->bias.copy_(full->ln_1->bias);
+  ln_2->weight.copy_(full->ln_2->weight);
+  ln_2->bias.copy_(full->ln_2->bias);
+  attn = register_module("attn", TpAttention(full->attn, heads, tp));
+  mlp = register_module("mlp", TpMlp(full->mlp, tp));
+}
+
+torch::Tensor TpBlockImpl::forward(torch::Tensor x) {
+  x = x + attn(ln_1(x));  // LayerNorm and the residual add run replicated on every TP rank
+  return x + mlp(ln_2(x));
+}
+
+TpGptImpl::TpGptImpl(const Gpt& full, Comm& comm) : tp(&comm), config_(full->config()) {
+  validate_tp(config_, comm.getSize());
+  wte = register_module("wte", VocabParallelEmbedding(full->wte, comm));
+  wpe = register_module("wpe", torch::nn::Embedding(config_.ctx, config_.hidden));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const Block block(std::dynamic_pointer_cast<BlockImpl>(full->h->ptr(i)));
+    h->push_back(TpBlock(block, config_.heads, comm));
+  }
+  ln_f =
+      register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.hidden})));
+  torch::NoGradGuard no_grad;
+  wpe->weight.copy_(full->wpe->weight);
+  ln_f->weight.copy_(full->ln_f->weight);
+  ln_f->bias.copy_(full->ln_f->bias);
+  if (!config_.tied) {
+    lm_head = register_parameter("lm_head",
+                                 shard(full->lm_head->weight, 0, comm.getRank(), comm.getSize()));
+  }
+  to(full->wte->weight.device());
+}
+
+torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
+  const int64_t T = tokens.size(1);
+  auto pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
+  auto x = wte(tokens) + wpe(pos);  // (B, T, h), replicated
+  for (const auto& block : *h) x = block->as<TpBlock>()->forward(x);
+  x = ln_f(x);
+  // TODO(L08): the output head, column-parallel over the vocabulary: f (copy_to_tp) on x,
+  //   then x @ W^T with W = wte->weight (tied) or lm_head (untied), (V/tp, h) -> (B, T, V/tp)
+  DTC_TODO("L08", "the output head, column-parallel over the vocabulary: f (copy_to_tp) on x, "
+                  "then x @ W^T with W = wte->weight (tied) or lm_head (untied), (V/tp, h) -> (B, T, V/tp)");
+}
+
+torch::Tensor TpGptImpl::loss(const Batch& batch) {
+  auto logits = forward(batch.inputs);  // (B, T, V/tp)
+  return vocab_parallel_cross_entropy(logits.view({-1, logits.size(-1)}),
+                                      batch.targets.reshape({-1}), wte->vocab_begin, *tp);
+}
+
+}  // namespace dtc::l08
+// exercise generated from solutions/08_tensor_parallel/tensor_parallel.cpp by scripts/exercises.py; checksum 9490807d8977c415

@@ -1,0 +1,332 @@
+// Lesson 08: tensor parallelism. Implements lessons/08_tensor_parallel/tensor_parallel.h.
+//
+// Fill in every TODO(L08) below, top to bottom; `make test-lesson08` checks each parallel
+// module's outputs and gradients against the unsplit module on the same weights (2 and 4 ranks),
+// then whole training runs against the single-process baseline and PyTorch.
+#include "tensor_parallel.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "dtc/errors.h"
+#include "dtc/todo.h"
+
+namespace dtc::l08 {
+
+namespace F = torch::nn::functional;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// ---------------------------------------------------------------------------------------------
+// Given: checks, slices and an in-place allreduce
+// ---------------------------------------------------------------------------------------------
+
+void validate_tp(const GptConfig& m, int tp) {
+  if (tp < 1) {
+    throw UsageError("--tp", fmt::format("is {}, but must be at least 1", tp),
+                     "pass the number of ranks that split each layer, e.g. --tp 2");
+  }
+  // What tp must divide, and why: every split is into equal slices.
+  const std::vector<std::pair<int64_t, const char*>> sizes = {
+      {m.hidden, "the hidden size (--hidden)"},
+      {m.heads, "the attention heads (--heads): each rank owns whole heads"},
+      {m.ffn(), "the MLP width 4h"},
+      {m.vocab, "the vocabulary (256 byte tokens): the embedding is split by rows"},
+  };
+  for (const auto& [size, what] : sizes) {
+    if (size % tp == 0) continue;
+    std::string fits;
+    for (int t = 1; t <= 64; ++t) {
+      if (m.hidden % t == 0 && m.heads % t == 0 && m.ffn() % t == 0 && m.vocab % t == 0) {
+        fits += (fits.empty() ? "" : ", ") + std::to_string(t);
+      }
+    }
+    throw UsageError("--tp", fmt::format("{} does not divide {} = {}", tp, what, size),
+                     fmt::format("use a tp that divides hidden, heads, 4h and vocab: {} here "
+                                 "(and --dp so that dp x tp = the world size)",
+                                 fits));
+  }
+}
+
+torch::Tensor shard(const torch::Tensor& full, int64_t dim, int rank, int parts) {
+  const int64_t n = full.size(dim);
+  if (parts < 1 || n % parts != 0 || rank < 0 || rank >= parts) {
+    throw std::invalid_argument(
+        fmt::format("shard: cannot take slice {} of {} from a size of {}", rank, parts, n));
+  }
+  const int64_t len = n / parts;
+  return full.narrow(dim, rank * len, len).detach().clone().contiguous();
+}
+
+void allreduce_(torch::Tensor& t, Comm& comm, c10d::ReduceOp op) {
+  std::vector<torch::Tensor> tensors{t};
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  comm.allreduce(tensors, options)->wait();
+}
+
+namespace {
+
+// The communicator travels to backward inside the autograd context, as a pointer stored in an
+// int64 IValue: backward may run later (and, on GPUs, on another thread), so a thread_local or a
+// global would be fragile; the pointer is what the module holds anyway.
+int64_t comm_handle(Comm& comm) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm)); }
+[[maybe_unused]] Comm& comm_of(const AutogradContext* ctx) {  // (called only in your regions)
+  return *reinterpret_cast<Comm*>(static_cast<intptr_t>(ctx->saved_data.at("comm").toInt()));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Part 1: the conjugate operators f and g
+// ---------------------------------------------------------------------------------------------
+
+/// f: identity forward, allreduce backward.
+struct CopyToTp : public torch::autograd::Function<CopyToTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    // BEGIN SOLUTION: forward is the identity: return x itself (autograd records the new edge)
+    return x;
+    // END SOLUTION
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // BEGIN SOLUTION: sum the incoming gradient over the TP group (allreduce_ on a copy) and
+    //   return it; the int64 argument gets an undefined tensor
+    torch::Tensor grad = grad_outputs[0].clone();  // never reduce autograd's buffer in place
+    allreduce_(grad, comm_of(ctx));
+    return {grad, torch::Tensor()};
+    // END SOLUTION
+  }
+};
+
+/// g: allreduce forward, identity backward.
+struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    // BEGIN SOLUTION: sum a copy of x over the TP group (allreduce_) and return it
+    torch::Tensor sum = x.clone();  // x belongs to the caller: never modify it
+    allreduce_(sum, comm_of(ctx));
+    return sum;
+    // END SOLUTION
+  }
+  static variable_list backward(AutogradContext* /*ctx*/, variable_list grad_outputs) {
+    // BEGIN SOLUTION: backward is the identity: pass the gradient through unchanged
+    return {grad_outputs[0], torch::Tensor()};
+    // END SOLUTION
+  }
+};
+
+torch::Tensor copy_to_tp(const torch::Tensor& x, Comm& tp) {
+  return CopyToTp::apply(x, comm_handle(tp));
+}
+
+torch::Tensor reduce_from_tp(const torch::Tensor& x, Comm& tp) {
+  return ReduceFromTp::apply(x, comm_handle(tp));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 2: the parallel Linear layers
+// ---------------------------------------------------------------------------------------------
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::nn::Linear& full, Comm& tp)
+    : ColumnParallelLinearImpl(
+          shard(full->weight, 0, tp.getRank(), tp.getSize()),
+          full->bias.defined() ? shard(full->bias, 0, tp.getRank(), tp.getSize()) : torch::Tensor(),
+          tp) {}
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::Tensor& w, const torch::Tensor& b,
+                                                   Comm& comm)
+    : tp(&comm) {
+  weight = register_parameter("weight", w.detach().clone());
+  if (b.defined()) bias = register_parameter("bias", b.detach().clone());
+}
+
+torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
+  // BEGIN SOLUTION: f (copy_to_tp) on x, then the local Linear with this rank's weight and bias
+  //   (F::linear): (..., in) -> (..., out/tp)
+  return F::linear(copy_to_tp(x, *tp), weight, bias);
+  // END SOLUTION
+}
+
+RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full, Comm& comm)
+    : tp(&comm) {
+  weight = register_parameter("weight", shard(full->weight, 1, comm.getRank(), comm.getSize()));
+  if (full->bias.defined()) bias = register_parameter("bias", full->bias.detach().clone());
+}
+
+torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
+  // BEGIN SOLUTION: the local product without bias (..., out) is a partial sum: g
+  //   (reduce_from_tp) adds the ranks' parts; then add the bias once
+  torch::Tensor y = reduce_from_tp(F::linear(x, weight), *tp);
+  return bias.defined() ? y + bias : y;
+  // END SOLUTION
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 3: the tensor-parallel MLP and attention
+// ---------------------------------------------------------------------------------------------
+
+TpMlpImpl::TpMlpImpl(const Mlp& full, Comm& tp) {
+  c_fc = register_module("c_fc", ColumnParallelLinear(full->c_fc, tp));
+  c_proj = register_module("c_proj", RowParallelLinear(full->c_proj, tp));
+}
+
+torch::Tensor TpMlpImpl::forward(const torch::Tensor& x) {
+  // BEGIN SOLUTION: c_proj(gelu(c_fc(x))), as the unsplit MLP: GELU is elementwise, so it runs
+  //   on the local (B, T, 4h/tp) slice with no communication
+  return c_proj(torch::gelu(c_fc(x)));
+  // END SOLUTION
+}
+
+TpAttentionImpl::TpAttentionImpl(const CausalSelfAttention& full, int64_t heads, Comm& tp) {
+  local_heads = heads / tp.getSize();
+  torch::Tensor w, b;  // this rank's c_attn weight (3h/tp, h) and bias (3h/tp)
+  // BEGIN SOLUTION: split full->c_attn's weight (3h, h) and bias (3h) into their q, k, v blocks
+  //   (chunk(3, 0)), take slice tp.getRank() of tp.getSize() of each block (shard), and stack
+  //   them back (cat) into w and b
+  const int r = tp.getRank(), n = tp.getSize();
+  auto wq_k_v = full->c_attn->weight.chunk(3, 0);  // 3 x (h, h)
+  auto bq_k_v = full->c_attn->bias.chunk(3, 0);    // 3 x (h)
+  std::vector<torch::Tensor> ws, bs;
+  for (int part = 0; part < 3; ++part) {
+    ws.push_back(shard(wq_k_v[part], 0, r, n));  // (h/tp, h): this rank's heads of q, k or v
+    bs.push_back(shard(bq_k_v[part], 0, r, n));
+  }
+  w = torch::cat(ws, 0);  // (3h/tp, h) = [q_r; k_r; v_r]
+  b = torch::cat(bs, 0);  // (3h/tp)
+  // END SOLUTION
+  c_attn = register_module("c_attn", ColumnParallelLinear(w, b, tp));
+  c_proj = register_module("c_proj", RowParallelLinear(full->c_proj, tp));
+}
+
+torch::Tensor TpAttentionImpl::forward(const torch::Tensor& x) {
+  // BEGIN SOLUTION: qkv = c_attn(x) (B, T, 3h/tp); causal attention over local_heads heads of
+  //   size d = h/a, exactly as CausalSelfAttentionImpl::forward; c_proj of (B, T, h/tp)
+  const int64_t B = x.size(0), T = x.size(1);
+  auto qkv = c_attn(x);                  // (B, T, 3C) with C = h/tp, this rank's heads only
+  const int64_t C = qkv.size(2) / 3;     // h/tp
+  const int64_t D = C / local_heads;     // head size h/a, as in the unsplit model
+  auto parts = qkv.split(C, /*dim=*/2);  // q, k, v: (B, T, C) each
+  auto q = parts[0].view({B, T, local_heads, D}).transpose(1, 2);  // (B, a/tp, T, D)
+  auto k = parts[1].view({B, T, local_heads, D}).transpose(1, 2);
+  auto v = parts[2].view({B, T, local_heads, D}).transpose(1, 2);
+  auto att = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
+  auto future = torch::ones({T, T}, torch::dtype(torch::kBool).device(x.device())).triu(1);
+  att = att.masked_fill(future, -std::numeric_limits<float>::infinity()).softmax(-1);
+  auto y = att.matmul(v).transpose(1, 2).contiguous().view({B, T, C});  // (B, T, h/tp)
+  return c_proj(y);  // g inside: (B, T, h), summed over the heads of every rank
+  // END SOLUTION
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 4: the vocabulary-parallel embedding and cross-entropy
+// ---------------------------------------------------------------------------------------------
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embedding& full, Comm& comm)
+    : tp(&comm) {
+  weight = register_parameter("weight", shard(full->weight, 0, comm.getRank(), comm.getSize()));
+  vocab_begin = comm.getRank() * weight.size(0);
+  vocab_end = vocab_begin + weight.size(0);
+}
+
+torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
+  // BEGIN SOLUTION: mask = tokens in [vocab_begin, vocab_end); look up (tokens - vocab_begin),
+  //   with masked-out tokens at index 0, zero their rows, then g (reduce_from_tp)
+  auto mine = (tokens >= vocab_begin).logical_and(tokens < vocab_end);  // (B, T) bool
+  auto local = (tokens - vocab_begin).masked_fill(mine.logical_not(), 0);
+  auto rows = F::embedding(local, weight);                         // (B, T, h)
+  rows = rows.masked_fill(mine.logical_not().unsqueeze(-1), 0.0);  // not my token: 0
+  return reduce_from_tp(rows, *tp);                                // exactly one rank held each row
+  // END SOLUTION
+}
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local,
+                                           const torch::Tensor& targets, int64_t vocab_begin,
+                                           Comm& tp) {
+  // BEGIN SOLUTION: m = allreduce MAX of the detached row max (N); s = g(sum exp(z - m)) (N);
+  //   zt = g(target logit - m, 0 where the target is not in this rank's columns) (N);
+  //   return mean(log(s) - zt)
+  const int64_t local_vocab = logits_local.size(1);
+  // 1. The row max over the whole vocabulary: a constant shift, so no gradient flows through it.
+  torch::Tensor m = std::get<0>(logits_local.detach().max(/*dim=*/1));  // (N)
+  allreduce_(m, tp, c10d::ReduceOp::MAX);
+  torch::Tensor z = logits_local - m.unsqueeze(1);  // (N, V/tp), every entry <= 0
+  // 2. sum_v exp(z_v) over the whole vocabulary: local sums, added by g.
+  torch::Tensor sum_exp = reduce_from_tp(z.exp().sum(1), tp);  // (N)
+  // 3. The target's logit: on the rank whose columns hold it; 0 elsewhere; added by g.
+  auto mine = (targets >= vocab_begin).logical_and(targets < vocab_begin + local_vocab);
+  auto local = (targets - vocab_begin).masked_fill(mine.logical_not(), 0);
+  torch::Tensor zt = z.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(mine.logical_not(), 0);
+  zt = reduce_from_tp(zt, tp);  // (N)
+  return (sum_exp.log() - zt).mean();
+  // END SOLUTION
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tensor-parallel GPT
+// ---------------------------------------------------------------------------------------------
+
+TpBlockImpl::TpBlockImpl(const Block& full, int64_t heads, Comm& tp) {
+  const auto ln = torch::nn::LayerNormOptions({full->ln_1->weight.size(0)}).eps(1e-5);
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(ln));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(ln));
+  torch::NoGradGuard no_grad;
+  ln_1->weight.copy_(full->ln_1->weight);
+  ln_1->bias.copy_(full->ln_1->bias);
+  ln_2->weight.copy_(full->ln_2->weight);
+  ln_2->bias.copy_(full->ln_2->bias);
+  attn = register_module("attn", TpAttention(full->attn, heads, tp));
+  mlp = register_module("mlp", TpMlp(full->mlp, tp));
+}
+
+torch::Tensor TpBlockImpl::forward(torch::Tensor x) {
+  x = x + attn(ln_1(x));  // LayerNorm and the residual add run replicated on every TP rank
+  return x + mlp(ln_2(x));
+}
+
+TpGptImpl::TpGptImpl(const Gpt& full, Comm& comm) : tp(&comm), config_(full->config()) {
+  validate_tp(config_, comm.getSize());
+  wte = register_module("wte", VocabParallelEmbedding(full->wte, comm));
+  wpe = register_module("wpe", torch::nn::Embedding(config_.ctx, config_.hidden));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const Block block(std::dynamic_pointer_cast<BlockImpl>(full->h->ptr(i)));
+    h->push_back(TpBlock(block, config_.heads, comm));
+  }
+  ln_f =
+      register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.hidden})));
+  torch::NoGradGuard no_grad;
+  wpe->weight.copy_(full->wpe->weight);
+  ln_f->weight.copy_(full->ln_f->weight);
+  ln_f->bias.copy_(full->ln_f->bias);
+  if (!config_.tied) {
+    lm_head = register_parameter("lm_head",
+                                 shard(full->lm_head->weight, 0, comm.getRank(), comm.getSize()));
+  }
+  to(full->wte->weight.device());
+}
+
+torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
+  const int64_t T = tokens.size(1);
+  auto pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
+  auto x = wte(tokens) + wpe(pos);  // (B, T, h), replicated
+  for (const auto& block : *h) x = block->as<TpBlock>()->forward(x);
+  x = ln_f(x);
+  // BEGIN SOLUTION: the output head, column-parallel over the vocabulary: f (copy_to_tp) on x,
+  //   then x @ W^T with W = wte->weight (tied) or lm_head (untied), (V/tp, h) -> (B, T, V/tp)
+  const torch::Tensor& w = config_.tied ? wte->weight : lm_head;
+  return torch::matmul(copy_to_tp(x, *tp), w.t());
+  // END SOLUTION
+}
+
+torch::Tensor TpGptImpl::loss(const Batch& batch) {
+  auto logits = forward(batch.inputs);  // (B, T, V/tp)
+  return vocab_parallel_cross_entropy(logits.view({-1, logits.size(-1)}),
+                                      batch.targets.reshape({-1}), wte->vocab_begin, *tp);
+}
+
+}  // namespace dtc::l08

@@ -1,0 +1,118 @@
+// Lesson 08 tests of the code the lesson gives in full: the tp checks, slicing, the dp x tp grid
+// (Megatron-LM's layout, as in lesson 03) and the communication volume (closed form).
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "dtc/compare.h"
+#include "dtc/errors.h"
+#include "dtc_test.h"
+#include "program.h"
+#include "tensor_parallel.h"
+
+namespace dtc::l08 {
+namespace {
+
+GptConfig tiny() {
+  GptConfig m;
+  m.hidden = 64;
+  m.heads = 4;
+  m.ctx = 16;
+  m.layers = 1;
+  return m;
+}
+
+std::string usage_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "no UsageError";
+}
+
+TEST(L08CheckGiven, TpMustDivideHeadsHiddenAndVocab) {
+  EXPECT_NO_THROW(validate_tp(tiny(), 1));
+  EXPECT_NO_THROW(validate_tp(tiny(), 2));
+  EXPECT_NO_THROW(validate_tp(tiny(), 4));
+  // hidden 64 is not split 3 ways
+  EXPECT_NE(usage_message([] { validate_tp(tiny(), 3); }).find("hidden"), std::string::npos);
+  // 2 heads, tp 4: hidden 64 splits, the heads do not
+  GptConfig two_heads = tiny();
+  two_heads.heads = 2;
+  const std::string heads = usage_message([&] { validate_tp(two_heads, 4); });
+  EXPECT_NE(heads.find("--tp"), std::string::npos) << heads;
+  EXPECT_NE(heads.find("heads"), std::string::npos) << heads;
+  EXPECT_NE(heads.find("1, 2"), std::string::npos) << "the hint lists the tp that fit: " << heads;
+  // vocabulary 250, tp 4
+  GptConfig odd_vocab = tiny();
+  odd_vocab.vocab = 250;
+  EXPECT_NE(usage_message([&] { validate_tp(odd_vocab, 4); }).find("vocabulary"),
+            std::string::npos);
+  EXPECT_NE(usage_message([] { validate_tp(tiny(), 0); }).find("--tp"), std::string::npos);
+}
+
+TEST(L08CheckGiven, ShardTakesEqualSlices) {
+  const torch::Tensor t = torch::arange(12, torch::kFloat).view({3, 4});
+  EXPECT_TENSOR_CLOSE(shard(t, 1, 1, 2),
+                      torch::tensor({2.f, 3.f, 6.f, 7.f, 10.f, 11.f}).view({3, 2}), kExact);
+  EXPECT_TENSOR_CLOSE(shard(t, 0, 2, 3), torch::tensor({8.f, 9.f, 10.f, 11.f}).view({1, 4}),
+                      kExact);
+  EXPECT_THROW(shard(t, 1, 0, 3), std::invalid_argument);
+}
+
+// Megatron-LM's order (megatron/core/parallel_state.py): tp fastest. 4 ranks, dp 2 x tp 2:
+// TP groups [0,1] [2,3], DP groups [0,2] [1,3].
+TEST(L08GridGiven, MegatronOrderOnFourRanks) {
+  const Grid g = make_grid(4, 2, 2);
+  EXPECT_EQ(g.tp_group(0), (std::vector<int>{0, 1}));
+  EXPECT_EQ(g.tp_group(3), (std::vector<int>{2, 3}));
+  EXPECT_EQ(g.dp_group(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(g.dp_group(3), (std::vector<int>{1, 3}));
+  EXPECT_EQ(g.tp_rank(3), 1);
+  EXPECT_EQ(g.dp_rank(3), 1);
+}
+
+TEST(L08GridGiven, DefaultsAndErrors) {
+  const Grid all_tp = make_grid(4, 0, 0);
+  EXPECT_EQ(all_tp.tp, 4);
+  EXPECT_EQ(all_tp.dp, 1);
+  EXPECT_EQ(make_grid(4, 2, 0).tp, 2);
+  EXPECT_EQ(make_grid(8, 0, 2).dp, 4);
+  EXPECT_THROW(make_grid(4, 3, 0), UsageError);
+  EXPECT_THROW(make_grid(4, 2, 4), UsageError);
+  EXPECT_THROW(make_grid(4, 0, -1), UsageError);
+}
+
+// Closed form (Korthikanti et al. 2022, arXiv:2205.05198, section 4.2.1: tensor parallelism does
+// 4 allreduces of b*s*h per layer, 2 forward and 2 backward). GPT-3 175B layer (Brown et al.
+// 2020, Table 2.1): h = 12288, s = 2048; b = 1, bf16 (2 bytes), tp = 8.
+TEST(L08VolumeGiven, GptThreeLayerInClosedForm) {
+  const CommVolume v = tp_comm_volume(1, 2048, 12288, 8, 2);
+  EXPECT_EQ(v.allreduces, 4);
+  EXPECT_EQ(v.bytes_each, 1LL * 2048 * 12288 * 2);  // 50,331,648 B
+  EXPECT_EQ(v.bytes_per_layer, 4LL * 50331648);
+  EXPECT_CLOSE_REL(v.wire_bytes_per_rank, 4.0 * 50331648 * 2 * 7 / 8, 1e-12,
+                   "closed form: ring allreduce sends 2(n-1)/n of the data (nccl-tests busbw)");
+  EXPECT_CLOSE_REL(v.nvlink_s, 352321536.0 / 450e9, 1e-12,
+                   "closed form: NVLink 4, 900 GB/s both ways = 450 GB/s each way");
+  EXPECT_CLOSE_REL(v.infiniband_s, 352321536.0 / 50e9, 1e-12,
+                   "closed form: InfiniBand NDR 400 Gb/s = 50 GB/s");
+}
+
+TEST(L08ProgramGiven, BadGridIsAUsageError) {
+  // No launcher in the test's environment: one rank, so --tp 2 cannot fit.
+  const char* argv[] = {"lesson08", "--tp", "2", "--steps", "1"};
+  std::ostringstream out, err;
+  EXPECT_EQ(run_program(5, argv, out, err), 2) << err.str();
+  EXPECT_NE(err.str().find("--tp"), std::string::npos) << err.str();
+}
+
+TEST(L08ProgramGiven, HelpExitsZero) {
+  const char* argv[] = {"lesson08", "--help"};
+  std::ostringstream out, err;
+  EXPECT_EQ(run_program(2, argv, out, err), 0);
+}
+
+}  // namespace
+}  // namespace dtc::l08
