@@ -1,0 +1,216 @@
+// Lesson 06 contract: data-parallel training (DDP), built by hand.
+//
+// LibTorch's C++ API has no DistributedDataParallel: here you write one, in the steps PyTorch's
+// own took. Every rank holds a full replica of the model, trains on its own shard of the global
+// batch, and averages the gradients with the other ranks before the optimizer step, so that every
+// replica takes the very same step. This header is the whole specification of what you implement
+// in ddp.cpp; README.md beside it teaches it. Build and test:
+//
+//   make test-lesson06          # your exercise, test by test
+//   make run-lesson06           # the program on 2 ranks: build/bin/lesson06 --help
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtc/compat.h"
+
+namespace dtc::l06 {
+
+// ---------------------------------------------------------------------------------------------
+// Step 2: an identical start
+// ---------------------------------------------------------------------------------------------
+
+/// Makes every rank's replica of @p module equal to rank 0's: broadcast every parameter and
+/// every buffer (module.parameters() then module.buffers(), in that order) from rank 0, in
+/// place.
+///
+/// Call it once, after building the model and before the first step. All ranks must call it
+/// (it is a collective). Parameters are leaves that require grad: write into them under
+/// torch::NoGradGuard, or broadcast their .data() (no autograd history either way).
+void broadcast_parameters(torch::nn::Module& module, Comm& comm);
+
+// ---------------------------------------------------------------------------------------------
+// Steps 3 and 4: averaging gradients after backward
+// ---------------------------------------------------------------------------------------------
+
+/// The naive DDP: after backward, one allreduce per parameter. For every p in @p params whose
+/// grad is defined, in order: allreduce(SUM) p.grad() in place, wait, then divide it by the
+/// world size, so that every rank holds the mean gradient over all ranks.
+///
+/// (gloo in LibTorch 1.13 has no ReduceOp::AVG: SUM then divide works everywhere.)
+/// Every rank must pass the same parameters in the same order.
+void allreduce_gradients_naive(const std::vector<torch::Tensor>& params, Comm& comm);
+
+/// The flattened DDP: after backward, ONE allreduce over all gradients. Concatenate every
+/// defined gradient (flattened) into one buffer (N,), allreduce(SUM) it, divide by the world
+/// size, and copy each slice back into its p.grad() (same shape as before).
+/// Fewer, larger messages: one latency instead of one per parameter.
+void allreduce_gradients_flat(const std::vector<torch::Tensor>& params, Comm& comm);
+
+// ---------------------------------------------------------------------------------------------
+// Step 5: buckets, overlapped with backward
+// ---------------------------------------------------------------------------------------------
+
+/// Groups parameters into buckets for the Reducer.
+///
+/// Walk @p params in REVERSE order (backward produces the last layer's gradients first) and
+/// append each parameter's index to the current bucket; a bucket is closed as soon as its bytes
+/// (sum of numel * element_size) reach @p bucket_bytes or more. A parameter is never split, so a
+/// single parameter larger than the cap is a bucket of its own. The last bucket may be smaller.
+/// @return the buckets, first to fill first: e.g. 4 parameters of 100 bytes, cap 200 ->
+///   {{3, 2}, {1, 0}}.
+/// @throws dtc::UsageError("--bucket-kb") when @p bucket_bytes < 1.
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<torch::Tensor>& params,
+                                                int64_t bucket_bytes);
+
+/// PyTorch DDP's Reducer, in small: gradient hooks copy each gradient into its bucket (a flat
+/// buffer) as backward produces it; when a bucket is complete, its allreduce(SUM) is launched
+/// asynchronously, while backward goes on computing earlier layers. finish() waits for them
+/// and writes the mean gradients into p.grad().
+///
+/// Use: build it once after broadcast_parameters; per step, zero the grads, forward, backward,
+/// reducer.finish(), optimizer.step(). Every rank must build it with the same parameters and
+/// cap (the buckets, and the order of the collectives, must agree across ranks).
+class Reducer {
+ public:
+  /// Assigns the buckets (assign_buckets), makes one flat zero buffer per bucket (on the
+  /// parameters' device and dtype), and registers one gradient hook per parameter that calls
+  /// on_grad(index, grad).
+  Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> comm, int64_t bucket_bytes);
+  /// Removes the hooks.
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  /// no_sync: while false, backward only accumulates gradients locally (no hook does any work);
+  /// set it back to true for the last micro-step of an accumulation. Default true.
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+
+  /// Called by the hook of parameter @p index with its incoming gradient, BEFORE autograd adds
+  /// it into p.grad() (that is when a LibTorch tensor hook runs).
+  ///
+  /// When sync() is false, do nothing. Otherwise copy into the parameter's slice of its bucket
+  /// the gradient that p.grad() is about to hold: @p grad, plus p.grad() when it is already
+  /// defined (micro-steps accumulated under no_sync). Mark the parameter ready; when its bucket
+  /// has every parameter ready, launch the allreduces of all complete buckets IN BUCKET ORDER
+  /// (bucket b only after buckets 0..b-1 were launched: every rank must issue its collectives
+  /// in the same order). launch() does one bucket.
+  void on_grad(size_t index, const torch::Tensor& grad);
+
+  /// Waits for the bucket allreduces and writes the mean gradients into p.grad().
+  ///
+  /// First launch every bucket that is not launched yet, in order (a parameter whose hook did
+  /// not fire contributes p.grad(), or zeros when it has none). Then, bucket by bucket: wait,
+  /// divide by the world size, and copy each parameter's slice into p.grad() (defining it when
+  /// it is not). Finally reset the per-step state (ready flags, launched buckets), so the next
+  /// backward starts afresh. Does nothing while sync() is false.
+  void finish();
+
+  /// The buckets, as parameter indices (assign_buckets).
+  const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+  /// How many bucket allreduces were launched from inside backward (by on_grad), over the life
+  /// of this reducer: the overlap. finish() launching a bucket does not count.
+  int64_t launched_in_backward() const { return launched_in_backward_; }
+
+ private:
+  /// Launches the asynchronous allreduce(SUM) of bucket @p b's flat buffer and keeps its work.
+  void launch(size_t b);
+
+  std::vector<torch::Tensor> params_;
+  c10::intrusive_ptr<Comm> comm_;
+  std::vector<std::vector<size_t>> buckets_;  ///< parameter indices per bucket
+  std::vector<torch::Tensor> flat_;           ///< one (numel of the bucket,) buffer per bucket
+  std::vector<size_t> bucket_of_;             ///< parameter index -> its bucket
+  std::vector<int64_t> offset_of_;            ///< parameter index -> its offset in the bucket
+  std::vector<bool> ready_;                   ///< parameter index -> its grad is in the bucket
+  std::vector<int64_t> pending_;              ///< bucket -> parameters not ready yet
+  std::vector<c10::intrusive_ptr<c10d::Work>> work_;  ///< bucket -> its allreduce, or null
+  size_t next_to_launch_ = 0;                         ///< buckets 0..next-1 are launched
+  std::vector<unsigned> hook_ids_;                    ///< parameter index -> its hook
+  bool sync_ = true;
+  int64_t launched_in_backward_ = 0;
+};
+
+/// no_sync as a scope, like PyTorch's `with model.no_sync():` block.
+class NoSync {
+ public:
+  explicit NoSync(Reducer& reducer) : reducer_(reducer) { reducer_.set_sync(false); }
+  ~NoSync() { reducer_.set_sync(true); }
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  Reducer& reducer_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The distributed sampler
+// ---------------------------------------------------------------------------------------------
+
+/// The same permutation that PyTorch's `torch.randperm(n, generator=g)` gives for a CPU
+/// generator `g.manual_seed(seed)` (given: torch::randperm with a CPU generator seeded alike).
+std::vector<int64_t> randperm(int64_t n, uint64_t seed);
+
+/// torch.utils.data.DistributedSampler, index for index: which dataset indices rank @p rank of
+/// @p num_replicas visits in one epoch.
+class DistributedSampler {
+ public:
+  /// @throws dtc::UsageError for size < 1, num_replicas < 1, or a rank outside [0, num_replicas).
+  DistributedSampler(int64_t size, int num_replicas, int rank, bool shuffle = true,
+                     uint64_t seed = 0, bool drop_last = false);
+
+  /// Reshuffle: the next indices() uses the permutation of seed + epoch. Forget it and every
+  /// epoch visits the data in the same order.
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+
+  /// Indices per rank in one epoch: drop_last and size not divisible by num_replicas ->
+  /// ceil((size - num_replicas) / num_replicas), else ceil(size / num_replicas).
+  int64_t num_samples() const;
+
+  /// This rank's indices for the current epoch, exactly as PyTorch's sampler yields them:
+  /// 1. order = randperm(size, seed + epoch) when shuffling, else 0, 1, ..., size - 1;
+  /// 2. total = num_samples() * num_replicas. Without drop_last, pad order to total by
+  ///    repeating it from its start (as often as needed); with drop_last, cut it to total;
+  /// 3. rank r takes order[r], order[r + W], order[r + 2W], ...  (W = num_replicas).
+  std::vector<int64_t> indices() const;
+
+ private:
+  int64_t size_;
+  int num_replicas_;
+  int rank_;
+  bool shuffle_;
+  uint64_t seed_;
+  bool drop_last_;
+  int64_t epoch_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Step 7: side work on rank 0 only
+// ---------------------------------------------------------------------------------------------
+
+/// Saves a checkpoint on rank 0 only, atomically; every other rank returns at once (their
+/// replicas are identical: N ranks writing one file is wasted I/O at best, a torn file at worst).
+///
+/// Rank 0 writes one torch::serialize::OutputArchive with nested archives "model"
+/// (module.save) and "optimizer" (optimizer.save) and a tensor "steps_done" (int64), first to
+/// `path + ".tmp"`, then renames it to @p path (std::rename is atomic on POSIX): a reader, or a
+/// crash halfway, never sees a half-written checkpoint.
+/// @throws std::exception when the file cannot be written.
+void save_checkpoint(const std::string& path, int rank, torch::nn::Module& module,
+                     torch::optim::Optimizer& optimizer, int64_t steps_done);
+
+/// Loads a checkpoint written by save_checkpoint() into @p module and @p optimizer (same
+/// shapes). Every rank calls it and reads the same file.
+/// @return steps_done.
+/// @throws std::exception when the file is missing or is not such a checkpoint.
+int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
+                        torch::optim::Optimizer& optimizer);
+
+}  // namespace dtc::l06

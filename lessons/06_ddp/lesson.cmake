@@ -1,0 +1,35 @@
+# Lesson 06: your first DDP, built by hand. The exercise is ddp.cpp (broadcast, gradient
+# averaging naive / flat / bucketed, the sampler, the rank-0 checkpoint); the program (given)
+# trains the course's GPT on several ranks.
+dtc_add_lesson(06 DIR 06_ddp SOURCES ddp.cpp DRIVER program.cpp
+               TESTS tests/lesson06/ddp_test.cpp tests/lesson06/sampler_test.cpp
+                     tests/lesson06/program_test.cpp
+               LIBS dtc::dist TORCH)
+
+# End-to-end: the reference program on 2 ranks under real launchers, against lesson 02's
+# single-process losses (tests/lesson06/e2e.py; tolerance written there). Debian's torchrun gets
+# an explicit c10d endpoint on a free port; the venv's --standalone picks its own.
+if(DTC_FLAVOR STREQUAL "primary" AND DTC_TORCHRUN)
+  set(l06_kind venv)
+else()
+  set(l06_kind debian)
+endif()
+set(l06_e2e "${PROJECT_SOURCE_DIR}/tests/lesson06/e2e.py")
+set(l06_args --program $<TARGET_FILE:lesson06_solution> --baseline $<TARGET_FILE:lesson02_solution>
+             --torchrun-kind ${l06_kind} --venv-torchrun "${DTC_TORCHRUN}")
+foreach(mode torchrun mpirun resume uneven-steps)
+  add_test(NAME lesson06.solution.e2e.${mode}
+           COMMAND Python3::Interpreter ${l06_e2e} ${mode} ${l06_args})
+  set_tests_properties(lesson06.solution.e2e.${mode} PROPERTIES
+                       LABELS "lesson06;solution;lesson06-solution" TIMEOUT 300
+                       RESOURCE_LOCK torchrun_standalone)
+endforeach()
+
+# The benchmark against PyTorch's DistributedDataParallel, at a smoke size (a few seconds);
+# run it at its default size by hand: bench/lesson06_vs_pytorch.py --help.
+add_test(NAME lesson06.solution.bench_smoke
+         COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/bench/lesson06_vs_pytorch.py"
+                 --program $<TARGET_FILE:lesson06_solution> --smoke --cpp-torchrun ${l06_kind})
+set_tests_properties(lesson06.solution.bench_smoke PROPERTIES
+                     LABELS "lesson06;solution;lesson06-solution" TIMEOUT 300
+                     RESOURCE_LOCK torchrun_standalone)

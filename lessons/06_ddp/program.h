@@ -1,0 +1,110 @@
+// Lesson 06's program, and the given pieces around your DDP: the model and optimizer of lesson 02,
+// each rank's shard of the global batch, the DDP training step that calls your gradient
+// averaging, and the program itself (so that tests can run them in-process).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp.h"
+#include "dtc/data.h"
+#include "dtc/model.h"
+
+namespace dtc::l06 {
+
+/// How gradients are averaged across ranks.
+enum class SyncMode {
+  kNaive,     ///< allreduce_gradients_naive after backward: one allreduce per parameter
+  kFlat,      ///< allreduce_gradients_flat after backward: one allreduce over everything
+  kBucketed,  ///< Reducer: bucketed allreduces launched from gradient hooks, during backward
+};
+
+/// "naive", "flat" or "bucketed". @throws UsageError("--sync") otherwise.
+SyncMode parse_sync(const std::string& name);
+/// The flag's spelling of @p mode.
+const char* sync_name(SyncMode mode);
+
+/// Everything that decides a data-parallel training run (lesson 02's TrainConfig, plus DDP's).
+struct TrainConfig {
+  GptConfig model;
+  int64_t global_batch = 8;  ///< sequences per optimizer step, summed over all ranks
+  uint64_t seed = 1;         ///< weights and batches
+  double lr = 3e-3;          ///< AdamW, as lesson 02: betas (0.9, 0.999), eps 1e-8, wd 0.01
+  SyncMode sync = SyncMode::kBucketed;
+  int64_t bucket_bytes = 256 * 1024;  ///< the Reducer's bucket cap (--bucket-kb)
+  int64_t accum = 1;                  ///< micro-steps per optimizer step (--accum)
+};
+
+/// The course's GPT for @p config, initialised from @p seed (dtc::init_weights), on @p device.
+Gpt make_model(const TrainConfig& config, uint64_t seed, const torch::Device& device);
+/// AdamW with lesson 02's hyperparameters over every parameter of @p model.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config);
+/// Lesson 02's loss: mean cross-entropy of the logits (B*T, V) against the targets (B*T).
+torch::Tensor forward_loss(Gpt& model, const Batch& batch);
+
+/// Checks that @p global_batch splits into @p world ranks x @p accum micro-batches of equal size
+/// (equal shards: the mean of the ranks' mean losses is then the global mean).
+/// @throws UsageError("--global-batch") naming the sizes and the nearest batches that work.
+void check_batch_split(int64_t global_batch, int world, int64_t accum);
+
+/// Rank @p rank's micro-batches for step @p step: rows [rank * B/W, (rank + 1) * B/W) of the
+/// global batch that lesson 02 trains on (ByteDataset::batch), cut into @p config.accum equal
+/// micro-batches. The caller checked the split (check_batch_split).
+std::vector<Batch> rank_batches(const ByteDataset& data, const TrainConfig& config, int64_t step,
+                                int rank, int world);
+
+/// One rank of DDP: the model replica, its optimizer, and the gradient averaging you wrote.
+class DdpTrainer {
+ public:
+  /// Builds the model from @p init_seed, broadcasts it from rank 0 (unless @p broadcast is false:
+  /// a pitfall), makes the optimizer and, for SyncMode::kBucketed, the Reducer.
+  DdpTrainer(const TrainConfig& config, c10::intrusive_ptr<Comm> comm, const torch::Device& device,
+             uint64_t init_seed, bool broadcast = true);
+
+  /// One optimizer step on this rank's micro-batches: zero the grads; forward and backward
+  /// each micro-batch with the loss divided by their number (no communication but on the last,
+  /// for the Reducer: no_sync); average the gradients (naive, flat or the Reducer's finish);
+  /// AdamW step.
+  /// @return the GLOBAL mean loss of the step: this rank's loss averaged over the ranks with one
+  ///   small allreduce (every rank gets it).
+  float step(const std::vector<Batch>& micro_batches);
+
+  Gpt& model() { return model_; }
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  /// The Reducer (SyncMode::kBucketed only, else nullptr).
+  const Reducer* reducer() const { return reducer_.get(); }
+  Comm& comm() { return *comm_; }
+
+ private:
+  TrainConfig config_;
+  c10::intrusive_ptr<Comm> comm_;
+  torch::Device device_;
+  Gpt model_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+/// The largest elementwise difference of @p model's parameters between any two ranks (0 when
+/// every replica is bit-for-bit the same): two small allreduces (MAX of x and of -x).
+double replica_divergence(Gpt& model, Comm& comm);
+
+/// The corpus cut into non-overlapping windows of seq + 1 bytes, the dataset that
+/// --data epochs samples from with DistributedSampler.
+int64_t window_count(const ByteDataset& data, int64_t seq);
+/// The windows @p indices as a batch: (rows, seq) inputs and their next-byte targets.
+Batch window_batch(const ByteDataset& data, const std::vector<int64_t>& indices, int64_t seq);
+
+/// Runs `lesson06` with @p argv in this process, as one rank of the job the environment
+/// describes (torchrun's or mpirun's variables; none: a single rank). Prints the run on @p out
+/// (rank 0; with --json one JSON object on the last line), progress and errors on @p err.
+/// @return the exit code: 0, 1 for a runtime failure (e.g. a collective that timed out),
+///   2 for bad input (the message names the flag and the fix), 3 while a TODO(L06) is unfinished.
+int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace dtc::l06

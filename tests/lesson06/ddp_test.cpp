@@ -1,0 +1,341 @@
+// Lesson 06 tests of the DDP itself: broadcast, averaging (naive, flat, bucketed), no_sync
+// accumulation and checkpoints, on 2 and 3 thread-ranks (dtc::run_ranks) against
+//   - closed forms (the mean of 1, 2, ..., W is (W + 1) / 2; bucket boundaries), and
+//   - a single-process baseline computed HERE with plain LibTorch on the whole global batch
+//     (lesson 02's model, optimizer and batches; none of the learner's code), and
+//   - PyTorch's own losses (tests/reference/lesson02_reference.json).
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ddp.h"
+#include "dtc/compare.h"
+#include "dtc/data.h"
+#include "dtc/ranks.h"
+#include "dtc_test.h"
+#include "program.h"
+
+namespace dtc::l06 {
+namespace {
+
+constexpr std::chrono::milliseconds kTimeout{3000};  // a TODO on one rank fails the others fast
+
+// A tiny GPT: 1 layer, h 32, 2 heads, seq 16 (a few thousand parameters: fast on 3 ranks).
+TrainConfig tiny(SyncMode sync, int64_t batch = 6) {
+  TrainConfig c;
+  c.model.layers = 1;
+  c.model.hidden = 32;
+  c.model.heads = 2;
+  c.model.ctx = 16;
+  c.global_batch = batch;
+  c.sync = sync;
+  c.bucket_bytes = 8 * 1024;  // several buckets for this model
+  return c;
+}
+
+struct RankRun {
+  std::vector<float> losses;
+  std::vector<torch::Tensor> params;
+};
+
+// The baseline: one process, the whole global batch, plain LibTorch (lesson 02's step).
+RankRun baseline(const TrainConfig& c, int64_t steps) {
+  const ByteDataset data = ByteDataset::builtin();
+  Gpt model(c.model);
+  init_weights(model, c.seed);
+  torch::optim::AdamW opt(
+      model->parameters(),
+      torch::optim::AdamWOptions(c.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
+  RankRun run;
+  for (int64_t step = 0; step < steps; ++step) {
+    const Batch b = data.batch(c.seed, step, c.global_batch, c.model.ctx);
+    opt.zero_grad();
+    auto logits = model->forward(b.inputs);
+    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
+                                                     b.targets.reshape({-1}));
+    loss.backward();
+    opt.step();
+    run.losses.push_back(loss.item<float>());
+  }
+  for (const auto& p : model->parameters()) run.params.push_back(p.detach().clone());
+  return run;
+}
+
+// DDP on `world` thread-ranks; every rank's run.
+std::vector<RankRun> ddp(const TrainConfig& c, int world, int64_t steps) {
+  std::vector<RankRun> runs(static_cast<size_t>(world));
+  const ByteDataset data = ByteDataset::builtin();
+  run_ranks(
+      world,
+      [&](RankContext& ctx) {
+        DdpTrainer trainer(c, ctx.comm, torch::kCPU, c.seed);
+        RankRun& run = runs[static_cast<size_t>(ctx.rank)];
+        for (int64_t step = 0; step < steps; ++step) {
+          run.losses.push_back(trainer.step(rank_batches(data, c, step, ctx.rank, world)));
+        }
+        for (const auto& p : trainer.model()->parameters())
+          run.params.push_back(p.detach().clone());
+      },
+      kTimeout);
+  return runs;
+}
+
+void expect_matches_baseline(const TrainConfig& c, int world, int64_t steps) {
+  const RankRun base = baseline(c, steps);
+  const std::vector<RankRun> runs = ddp(c, world, steps);
+  for (int r = 0; r < world; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const RankRun& run = runs[static_cast<size_t>(r)];
+    ASSERT_EQ(run.losses.size(), base.losses.size());
+    EXPECT_TENSOR_CLOSE(torch::tensor(run.losses), torch::tensor(base.losses), kFp32Steps);
+    ASSERT_EQ(run.params.size(), base.params.size());
+    for (size_t i = 0; i < base.params.size(); ++i) {
+      EXPECT_TENSOR_CLOSE(run.params[i], base.params[i], kFp32Steps);
+    }
+    // Every replica took the very same steps: bit for bit equal to rank 0's.
+    for (size_t i = 0; i < run.params.size(); ++i) {
+      EXPECT_TENSOR_CLOSE(run.params[i], runs[0].params[i], kExact);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step 2: broadcast
+// ---------------------------------------------------------------------------------------------
+
+TEST(L06Broadcast, EveryReplicaEqualsRankZerosInit) {
+  const TrainConfig c = tiny(SyncMode::kNaive);
+  Gpt expected(c.model);
+  init_weights(expected, c.seed);  // closed form: rank 0's seed
+  const auto want = expected->parameters();
+  run_ranks(
+      3,
+      [&](RankContext& ctx) {
+        Gpt model(c.model);
+        init_weights(model, c.seed + static_cast<uint64_t>(ctx.rank));  // different per rank
+        broadcast_parameters(*model, *ctx.comm);
+        const auto got = model->parameters();
+        for (size_t i = 0; i < got.size(); ++i) {
+          auto cmp = compare_tensors(got[i], want[i], kExact, "parameter");
+          if (!cmp.ok) throw std::runtime_error(cmp.message);
+        }
+      },
+      kTimeout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Steps 3-5: the mean, not the sum
+// ---------------------------------------------------------------------------------------------
+
+// Rank r's gradient is r + 1 everywhere; the mean over W ranks is (W + 1) / 2 (closed form),
+// the sum would be W (W + 1) / 2.
+void expect_mean_gradient(SyncMode mode, int world) {
+  run_ranks(
+      world,
+      [&](RankContext& ctx) {
+        std::vector<torch::Tensor> params{torch::zeros({3, 4}, torch::requires_grad()),
+                                          torch::zeros({5}, torch::requires_grad()),
+                                          torch::zeros({2, 2}, torch::requires_grad())};
+        std::unique_ptr<Reducer> reducer;
+        if (mode == SyncMode::kBucketed) reducer = std::make_unique<Reducer>(params, ctx.comm, 40);
+        auto loss = torch::zeros({});
+        for (auto& p : params) loss = loss + (p * static_cast<double>(ctx.rank + 1)).sum();
+        loss.backward();
+        if (mode == SyncMode::kNaive) allreduce_gradients_naive(params, *ctx.comm);
+        if (mode == SyncMode::kFlat) allreduce_gradients_flat(params, *ctx.comm);
+        if (mode == SyncMode::kBucketed) reducer->finish();
+        for (auto& p : params) {
+          auto cmp = compare_tensors(p.grad(), torch::full_like(p, (world + 1) / 2.0), kExact,
+                                     "mean gradient (closed form (W + 1) / 2)");
+          if (!cmp.ok) throw std::runtime_error(cmp.message);
+        }
+      },
+      kTimeout);
+}
+
+TEST(L06Naive, GradientIsTheMeanOverRanks) { expect_mean_gradient(SyncMode::kNaive, 3); }
+TEST(L06Flat, GradientIsTheMeanOverRanks) { expect_mean_gradient(SyncMode::kFlat, 3); }
+TEST(L06Bucketed, GradientIsTheMeanOverRanks) { expect_mean_gradient(SyncMode::kBucketed, 3); }
+
+// ---------------------------------------------------------------------------------------------
+// Same trajectory as the single-process baseline
+// ---------------------------------------------------------------------------------------------
+
+TEST(L06Naive, TwoRanksMatchBaseline) { expect_matches_baseline(tiny(SyncMode::kNaive), 2, 3); }
+TEST(L06Naive, ThreeRanksMatchBaseline) { expect_matches_baseline(tiny(SyncMode::kNaive), 3, 3); }
+TEST(L06Flat, TwoRanksMatchBaseline) { expect_matches_baseline(tiny(SyncMode::kFlat), 2, 3); }
+TEST(L06Flat, ThreeRanksMatchBaseline) { expect_matches_baseline(tiny(SyncMode::kFlat), 3, 3); }
+TEST(L06Bucketed, TwoRanksMatchBaseline) {
+  expect_matches_baseline(tiny(SyncMode::kBucketed), 2, 3);
+}
+TEST(L06Bucketed, ThreeRanksMatchBaseline) {
+  expect_matches_baseline(tiny(SyncMode::kBucketed), 3, 3);
+}
+TEST(L06Bucketed, UntiedTwelveRowsOnThreeRanksMatchBaseline) {
+  TrainConfig c = tiny(SyncMode::kBucketed, 12);
+  c.model.tied = false;
+  expect_matches_baseline(c, 3, 2);
+}
+
+// Against PyTorch itself: lesson 02's reference case, 2 ranks of 2 rows each.
+TEST(L06Bucketed, TwoRanksMatchPyTorchLosses) {
+  std::ifstream in(source_path("tests/reference/lesson02_reference.json"));
+  ASSERT_TRUE(in.good());
+  const auto ref = nlohmann::json::parse(in).at("cases").at("tiny_tied");
+  const auto& j = ref.at("config");
+  TrainConfig c;
+  c.model.vocab = j.at("vocab");
+  c.model.ctx = j.at("ctx");
+  c.model.hidden = j.at("hidden");
+  c.model.layers = j.at("layers");
+  c.model.heads = j.at("heads");
+  c.model.tied = j.at("tied");
+  c.seed = j.at("seed");
+  c.global_batch = j.at("batch");
+  c.lr = j.at("lr");
+  c.sync = SyncMode::kBucketed;
+  c.bucket_bytes = 64 * 1024;
+  const std::vector<float> want = ref.at("losses").get<std::vector<float>>();
+  const auto runs = ddp(c, 2, static_cast<int64_t>(want.size()));
+  EXPECT_TENSOR_CLOSE(torch::tensor(runs[0].losses), torch::tensor(want), kFp32VsPyTorch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buckets and overlap
+// ---------------------------------------------------------------------------------------------
+
+TEST(L06Buckets, ReverseOrderCappedByBytes) {
+  // fp32 sizes 400, 40, 80, 400, 16 bytes; cap 100: closed form from the rule in ddp.h.
+  const std::vector<torch::Tensor> p{torch::zeros({100}), torch::zeros({10}), torch::zeros({20}),
+                                     torch::zeros({100}), torch::zeros({4})};
+  const std::vector<std::vector<size_t>> want{{4, 3}, {2, 1}, {0}};
+  EXPECT_EQ(assign_buckets(p, 100), want);
+  const std::vector<std::vector<size_t>> one{{4, 3, 2, 1, 0}};
+  EXPECT_EQ(assign_buckets(p, 1 << 20), one);
+  const std::vector<std::vector<size_t>> each{{4}, {3}, {2}, {1}, {0}};
+  EXPECT_EQ(assign_buckets(p, 1), each);
+}
+
+TEST(L06Bucketed, AllreducesStartDuringBackward) {
+  const TrainConfig c = tiny(SyncMode::kBucketed);
+  const ByteDataset data = ByteDataset::builtin();
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        DdpTrainer trainer(c, ctx.comm, torch::kCPU, c.seed);
+        const auto buckets = static_cast<int64_t>(trainer.reducer()->buckets().size());
+        if (buckets < 3) throw std::runtime_error("expected several buckets for this test");
+        trainer.step(rank_batches(data, c, 0, ctx.rank, 2));
+        trainer.step(rank_batches(data, c, 1, ctx.rank, 2));
+        // Every bucket of both steps was launched by a hook, while backward was running.
+        if (trainer.reducer()->launched_in_backward() != 2 * buckets) {
+          throw std::runtime_error("launched_in_backward() = " +
+                                   std::to_string(trainer.reducer()->launched_in_backward()) +
+                                   ", expected 2 steps x " + std::to_string(buckets) + " buckets");
+        }
+      },
+      kTimeout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step 6: accumulation without communication on the inner micro-steps
+// ---------------------------------------------------------------------------------------------
+
+TEST(L06NoSync, AccumulationMatchesBaselineAndSkipsCommunication) {
+  TrainConfig c = tiny(SyncMode::kBucketed, 8);
+  c.accum = 2;
+  expect_matches_baseline(c, 2, 3);
+  const ByteDataset data = ByteDataset::builtin();
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        DdpTrainer trainer(c, ctx.comm, torch::kCPU, c.seed);
+        trainer.step(rank_batches(data, c, 0, ctx.rank, 2));
+        const auto buckets = static_cast<int64_t>(trainer.reducer()->buckets().size());
+        // One micro-step of two communicates: one launch per bucket, not two.
+        if (trainer.reducer()->launched_in_backward() != buckets) {
+          throw std::runtime_error("launched_in_backward() = " +
+                                   std::to_string(trainer.reducer()->launched_in_backward()) +
+                                   " after one step of 2 micro-steps; expected " +
+                                   std::to_string(buckets) + " (no_sync on the first)");
+        }
+      },
+      kTimeout);
+}
+
+TEST(L06Naive, AccumulationOnThreeRanksMatchesBaseline) {
+  TrainConfig c = tiny(SyncMode::kNaive, 6);
+  c.accum = 2;
+  expect_matches_baseline(c, 3, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step 7: rank-0 checkpoints, and an exact resume
+// ---------------------------------------------------------------------------------------------
+
+TEST(L06Checkpoint, OnlyRankZeroWritesAndNoTempFileRemains) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("l06_ck_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const TrainConfig c = tiny(SyncMode::kNaive);
+  Gpt model = make_model(c, c.seed, torch::kCPU);
+  auto opt = make_optimizer(model, c);
+  save_checkpoint((dir / "r1.pt").string(), 1, *model, *opt, 5);
+  EXPECT_FALSE(std::filesystem::exists(dir / "r1.pt")) << "rank 1 wrote a checkpoint";
+  save_checkpoint((dir / "r0.pt").string(), 0, *model, *opt, 5);
+  EXPECT_TRUE(std::filesystem::exists(dir / "r0.pt")) << "rank 0 wrote nothing";
+  EXPECT_FALSE(std::filesystem::exists(dir / "r0.pt.tmp")) << "the temp file was not renamed";
+  Gpt other = make_model(c, c.seed + 1, torch::kCPU);
+  auto other_opt = make_optimizer(other, c);
+  EXPECT_EQ(load_checkpoint((dir / "r0.pt").string(), *other, *other_opt), 5);
+  const auto a = model->parameters(), b = other->parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TENSOR_CLOSE(b[i], a[i], kExact);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(L06Checkpoint, ResumeOnTwoRanksEqualsUninterruptedExactly) {
+  const TrainConfig c = tiny(SyncMode::kBucketed, 4);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("l06_resume_" + std::to_string(::getpid()) + ".pt"))
+                               .string();
+  const auto full = ddp(c, 2, 4);
+  const ByteDataset data = ByteDataset::builtin();
+  std::vector<RankRun> resumed(2);
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        {
+          DdpTrainer first(c, ctx.comm, torch::kCPU, c.seed);
+          for (int64_t step = 0; step < 2; ++step) {
+            first.step(rank_batches(data, c, step, ctx.rank, 2));
+          }
+          save_checkpoint(path, ctx.rank, *first.model(), first.optimizer(), 2);
+          ctx.comm->barrier()->wait();  // rank 0 has renamed the file before anyone reads it
+        }
+        DdpTrainer second(c, ctx.comm, torch::kCPU, c.seed + 100);  // other weights: overwritten
+        const int64_t done = load_checkpoint(path, *second.model(), second.optimizer());
+        RankRun& run = resumed[static_cast<size_t>(ctx.rank)];
+        for (int64_t step = done; step < 4; ++step) {
+          run.losses.push_back(second.step(rank_batches(data, c, step, ctx.rank, 2)));
+        }
+        for (const auto& p : second.model()->parameters()) run.params.push_back(p.detach().clone());
+      },
+      kTimeout);
+  std::remove(path.c_str());
+  const std::vector<float> tail(full[0].losses.begin() + 2, full[0].losses.end());
+  EXPECT_TENSOR_CLOSE(torch::tensor(resumed[0].losses), torch::tensor(tail), kExact);
+  for (size_t i = 0; i < full[0].params.size(); ++i) {
+    EXPECT_TENSOR_CLOSE(resumed[1].params[i], full[0].params[i], kExact);
+  }
+}
+
+}  // namespace
+}  // namespace dtc::l06
