@@ -33,7 +33,7 @@ namespace dtc::l07 {
 /// one transformer block), flattened into one range of the flat buffer and padded with zeros
 /// to a multiple of W, so that each rank owns an equal chunk of it.
 struct Unit {
-  std::string name;                          ///< "outer" (wte, wpe, ln_f, lm_head) or "h.<i>"
+  std::string name;                          ///< "outer" (wte, wpe, ln_f, lm_head) or `h.<i>`
   std::vector<torch::Tensor> params;         ///< the model's parameters, in order
   std::vector<std::string> names;            ///< their names (named_parameters())
   std::vector<std::vector<int64_t>> shapes;  ///< their shapes (stage 3 empties the tensors)
@@ -48,7 +48,7 @@ struct Unit {
 /// All units of a model. The full flat buffer is unit 0 (padded), unit 1 (padded), ...; rank r's
 /// shard buffer is its chunk of unit 0, its chunk of unit 1, ...
 struct FlatLayout {
-  std::vector<Unit> units;  ///< units[0] is "outer", units[1 + i] is block h.<i>
+  std::vector<Unit> units;  ///< units[0] is "outer", units[1 + i] is block `h.<i>`
   int world = 1;            ///< W
   int64_t numel = 0;        ///< Psi: parameters of the model, tied weights counted once
   int64_t padded = 0;       ///< sum of the units' padded sizes: the full flat buffer
