@@ -6,16 +6,15 @@
 //   - PyTorch's own losses (tests/reference/lesson02_reference.json).
 #include <gtest/gtest.h>
 #include <unistd.h>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "baseline.h"
 #include "ddp.h"
 #include "dtc/compare.h"
 #include "dtc/data.h"
@@ -46,27 +45,14 @@ struct RankRun {
   std::vector<torch::Tensor> params;
 };
 
-// The baseline: one process, the whole global batch, plain LibTorch (lesson 02's step).
+// The baseline: one process, the whole global batch, plain LibTorch (lesson 02's step:
+// tests/support/baseline.h).
 RankRun baseline(const TrainConfig& c, int64_t steps) {
-  const ByteDataset data = ByteDataset::builtin();
-  Gpt model(c.model);
-  init_weights(model, c.seed);
-  torch::optim::AdamW opt(
-      model->parameters(),
-      torch::optim::AdamWOptions(c.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
-  RankRun run;
-  for (int64_t step = 0; step < steps; ++step) {
-    const Batch b = data.batch(c.seed, step, c.global_batch, c.model.ctx);
-    opt.zero_grad();
-    auto logits = model->forward(b.inputs);
-    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
-                                                     b.targets.reshape({-1}));
-    loss.backward();
-    opt.step();
-    run.losses.push_back(loss.item<float>());
-  }
-  for (const auto& p : model->parameters()) run.params.push_back(p.detach().clone());
-  return run;
+  test::AdamWHyper adamw;
+  adamw.lr = c.lr;
+  const test::BaselineRun base =
+      test::plain_baseline(c.model, c.seed, c.global_batch, steps, adamw);
+  return {base.losses, base.params};
 }
 
 // DDP on `world` thread-ranks; every rank's run.
@@ -187,23 +173,18 @@ TEST(L06Bucketed, UntiedTwelveRowsOnThreeRanksMatchBaseline) {
 
 // Against PyTorch itself: lesson 02's reference case, 2 ranks of 2 rows each.
 TEST(L06Bucketed, TwoRanksMatchPyTorchLosses) {
-  std::ifstream in(source_path("tests/reference/lesson02_reference.json"));
-  ASSERT_TRUE(in.good());
-  const auto ref = nlohmann::json::parse(in).at("cases").at("tiny_tied");
-  const auto& j = ref.at("config");
+  const test::ReferenceCase ref = test::reference_case("tiny_tied");
+  const test::AdamWHyper defaults;
+  ASSERT_EQ(ref.adamw.beta1, defaults.beta1);  // the trainer uses lesson 02's AdamW settings
+  ASSERT_EQ(ref.adamw.weight_decay, defaults.weight_decay);
   TrainConfig c;
-  c.model.vocab = j.at("vocab");
-  c.model.ctx = j.at("ctx");
-  c.model.hidden = j.at("hidden");
-  c.model.layers = j.at("layers");
-  c.model.heads = j.at("heads");
-  c.model.tied = j.at("tied");
-  c.seed = j.at("seed");
-  c.global_batch = j.at("batch");
-  c.lr = j.at("lr");
+  c.model = ref.model;
+  c.seed = ref.seed;
+  c.global_batch = ref.batch;
+  c.lr = ref.adamw.lr;
   c.sync = SyncMode::kBucketed;
   c.bucket_bytes = 64 * 1024;
-  const std::vector<float> want = ref.at("losses").get<std::vector<float>>();
+  const std::vector<float>& want = ref.losses;
   const auto runs = ddp(c, 2, static_cast<int64_t>(want.size()));
   EXPECT_TENSOR_CLOSE(torch::tensor(runs[0].losses), torch::tensor(want), kFp32VsPyTorch);
 }

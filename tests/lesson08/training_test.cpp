@@ -6,12 +6,10 @@
 // against PyTorch.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
-#include <fstream>
 #include <mutex>
 
+#include "baseline.h"
 #include "dtc/compare.h"
 #include "dtc/compat.h"
 #include "dtc/data.h"
@@ -24,63 +22,28 @@ namespace {
 
 constexpr std::chrono::milliseconds kTimeout{3000};
 
-const nlohmann::json& reference_case(const std::string& name) {
-  static const nlohmann::json j = [] {
-    std::ifstream in(source_path("tests/reference/lesson02_reference.json"));
-    return nlohmann::json::parse(in);
-  }();
-  return j.at("cases").at(name);
-}
-
-TrainConfig config_of(const nlohmann::json& c) {
-  const auto& j = c.at("config");
+// PyTorch's run (tests/support/baseline.h reads it) as this lesson's TrainConfig.
+TrainConfig config_of(const test::ReferenceCase& ref) {
   TrainConfig t;
-  t.model.vocab = j.at("vocab");
-  t.model.ctx = j.at("ctx");
-  t.model.hidden = j.at("hidden");
-  t.model.layers = j.at("layers");
-  t.model.heads = j.at("heads");
-  t.model.tied = j.at("tied");
-  t.seed = j.at("seed");
-  t.batch = j.at("batch");
-  t.lr = j.at("lr");
-  t.beta1 = j.at("betas")[0];
-  t.beta2 = j.at("betas")[1];
-  t.eps = j.at("eps");
-  t.weight_decay = j.at("weight_decay");
+  t.model = ref.model;
+  t.seed = ref.seed;
+  t.batch = ref.batch;
+  t.lr = ref.adamw.lr;
+  t.beta1 = ref.adamw.beta1;
+  t.beta2 = ref.adamw.beta2;
+  t.eps = ref.adamw.eps;
+  t.weight_decay = ref.adamw.weight_decay;
   return t;
-}
-
-// The single-process baseline (lesson 02's training step), in plain LibTorch.
-std::vector<float> baseline_losses(const TrainConfig& c, int64_t steps) {
-  Gpt model(c.model);
-  init_weights(model, c.seed);
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr)
-                                                   .betas({c.beta1, c.beta2})
-                                                   .eps(c.eps)
-                                                   .weight_decay(c.weight_decay));
-  const ByteDataset data = ByteDataset::builtin();
-  std::vector<float> losses;
-  for (int64_t step = 0; step < steps; ++step) {
-    const Batch b = data.batch(c.seed, step, c.batch, c.model.ctx);
-    zero_grad_to_none(opt);
-    auto logits = model(b.inputs);
-    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
-                                                     b.targets.view({-1}));
-    loss.backward();
-    opt.step();
-    losses.push_back(loss.item<float>());
-  }
-  return losses;
 }
 
 // Trains on world thread-ranks as dp x tp; every rank's losses must match.
 void expect_matches(const std::string& ref_name, int dp, int tp) {
-  const auto& ref = reference_case(ref_name);
+  const test::ReferenceCase ref = test::reference_case(ref_name);
   const TrainConfig c = config_of(ref);
-  const auto pytorch = ref.at("losses").get<std::vector<float>>();
+  const std::vector<float>& pytorch = ref.losses;
   const auto steps = static_cast<int64_t>(pytorch.size());
-  const auto baseline = baseline_losses(c, steps);
+  // The single-process baseline (lesson 02's training step), in plain LibTorch.
+  const auto baseline = test::plain_baseline(c.model, c.seed, c.batch, steps, ref.adamw).losses;
   const Grid grid = make_grid(dp * tp, dp, tp);
   std::mutex mu;
   std::vector<std::vector<float>> got(static_cast<size_t>(grid.world));

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <vector>
 
+#include "baseline.h"
 #include "dtc/compare.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
@@ -35,26 +36,12 @@ PipelineOptions small_run(ScheduleKind schedule, int64_t micro_batches) {
   return o;
 }
 
-// The single-process baseline: whole batch, one model, one AdamW (lesson 02's hyperparameters).
+// The single-process baseline: whole batch, one model, one AdamW (lesson 02's hyperparameters;
+// tests/support/baseline.h).
 std::vector<float> baseline_losses(const PipelineOptions& o) {
-  Gpt model(o.model);
-  init_weights(model, o.seed);
-  torch::optim::AdamW opt(
-      model->parameters(),
-      torch::optim::AdamWOptions(o.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
-  const ByteDataset data = ByteDataset::builtin();
-  std::vector<float> losses;
-  for (int64_t step = 0; step < o.steps; ++step) {
-    const Batch b = data.batch(o.seed, step, o.batch, o.model.ctx);
-    for (auto& p : model->parameters()) p.mutable_grad().reset();
-    auto logits = model->forward(b.inputs);
-    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                     b.targets.reshape({-1}));
-    loss.backward();
-    opt.step();
-    losses.push_back(loss.item<float>());
-  }
-  return losses;
+  test::AdamWHyper adamw;
+  adamw.lr = o.lr;
+  return test::plain_baseline(o.model, o.seed, o.batch, o.steps, adamw).losses;
 }
 
 std::vector<float> pipeline_losses(const PipelineOptions& o, int stages) {
