@@ -15,6 +15,7 @@
 #include "dtc/compat.h"
 #include "dtc/errors.h"
 #include "dtc/memory.h"
+#include "dtc/model_flags.h"
 
 namespace dtc::l02 {
 
@@ -157,10 +158,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   c.seed = o.flags.seed;
   c.lr = o.lr;
   validate(c.model);
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    throw UsageError("--lr", fmt::format("{} is not a positive learning rate", c.lr),
-                     "pass e.g. --lr 3e-3");
-  }
+  check_learning_rate(c.lr);
   const ByteDataset data = o.data.empty() ? ByteDataset::builtin() : ByteDataset::from_file(o.data);
   data.offset(c.seed, 0, 0, c.model.ctx);  // checks that sequences fit in the corpus
   if (!o.resume.empty() && !std::ifstream(o.resume).good()) {
@@ -282,13 +280,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   Options o;
   o.flags.steps = 500;
   add_train_flags(app, o.flags);
-  app.add_option("--layers", o.model.layers, "transformer blocks L")->capture_default_str();
-  app.add_option("--hidden", o.model.hidden, "model width h")->capture_default_str();
-  app.add_option("--heads", o.model.heads, "attention heads a")->capture_default_str();
-  app.add_option("--seq", o.model.ctx, "tokens per sequence (the model's context)")
-      ->capture_default_str();
-  app.add_flag("--untied", o.untied, "a separate output head instead of the tied embedding");
-  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  add_model_flags(app, o.model, o.lr, &o.untied);
   app.add_option("--data", o.data, "a text file to train on (default data/coriolanus.txt)");
   app.add_option("--save", o.save, "write a checkpoint here after the last step");
   app.add_option("--resume", o.resume,

@@ -26,6 +26,7 @@
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/launch.h"
+#include "dtc/model_flags.h"
 #include "dtc/todo.h"
 
 namespace dtc::l06 {
@@ -264,10 +265,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   c.accum = o.accum;
   c.bucket_bytes = static_cast<int64_t>(std::llround(o.bucket_kb * 1024.0));
   validate(c.model);
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    throw UsageError("--lr", fmt::format("{} is not a positive learning rate", c.lr),
-                     "pass e.g. --lr 3e-3");
-  }
+  check_learning_rate(c.lr);
   if (c.bucket_bytes < 1) {
     throw UsageError("--bucket-kb", fmt::format("{} KB is not a bucket size", o.bucket_kb),
                      "pass a positive size, e.g. --bucket-kb 256");
@@ -543,13 +541,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       "lesson06"};
   Options o;
   add_train_flags(app, o.flags);
-  app.add_option("--layers", o.model.layers, "transformer blocks L")->capture_default_str();
-  app.add_option("--hidden", o.model.hidden, "model width h")->capture_default_str();
-  app.add_option("--heads", o.model.heads, "attention heads a")->capture_default_str();
-  app.add_option("--seq", o.model.ctx, "tokens per sequence (the model's context)")
-      ->capture_default_str();
-  app.add_flag("--untied", o.untied, "a separate output head instead of the tied embedding");
-  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  add_model_flags(app, o.model, o.lr, &o.untied);
   app.add_option("--sync", o.sync, "gradient averaging: naive, flat or bucketed")
       ->capture_default_str();
   app.add_option("--bucket-kb", o.bucket_kb, "bucket cap of --sync bucketed, in KiB")

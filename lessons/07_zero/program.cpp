@@ -20,6 +20,7 @@
 #include "dtc/errors.h"
 #include "dtc/launch.h"
 #include "dtc/memory.h"
+#include "dtc/model_flags.h"
 
 namespace dtc::l07 {
 
@@ -329,13 +330,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--stage", o.stage, "0 (DDP), 1, 2, 3, or all (one after the other)")
       ->capture_default_str();
   app.add_flag("--prefetch", o.prefetch, "stage 3: gather the next block while computing this one");
-  app.add_option("--layers", o.model.layers, "transformer blocks L")->capture_default_str();
-  app.add_option("--hidden", o.model.hidden, "model width h")->capture_default_str();
-  app.add_option("--heads", o.model.heads, "attention heads a")->capture_default_str();
-  app.add_option("--seq", o.model.ctx, "tokens per sequence (the model's context)")
-      ->capture_default_str();
-  app.add_flag("--untied", o.untied, "a separate output head instead of the tied embedding");
-  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  add_model_flags(app, o.model, o.lr, &o.untied);
   app.add_option("--save-sharded", o.save_sharded,
                  "after the last step, every rank writes its shard to DIR/shard-<r>-of-<W>.pt");
   app.add_option("--load-sharded", o.load_sharded,

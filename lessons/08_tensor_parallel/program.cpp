@@ -13,6 +13,7 @@
 #include "dtc/cli.h"
 #include "dtc/errors.h"
 #include "dtc/launch.h"
+#include "dtc/model_flags.h"
 
 namespace dtc::l08 {
 
@@ -184,10 +185,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   c.seed = o.flags.seed;
   c.lr = o.lr;
   validate(c.model);
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    throw UsageError("--lr", fmt::format("{} is not a positive learning rate", c.lr),
-                     "pass e.g. --lr 3e-3");
-  }
+  check_learning_rate(c.lr);
   const BackendKind backend = parse_backend(o.flags.backend);
   const LaunchEnv env = read_launch_env();
   // Everything that can be checked before connecting is checked first, on every rank.
@@ -321,13 +319,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "ranks that split each layer (default: world size / dp; with neither flag, the "
                  "world size, or its largest divisor that also divides the model)");
   app.add_option("--dp", o.dp, "data-parallel replicas (default: world size / tp)");
-  app.add_option("--layers", o.model.layers, "transformer blocks L")->capture_default_str();
-  app.add_option("--hidden", o.model.hidden, "model width h")->capture_default_str();
-  app.add_option("--heads", o.model.heads, "attention heads a")->capture_default_str();
-  app.add_option("--seq", o.model.ctx, "tokens per sequence (the model's context)")
-      ->capture_default_str();
-  app.add_flag("--untied", o.untied, "a separate output head instead of the tied embedding");
-  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  add_model_flags(app, o.model, o.lr, &o.untied);
   app.add_option("--timeout-ms", o.timeout_ms, "how long a collective may wait")
       ->capture_default_str();
   return run_cli(

@@ -18,6 +18,7 @@
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/memory.h"
+#include "dtc/model_flags.h"
 
 namespace dtc::l09 {
 namespace {
@@ -255,11 +256,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--micro-batches", o.micro_batches, "micro-batches m per step (divides the batch)")
       ->capture_default_str();
   app.add_option("--schedule", schedule, "gpipe or 1f1b")->capture_default_str();
-  app.add_option("--layers", o.model.layers, "transformer blocks L")->capture_default_str();
-  app.add_option("--hidden", o.model.hidden, "model width h")->capture_default_str();
-  app.add_option("--heads", o.model.heads, "attention heads a")->capture_default_str();
-  app.add_option("--seq", o.model.ctx, "tokens per sequence")->capture_default_str();
-  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  add_model_flags(app, o.model, o.lr);  // always untied: no --untied
   app.add_option("--sweep", o.sweep,
                  "micro-batch counts for the bubble measurement (those that divide the batch)")
       ->capture_default_str();

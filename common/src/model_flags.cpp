@@ -1,0 +1,31 @@
+// The shared model flags (dtc/model_flags.h).
+#include "dtc/model_flags.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "dtc/errors.h"
+
+namespace dtc {
+
+void add_model_flags(CLI::App& app, GptConfig& model, double& lr, bool* untied) {
+  app.add_option("--layers", model.layers, "transformer blocks L")->capture_default_str();
+  app.add_option("--hidden", model.hidden, "model width h")->capture_default_str();
+  app.add_option("--heads", model.heads, "attention heads a")->capture_default_str();
+  app.add_option("--seq", model.ctx, "tokens per sequence (the model's context)")
+      ->capture_default_str();
+  if (untied != nullptr) {
+    app.add_flag("--untied", *untied, "a separate output head instead of the tied embedding");
+  }
+  app.add_option("--lr", lr, "AdamW learning rate")->capture_default_str();
+}
+
+void check_learning_rate(double lr) {
+  if (!(lr > 0) || !std::isfinite(lr)) {
+    throw UsageError("--lr", fmt::format("{} is not a positive learning rate", lr),
+                     "pass e.g. --lr 3e-3");
+  }
+}
+
+}  // namespace dtc
