@@ -121,13 +121,15 @@ StageRun run_stage(const Options& o, const GptConfig& config, int stage, Distrib
   zo.adamw.lr = o.lr;
 
   run.measured = device.is_cpu();
-  const int64_t before_model = cpu_memory().current;
+  // Settled readings on both sides: the previous stage's collectives (--stage all) may still be
+  // releasing their buffers, and building the engine runs collectives of its own.
+  const int64_t before_model = settled_current();
   Gpt model(config);
   init_weights(model, o.flags.seed);
   model->to(device);
   ZeroEngine engine(model, dist.comm, zo);
   model = nullptr;  // the engine holds it
-  run.params = cpu_memory().current - before_model;
+  run.params = settled_current() - before_model;
   run.layout = engine.layout();
   if (!o.load_sharded.empty()) load_sharded(engine, o.load_sharded);
 
