@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "baseline.h"
 #include "ddp.h"
 #include "dtc/compare.h"
 #include "dtc/data.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
+#include "plain_baseline.h"
 #include "program.h"
 
 namespace dtc::l06 {
@@ -46,7 +46,7 @@ struct RankRun {
 };
 
 // The baseline: one process, the whole global batch, plain LibTorch (lesson 02's step:
-// tests/support/baseline.h).
+// tests/support/plain_baseline.h).
 RankRun baseline(const TrainConfig& c, int64_t steps) {
   test::AdamWHyper adamw;
   adamw.lr = c.lr;

@@ -9,12 +9,12 @@
 #include <chrono>
 #include <mutex>
 
-#include "baseline.h"
 #include "dtc/compare.h"
 #include "dtc/compat.h"
 #include "dtc/data.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
+#include "plain_baseline.h"
 #include "program.h"
 
 namespace dtc::l08 {
@@ -22,7 +22,7 @@ namespace {
 
 constexpr std::chrono::milliseconds kTimeout{3000};
 
-// PyTorch's run (tests/support/baseline.h reads it) as this lesson's TrainConfig.
+// PyTorch's run (tests/support/plain_baseline.h reads it) as this lesson's TrainConfig.
 TrainConfig config_of(const test::ReferenceCase& ref) {
   TrainConfig t;
   t.model = ref.model;

@@ -8,11 +8,11 @@
 #include <chrono>
 #include <vector>
 
-#include "baseline.h"
 #include "dtc/compare.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
 #include "pipeline.h"
+#include "plain_baseline.h"
 #include "program.h"
 
 namespace dtc::l09 {
@@ -37,7 +37,7 @@ PipelineOptions small_run(ScheduleKind schedule, int64_t micro_batches) {
 }
 
 // The single-process baseline: whole batch, one model, one AdamW (lesson 02's hyperparameters;
-// tests/support/baseline.h).
+// tests/support/plain_baseline.h).
 std::vector<float> baseline_losses(const PipelineOptions& o) {
   test::AdamWHyper adamw;
   adamw.lr = o.lr;
