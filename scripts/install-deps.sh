@@ -27,17 +27,18 @@ sudo_=""
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null; then sudo_="sudo"; else
     echo "install-deps.sh: need root or sudo to install Debian packages." >&2
-    echo "HINT: run it as root, or install the packages listed in scripts/install-deps.sh by hand." >&2
+    echo "HINT: run it as root, or install the packages listed in scripts/packages.txt by hand." >&2
     exit 1
   fi
 fi
 
-base_pkgs=(build-essential cmake ninja-build ccache git pkg-config
-  libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-  openmpi-bin libopenmpi-dev doxygen graphviz clang-format clang-tidy
-  python3 python3-venv python3-pip iproute2 util-linux procps
-  pandoc chromium python3-matplotlib fonts-dejavu-core)
-light_pkgs=(libtorch-dev libgloo-dev python3-torch)
+# The package lists live in one place, scripts/packages.txt ("GROUP: pkg pkg ...").
+packages_of() {
+  sed -n "s/^$1:[[:space:]]*//p" "$here/packages.txt" | tr -s ' \n' ' '
+}
+read -r -a base_pkgs <<<"$(packages_of base)"
+read -r -a primary_pkgs <<<"$(packages_of primary)"
+read -r -a light_pkgs <<<"$(packages_of light)"
 
 apt_missing() {
   local missing=()
@@ -79,8 +80,8 @@ install_venv() {
 
 apt_install "${base_pkgs[@]}"
 case "$what" in
-  all) apt_install "${light_pkgs[@]}"; install_venv ;;
-  primary) install_venv ;;
+  all) apt_install "${primary_pkgs[@]}" "${light_pkgs[@]}"; install_venv ;;
+  primary) apt_install "${primary_pkgs[@]}"; install_venv ;;
   light) apt_install "${light_pkgs[@]}" ;;
 esac
 echo "install-deps.sh: $what ready (log: $log)"
