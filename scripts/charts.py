@@ -6,8 +6,15 @@
 Each chart runs a reference program (BUILD_DIR/bin/lessonNN_solution ... --json) and plots what
 it printed, as SVG, with matplotlib. A chart whose program is not built is skipped with a note;
 a deck that shows it then fails the slide check (its image does not load).
+
+A program's output is computed once and reused: it is cached under $DTC_CACHE/charts/, keyed by
+the program's bytes and its arguments, so that `make test` on a busy machine does not retrain
+lesson 02 every time (DTC_CHARTS_FRESH=1 ignores the cache). Time limits only guard against a
+hang: they are generous (CHART_TIMEOUT_S, default 900 s per program).
 """
+import hashlib
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -23,10 +30,34 @@ PARTS = [("params", "parameters", "#4c72b0"), ("grads", "gradients", "#55a868"),
          ("optimizer", "optimizer states", "#c44e52"), ("activations", "activations", "#8172b2")]
 
 
+TIMEOUT_S = int(os.environ.get("CHART_TIMEOUT_S", "900"))
+CACHE = pathlib.Path(os.environ.get("DTC_CACHE") or
+                     pathlib.Path(os.environ.get("XDG_CACHE_HOME") or
+                                  pathlib.Path.home() / ".cache") / "dtc-course") / "charts"
+
+
+def cached_stdout(cmd, program: pathlib.Path) -> str:
+    """stdout of cmd (which runs `program`), from the cache when this program and these
+    arguments already ran; otherwise run it (check=True) and store what it printed."""
+    key = hashlib.sha256(program.read_bytes())
+    key.update("\0".join(str(c) for c in cmd[cmd.index(str(program)) + 1:]).encode())
+    entry = CACHE / f"{program.name}-{key.hexdigest()[:24]}.out"
+    if entry.exists() and not os.environ.get("DTC_CHARTS_FRESH"):
+        return entry.read_text()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if r.returncode != 0:
+        raise SystemExit(f"charts: {' '.join(map(str, cmd))} exited {r.returncode}:\n"
+                         f"{r.stderr[-2000:]}")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(r.stdout)
+    tmp.replace(entry)
+    return r.stdout
+
+
 def run_json(program: pathlib.Path, *args):
-    r = subprocess.run([str(program), *args, "--json"], capture_output=True, text=True,
-                       timeout=120, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = cached_stdout([str(program), *args, "--json"], program)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def stacked(ax, labels, ledgers, capacity_gb, legend="upper left"):
@@ -92,11 +123,11 @@ def torchrun(build: pathlib.Path):
 
 
 def lesson03_busbw(build: pathlib.Path, out: pathlib.Path):
-    r = subprocess.run(torchrun(build) + ["--nproc_per_node=2", "--no_python",
-                                         str(build / "bin" / "bench_collectives"), "--json",
-                                         "--max-bytes", "16M", "--warmup", "2", "--iters", "5"],
-                       capture_output=True, text=True, timeout=300, check=True)
-    data = json.loads([l for l in r.stdout.splitlines() if l.startswith("{")][-1])
+    bench = build / "bin" / "bench_collectives"
+    stdout = cached_stdout(torchrun(build) + ["--nproc_per_node=2", "--no_python", str(bench),
+                                             "--json", "--max-bytes", "16M", "--warmup", "2",
+                                             "--iters", "5"], bench)
+    data = json.loads([l for l in stdout.splitlines() if l.startswith("{")][-1])
     sizes = [row["size"] for row in data["rows"]]
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, name, color in (("ring", "ring allreduce (yours)", "#c44e52"),

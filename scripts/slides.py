@@ -22,6 +22,8 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# A limit that guards against a hung browser, not a slow machine.
+CHROMIUM_TIMEOUT_S = 300
 
 
 def chromium():
@@ -51,7 +53,7 @@ def render(deck: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
 def check(html: pathlib.Path):
     r = subprocess.run(chromium() + ["--virtual-time-budget=5000", "--dump-dom",
                                      html.as_uri() + "?check"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_S)
     m = re.search(r'<pre id="dtc-check">(.*?)</pre>', r.stdout, re.S)
     if not m:
         return [f"{html.name}: the check did not run (chromium exit {r.returncode})"], 0
@@ -74,14 +76,14 @@ def check(html: pathlib.Path):
 def screenshot(html: pathlib.Path, slide: int, png: pathlib.Path):
     subprocess.run(chromium() + ["--window-size=800,600", "--virtual-time-budget=3000",
                                  f"--screenshot={png}", f"{html.as_uri()}#{slide}"],
-                   capture_output=True, timeout=120)
+                   capture_output=True, timeout=CHROMIUM_TIMEOUT_S)
 
 
 def pdf(html: pathlib.Path):
     out = html.with_suffix(".pdf")
     subprocess.run(chromium() + ["--virtual-time-budget=5000", "--no-pdf-header-footer",
                                  f"--print-to-pdf={out}", html.as_uri() + "?print"],
-                   capture_output=True, timeout=120)
+                   capture_output=True, timeout=CHROMIUM_TIMEOUT_S)
     if not out.exists():
         raise SystemExit(f"slides.py: chromium wrote no {out}")
 
