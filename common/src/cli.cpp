@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
+#include <cstdlib>
 #include <ostream>
 #include <sstream>
 
@@ -10,6 +11,21 @@
 #include "dtc/todo.h"
 
 namespace dtc {
+namespace {
+
+// LibTorch's errors (c10::Error) carry a C++ stack trace after their message ("Exception raised
+// from ... frame #0 ..."): noise for an error a user can cause. DTC_SHOW_STACKTRACE=1 keeps it.
+std::string without_backtrace(const std::string& what) {
+  const char* keep = std::getenv("DTC_SHOW_STACKTRACE");
+  if (keep && std::string(keep) == "1") return what;
+  for (const char* marker : {"\nException raised from ", "Exception raised from ", "\nframe #0"}) {
+    auto at = what.find(marker);
+    if (at != std::string::npos && at > 0) return what.substr(0, at);
+  }
+  return what;
+}
+
+}  // namespace
 
 void add_train_flags(CLI::App& app, TrainFlags& flags) {
   app.add_option("--steps", flags.steps, "optimizer steps to run")
@@ -52,7 +68,7 @@ int run_cli(CLI::App& app, int argc, const char* const* argv, const std::functio
     fmt::print(err, "{}: {}\n", app.get_name(), e.what());
     return kExitTodo;
   } catch (const std::exception& e) {
-    fmt::print(err, "{}: failed: {}\n", app.get_name(), e.what());
+    fmt::print(err, "{}: failed: {}\n", app.get_name(), without_backtrace(e.what()));
     return kExitFailure;
   }
 }

@@ -30,16 +30,25 @@ BackendKind parse_backend(const std::string& name) {
 
 c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env,
                                               std::chrono::milliseconds timeout) {
+  // A torchrun of the other LibTorch generation: say so now, not after a store timeout.
+  if (env.use_agent_store) check_torchrun_generation(TORCH_VERSION_MAJOR, DTC_TORCHRUN_CMD);
   c10::intrusive_ptr<c10d::Store> store;
+  const auto fail = [&](const std::string& what) {
+    return std::runtime_error(fmt::format(
+        "cannot {} the store at {}:{}: {}\nHINT: {}", env.hosts_store() ? "host" : "reach",
+        env.master_addr, env.master_port, what,
+        env.hosts_store()     ? "the port may be in use: choose another MASTER_PORT (--master_port)"
+        : env.use_agent_store ? "is this the torchrun of this build? " DTC_TORCHRUN_CMD
+                                " (LibTorch 1.x and 2.x stores do not talk to each other)"
+                              : "check that rank 0 is running and MASTER_ADDR resolves to it"));
+  };
   try {
     store =
         new_tcp_store(env.master_addr, env.master_port, env.hosts_store(), env.world_size, timeout);
+  } catch (const c10::Error& e) {
+    throw fail(e.what_without_backtrace());  // a user's mistake: no LibTorch stack trace
   } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format(
-        "cannot {} the store at {}:{}: {}\nHINT: {}", env.hosts_store() ? "host" : "reach",
-        env.master_addr, env.master_port, e.what(),
-        env.hosts_store() ? "the port may be in use: choose another MASTER_PORT (--master_port)"
-                          : "check that rank 0 is running and MASTER_ADDR resolves to it"));
+    throw fail(e.what());
   }
   return c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), store);
 }

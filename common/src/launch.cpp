@@ -173,6 +173,31 @@ LaunchEnv read_launch_env(const EnvLookup& env) {
   return out;
 }
 
+std::optional<int> torchrun_generation(const EnvLookup& env) {
+  auto agent = env("TORCHELASTIC_USE_AGENT_STORE");
+  if (!env("TORCHELASTIC_RUN_ID") || !agent || *agent != "True") return std::nullopt;
+  if (env("TORCHELASTIC_SIGNALS_TO_HANDLE") || env("TORCH_NCCL_ASYNC_ERROR_HANDLING")) return 2;
+  if (env("NCCL_ASYNC_ERROR_HANDLING")) return 1;
+  return std::nullopt;
+}
+
+void check_torchrun_generation(int torch_major, const std::string& torchrun_cmd,
+                               const EnvLookup& env) {
+  auto launcher = torchrun_generation(env);
+  if (!launcher || (*launcher >= 2) == (torch_major >= 2)) return;
+  throw UsageError(
+      "torchrun",
+      fmt::format("this program is built on LibTorch {}.x but was started by a torchrun {}.x, "
+                  "whose store speaks another protocol (the first contact would end in a "
+                  "'Socket Timeout')",
+                  torch_major, *launcher),
+      fmt::format("start it with the torchrun of this build:\n  {} --standalone "
+                  "--nproc_per_node=N --no_python <program>\n(`make run-lessonNN` picks it for "
+                  "you; the primary path's is in the course venv, the light path's is "
+                  "/usr/bin/torchrun)",
+                  torchrun_cmd));
+}
+
 void require_world_size(const LaunchEnv& env, int min_world, const std::string& program) {
   if (env.world_size >= min_world) return;
   throw UsageError(

@@ -131,5 +131,50 @@ TEST(LaunchEnv, NeedsSeveralRanksShowsTheCommand) {
   EXPECT_NO_THROW(require_world_size(read_launch_env(env_of(torchrun_vars())), 2, "x"));
 }
 
+// The variables each torchrun generation sets, as printed by `torchrun --no_python env` of
+// PyTorch 2.15 and of Debian's 1.13 (besides RANK, WORLD_SIZE, MASTER_* and the like).
+std::map<std::string, std::string> agent_vars(int generation) {
+  std::map<std::string, std::string> v = torchrun_vars();
+  v["TORCHELASTIC_RUN_ID"] = "none";
+  v["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  if (generation >= 2) {
+    v["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+    v["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  } else {
+    v["NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  }
+  return v;
+}
+
+TEST(LaunchEnv, TorchrunGenerationFromItsVariables) {
+  EXPECT_EQ(torchrun_generation(env_of(agent_vars(2))), 2);
+  EXPECT_EQ(torchrun_generation(env_of(agent_vars(1))), 1);
+  EXPECT_EQ(torchrun_generation(env_of({})), std::nullopt) << "not under torchrun";
+  auto own_store = agent_vars(2);
+  own_store["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_EQ(torchrun_generation(env_of(own_store)), std::nullopt)
+      << "no agent store: the program hosts its own, of its own generation";
+}
+
+TEST(LaunchEnv, MismatchedTorchrunIsNamedBeforeTheStoreTimesOut) {
+  // Same generation: nothing to say.
+  EXPECT_NO_THROW(check_torchrun_generation(2, "venv/bin/torchrun", env_of(agent_vars(2))));
+  EXPECT_NO_THROW(check_torchrun_generation(1, "/usr/bin/torchrun", env_of(agent_vars(1))));
+  EXPECT_NO_THROW(check_torchrun_generation(1, "/usr/bin/torchrun", env_of({})));
+  // A light-path (1.13) program under the venv's torchrun 2.x, and the other way round.
+  for (auto [torch_major, launcher] : {std::pair{1, 2}, std::pair{2, 1}}) {
+    try {
+      check_torchrun_generation(torch_major, "THE-RIGHT-TORCHRUN", env_of(agent_vars(launcher)));
+      FAIL() << "expected UsageError for LibTorch " << torch_major << " under torchrun "
+             << launcher;
+    } catch (const UsageError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.subject(), "torchrun");
+      EXPECT_NE(what.find("THE-RIGHT-TORCHRUN"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::to_string(launcher) + ".x"), std::string::npos) << what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtc

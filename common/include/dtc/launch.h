@@ -57,6 +57,20 @@ std::optional<std::string> process_env(const std::string& name);
 ///   a rank outside the world, a torchrun variable set without the others, and so on.
 LaunchEnv read_launch_env(const EnvLookup& env = process_env);
 
+/// The generation (major version) of the torchrun that launched this process, read from the
+/// variables only that generation sets: torchrun 2.x sets TORCHELASTIC_SIGNALS_TO_HANDLE and
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING, torchrun 1.x (Debian's 1.13) sets NCCL_ASYNC_ERROR_HANDLING
+/// and neither of the others. nullopt when not under torchrun's agent store, or unsure.
+std::optional<int> torchrun_generation(const EnvLookup& env = process_env);
+
+/// Stops a program whose LibTorch (major version @p torch_major) cannot talk to the store of
+/// the torchrun that launched it: the TCPStore protocols of 1.x and 2.x differ, and the first
+/// contact ends in a "Socket Timeout" after the full store timeout. @p torchrun_cmd is the
+/// torchrun that goes with this build, for the hint.
+/// @throws UsageError naming both generations and the torchrun to use instead.
+void check_torchrun_generation(int torch_major, const std::string& torchrun_cmd,
+                               const EnvLookup& env = process_env);
+
 /// Stops a program that needs at least @p min_world ranks but was started with fewer.
 /// @throws UsageError whose hint is the exact torchrun command to run instead.
 void require_world_size(const LaunchEnv& env, int min_world, const std::string& program);
