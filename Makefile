@@ -11,6 +11,9 @@ export CCACHE_SLOPPINESS ?= pch_defines,time_macros,include_file_mtime,include_f
 # Paths relative to the checkout in ccache's keys: every clone (and CI's) shares the cache.
 export CCACHE_BASEDIR ?= $(CURDIR)
 BUILD ?= build
+# BUILD_TYPE=RelWithDebInfo (with its own BUILD=dir): a build with debug information, for gdb.
+BUILD_TYPE ?=
+CMAKE_TYPE_FLAG = $(if $(BUILD_TYPE),-DCMAKE_BUILD_TYPE=$(BUILD_TYPE))
 LIGHT_BUILD ?= build-light
 CTEST_FLAGS ?= --output-on-failure --timeout 300
 
@@ -42,7 +45,7 @@ DEPS_PRIMARY := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-primary.stamp)
 DEPS_LIGHT := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-light.stamp)
 
 # --- dependencies --------------------------------------------------------------------------
-$(DTC_CACHE)/deps-%.stamp: scripts/install-deps.sh scripts/paths.sh
+$(DTC_CACHE)/deps-%.stamp: scripts/install-deps.sh scripts/paths.sh scripts/packages.txt
 	@bash scripts/install-deps.sh $*
 	@mkdir -p $(DTC_CACHE) && touch $@
 deps: $(DTC_CACHE)/deps-primary.stamp
@@ -50,9 +53,9 @@ deps-light: $(DTC_CACHE)/deps-light.stamp
 
 # --- configure and build -------------------------------------------------------------------
 $(BUILD)/build.ninja: | $(DEPS_PRIMARY)
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)"
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_TYPE_FLAG) -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)"
 $(LIGHT_BUILD)/build.ninja: | $(DEPS_LIGHT)
-	cmake -S . -B $(LIGHT_BUILD) -G Ninja
+	cmake -S . -B $(LIGHT_BUILD) -G Ninja $(CMAKE_TYPE_FLAG)
 configure: $(BUILD)/build.ninja
 configure-light: $(LIGHT_BUILD)/build.ninja
 build: configure

@@ -31,10 +31,20 @@ function(dtc_add_lesson num)
     set(driver_objs $<TARGET_OBJECTS:${name}_driver>)
   endif()
 
+  # The tests: one unity translation unit per lesson (DTC_UNITY_TESTS), so that LibTorch's
+  # precompiled header is loaded, and GoogleTest's and LibTorch's templates instantiated, once
+  # per lesson instead of once per test file.
   add_library(${name}_testobj OBJECT ${L_TESTS})
   target_link_libraries(${name}_testobj PUBLIC ${L_LIBS} dtc_test_support GTest::gtest)
   target_include_directories(${name}_testobj PUBLIC "${ldir}")
-  set(pch_targets ${name}_testobj)
+  if(DTC_UNITY_TESTS)
+    set_target_properties(${name}_testobj PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
+  endif()
+  # main.cpp is the same for both flavours: compiled once.
+  add_library(${name}_main OBJECT "${ldir}/main.cpp")
+  target_link_libraries(${name}_main PUBLIC ${L_LIBS})
+  target_include_directories(${name}_main PUBLIC "${ldir}")
+  set(pch_targets ${name}_testobj ${name}_main)
   if(L_DRIVER)
     list(APPEND pch_targets ${name}_driver)
   endif()
@@ -59,9 +69,9 @@ function(dtc_add_lesson num)
     target_include_directories(${lib} PUBLIC "${ldir}")
     target_link_libraries(${lib} PUBLIC ${L_LIBS})
     target_compile_options(${lib} PRIVATE ${DTC_WARNINGS})
-    list(APPEND pch_targets ${lib} ${name}${suffix})
+    list(APPEND pch_targets ${lib})
 
-    add_executable(${name}${suffix} "${ldir}/main.cpp" ${driver_objs})
+    add_executable(${name}${suffix} $<TARGET_OBJECTS:${name}_main> ${driver_objs})
     target_link_libraries(${name}${suffix} PRIVATE ${lib})
 
     add_executable(${name}${suffix}_tests $<TARGET_OBJECTS:${name}_testobj> ${driver_objs})

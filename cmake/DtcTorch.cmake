@@ -77,6 +77,15 @@ else()
   set(DTC_TORCHRUN_FLAGS --redirects 2 --tee 2)
 endif()
 
+# Tests that start torchrun --standalone share this lock on the light path only: 1.13's
+# --standalone always takes port 29400, so two at once would join each other's job. 2.x's picks a
+# free port, and its tests run in parallel.
+if(DTC_FLAVOR STREQUAL "primary")
+  set(DTC_TORCHRUN_LOCK "")
+else()
+  set(DTC_TORCHRUN_LOCK torchrun_standalone)
+endif()
+
 message(STATUS "dtc: ${DTC_FLAVOR} path, LibTorch ${DTC_TORCH_VERSION} at ${DTC_TORCH_ROOT}, "
                "NCCL ${DTC_HAVE_NCCL}")
 

@@ -19,12 +19,12 @@ if(DTC_TORCHRUN)
     COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=3 ${DTC_TORCHRUN_FLAGS}
             --no_python $<TARGET_FILE:lesson03_solution> --numel 1001 --json)
   set_tests_properties(lesson03.solution.torchrun_program PROPERTIES
-    PASS_REGULAR_EXPRESSION "\"ok\":true" RESOURCE_LOCK torchrun_standalone
+    PASS_REGULAR_EXPRESSION "\"ok\":true" RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
     LABELS "lesson03;solution;lesson03-solution" TIMEOUT 120)
   # A smoke run of the benchmark (not the benchmark itself): small sizes, 2 iterations.
   add_test(NAME lesson03.solution.bench_smoke
     COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=2 ${DTC_TORCHRUN_FLAGS}
             --no_python $<TARGET_FILE:bench_collectives> --max-bytes 64K --iters 2 --warmup 1)
-  set_tests_properties(lesson03.solution.bench_smoke PROPERTIES RESOURCE_LOCK torchrun_standalone
+  set_tests_properties(lesson03.solution.bench_smoke PROPERTIES RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
     LABELS "lesson03;solution;lesson03-solution" TIMEOUT 120)
 endif()

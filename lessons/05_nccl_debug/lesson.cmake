@@ -24,7 +24,7 @@ if(DTC_TORCHRUN)
       COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=2 ${DTC_TORCHRUN_FLAGS}
               --no_python $<TARGET_FILE:lesson05_solution> --timeout-ms 3000 fault
               --case ${fault_case})
-    set_tests_properties(${t} PROPERTIES RESOURCE_LOCK torchrun_standalone
+    set_tests_properties(${t} PROPERTIES RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
       LABELS "lesson05;solution;lesson05-solution" TIMEOUT 60)
   endforeach()
   set_tests_properties(lesson05.solution.fault.skip-collective PROPERTIES

@@ -22,7 +22,7 @@ foreach(mode torchrun mpirun resume uneven-steps)
            COMMAND Python3::Interpreter ${l06_e2e} ${mode} ${l06_args})
   set_tests_properties(lesson06.solution.e2e.${mode} PROPERTIES
                        LABELS "lesson06;solution;lesson06-solution" TIMEOUT 300
-                       RESOURCE_LOCK torchrun_standalone)
+                       RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}")
 endforeach()
 
 # The benchmark against PyTorch's DistributedDataParallel, at a smoke size (a few seconds);
@@ -32,4 +32,4 @@ add_test(NAME lesson06.solution.bench_smoke
                  --program $<TARGET_FILE:lesson06_solution> --smoke --cpp-torchrun ${l06_kind})
 set_tests_properties(lesson06.solution.bench_smoke PROPERTIES
                      LABELS "lesson06;solution;lesson06-solution" TIMEOUT 300
-                     RESOURCE_LOCK torchrun_standalone)
+                     RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}")

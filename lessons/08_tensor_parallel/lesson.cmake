@@ -13,7 +13,7 @@ if(DTC_TORCHRUN)
             --no_python $<TARGET_FILE:lesson08_solution> --steps 3 --layers 1 --hidden 32
             --seq 16 --json)
   set_tests_properties(lesson08.solution.torchrun_tp2 PROPERTIES
-    PASS_REGULAR_EXPRESSION "\"tp\":2" RESOURCE_LOCK torchrun_standalone
+    PASS_REGULAR_EXPRESSION "\"tp\":2" RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
     LABELS "lesson08;solution;lesson08-solution" TIMEOUT 120)
   # dp 2 x tp 2 on 4 ranks (the rank grid: TP groups [0,1] [2,3], DP groups [0,2] [1,3]).
   add_test(NAME lesson08.solution.torchrun_dp2_tp2
@@ -21,7 +21,7 @@ if(DTC_TORCHRUN)
             --no_python $<TARGET_FILE:lesson08_solution> --dp 2 --tp 2 --steps 3 --layers 1
             --hidden 32 --seq 16 --json)
   set_tests_properties(lesson08.solution.torchrun_dp2_tp2 PROPERTIES
-    PASS_REGULAR_EXPRESSION "\"dp\":2" RESOURCE_LOCK torchrun_standalone
+    PASS_REGULAR_EXPRESSION "\"dp\":2" RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
     LABELS "lesson08;solution;lesson08-solution" TIMEOUT 120)
 endif()
 

@@ -11,7 +11,7 @@ if(DTC_TORCHRUN)
             --no_python $<TARGET_FILE:lesson09_solution> --steps 3 --micro-batches 4
             --sweep 1 4 --sweep-steps 1 --json)
   set_tests_properties(lesson09.solution.torchrun_program PROPERTIES
-    PASS_REGULAR_EXPRESSION "\"tokens_per_s\"" RESOURCE_LOCK torchrun_standalone
+    PASS_REGULAR_EXPRESSION "\"tokens_per_s\"" RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
     LABELS "lesson09;solution;lesson09-solution" TIMEOUT 120)
 endif()
 

@@ -9,7 +9,7 @@
 namespace dtc::l01 {
 namespace {
 
-constexpr double kGB = 1e9;
+using test::kGB;
 
 TrainingSetup mixed_adam() { return TrainingSetup{}; }
 

@@ -16,7 +16,7 @@
 namespace dtc::l01 {
 namespace {
 
-constexpr double kGB = 1e9;
+using test::kGB;
 
 PlanRequest request(const std::string& model, const std::string& cluster, int64_t gpus,
                     int64_t seq = 2048, int64_t global_batch = 0) {

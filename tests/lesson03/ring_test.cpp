@@ -15,8 +15,8 @@
 namespace dtc::l03 {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{3000};
-const int kWorlds[] = {2, 3, 4};
+using test::kTimeout;
+using test::kWorlds;
 const int64_t kLengths[] = {0, 1, 2, 3, 5, 7, 10, 1001, 65537};
 
 // numpy.array_split(np.arange(n), w): the first n % w chunks hold n // w + 1 elements.

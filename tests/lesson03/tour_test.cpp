@@ -13,8 +13,8 @@
 namespace dtc::l03 {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{3000};
-const int kWorlds[] = {2, 3, 4};
+using test::kTimeout;
+using test::kWorlds;
 
 float triangle(int w) { return w * (w + 1) / 2.0f; }
 

@@ -25,7 +25,7 @@
 namespace dtc::l06 {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{3000};  // a TODO on one rank fails the others fast
+using test::kTimeout;  // a TODO on one rank fails the others fast
 
 // A tiny GPT: 1 layer, h 32, 2 heads, seq 16 (a few thousand parameters: fast on 3 ranks).
 TrainConfig tiny(SyncMode sync, int64_t batch = 6) {

@@ -14,7 +14,7 @@
 namespace dtc::l07 {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{3000};
+using test::kTimeout;
 
 TEST(L07Layout, PaddedSizeClosedForm) {
   EXPECT_EQ(padded_size(10, 4), 12);  // ceil(10 / 4) * 4

@@ -15,7 +15,7 @@
 namespace dtc::l08 {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{3000};
+using test::kTimeout;
 namespace F = torch::nn::functional;
 
 // One block of the course's GPT with GPT-2 weights (init_weights), then biases and LayerNorms

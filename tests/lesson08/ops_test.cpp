@@ -13,7 +13,7 @@
 namespace dtc::l08 {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{3000};
+using test::kTimeout;
 
 class L08Ops : public ::testing::TestWithParam<int> {};
 

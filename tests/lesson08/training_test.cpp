@@ -20,7 +20,7 @@
 namespace dtc::l08 {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{3000};
+using test::kTimeout;
 
 // PyTorch's run (tests/support/plain_baseline.h reads it) as this lesson's TrainConfig.
 TrainConfig config_of(const test::ReferenceCase& ref) {

@@ -3,11 +3,24 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <sstream>
 #include <string>
 
 namespace dtc::test {
+
+// Constants several test files of a lesson share. Each lesson's tests are compiled as one
+// translation unit (DTC_UNITY_TESTS): a file takes these with `using test::kTimeout;`, which may
+// repeat, instead of defining its own copy, which may not.
+
+/// A collective that waits longer than this in a thread-rank test has lost its peer: the test
+/// fails within seconds instead of hanging.
+inline constexpr std::chrono::milliseconds kTimeout{3000};
+/// The world sizes a thread-rank test tries: even, odd, and a power of two above two.
+inline constexpr int kWorlds[] = {2, 3, 4};
+/// Bytes in a (decimal) gigabyte, as the memory tables print them.
+inline constexpr double kGB = 1e9;
 
 /// |got - expected| <= rel * |expected|, with the source of the expected value in the message.
 inline ::testing::AssertionResult close_rel(const char* got_expr, const char* /*expected_expr*/,
