@@ -132,11 +132,12 @@ TEST(LaunchEnv, NeedsSeveralRanksShowsTheCommand) {
 }
 
 // The variables each torchrun generation sets, as printed by `torchrun --no_python env` of
-// PyTorch 2.15 and of Debian's 1.13 (besides RANK, WORLD_SIZE, MASTER_* and the like).
+// PyTorch 2.15 and of Debian's 1.13 (besides RANK, WORLD_SIZE, MASTER_* and the like). 1.13's
+// agent does not share its store (rank 0 hosts one), 2.x's does.
 std::map<std::string, std::string> agent_vars(int generation) {
   std::map<std::string, std::string> v = torchrun_vars();
   v["TORCHELASTIC_RUN_ID"] = "none";
-  v["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  v["TORCHELASTIC_USE_AGENT_STORE"] = generation >= 2 ? "True" : "False";
   if (generation >= 2) {
     v["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
     v["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
@@ -148,7 +149,11 @@ std::map<std::string, std::string> agent_vars(int generation) {
 
 TEST(LaunchEnv, TorchrunGenerationFromItsVariables) {
   EXPECT_EQ(torchrun_generation(env_of(agent_vars(2))), 2);
-  EXPECT_EQ(torchrun_generation(env_of(agent_vars(1))), 1);
+  auto shared_1x = agent_vars(1);
+  shared_1x["TORCHELASTIC_USE_AGENT_STORE"] = "True";  // a 1.x that shares its store
+  EXPECT_EQ(torchrun_generation(env_of(shared_1x)), 1);
+  EXPECT_EQ(torchrun_generation(env_of(agent_vars(1))), std::nullopt)
+      << "1.13's torchrun: rank 0 hosts the store, any LibTorch can";
   EXPECT_EQ(torchrun_generation(env_of({})), std::nullopt) << "not under torchrun";
   auto own_store = agent_vars(2);
   own_store["TORCHELASTIC_USE_AGENT_STORE"] = "False";
@@ -157,14 +162,20 @@ TEST(LaunchEnv, TorchrunGenerationFromItsVariables) {
 }
 
 TEST(LaunchEnv, MismatchedTorchrunIsNamedBeforeTheStoreTimesOut) {
-  // Same generation: nothing to say.
+  // Same generation, or no shared store: nothing to say. (A primary-path program under
+  // Debian's torchrun 1.13 runs: that agent leaves the store to rank 0.)
   EXPECT_NO_THROW(check_torchrun_generation(2, "venv/bin/torchrun", env_of(agent_vars(2))));
   EXPECT_NO_THROW(check_torchrun_generation(1, "/usr/bin/torchrun", env_of(agent_vars(1))));
+  EXPECT_NO_THROW(check_torchrun_generation(2, "venv/bin/torchrun", env_of(agent_vars(1))));
   EXPECT_NO_THROW(check_torchrun_generation(1, "/usr/bin/torchrun", env_of({})));
-  // A light-path (1.13) program under the venv's torchrun 2.x, and the other way round.
-  for (auto [torch_major, launcher] : {std::pair{1, 2}, std::pair{2, 1}}) {
+  // A light-path (1.13) program under the venv's torchrun 2.x, whose agent hosts a 2.x store;
+  // and a 2.x program under a 1.x agent that shares its store.
+  auto shared_1x = agent_vars(1);
+  shared_1x["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  for (auto [torch_major, vars] : {std::pair{1, agent_vars(2)}, std::pair{2, shared_1x}}) {
+    const int launcher = torchrun_generation(env_of(vars)).value_or(0);
     try {
-      check_torchrun_generation(torch_major, "THE-RIGHT-TORCHRUN", env_of(agent_vars(launcher)));
+      check_torchrun_generation(torch_major, "THE-RIGHT-TORCHRUN", env_of(vars));
       FAIL() << "expected UsageError for LibTorch " << torch_major << " under torchrun "
              << launcher;
     } catch (const UsageError& e) {

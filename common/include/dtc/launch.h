@@ -60,7 +60,8 @@ LaunchEnv read_launch_env(const EnvLookup& env = process_env);
 /// The generation (major version) of the torchrun that launched this process, read from the
 /// variables only that generation sets: torchrun 2.x sets TORCHELASTIC_SIGNALS_TO_HANDLE and
 /// TORCH_NCCL_ASYNC_ERROR_HANDLING, torchrun 1.x (Debian's 1.13) sets NCCL_ASYNC_ERROR_HANDLING
-/// and neither of the others. nullopt when not under torchrun's agent store, or unsure.
+/// and neither of the others. nullopt when not under torchrun's agent store (1.13's torchrun
+/// sets TORCHELASTIC_USE_AGENT_STORE=False: rank 0 hosts the store), or unsure.
 std::optional<int> torchrun_generation(const EnvLookup& env = process_env);
 
 /// Stops a program whose LibTorch (major version @p torch_major) cannot talk to the store of
