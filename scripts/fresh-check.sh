@@ -12,9 +12,9 @@
 # unshare from util-linux, git, about 15 GB free under --root, and the network this machine has
 # (Debian's mirror, PyPI). The root is a "minbase" Debian 12 plus what a person needs to have
 # cloned the course at all: git, make and ca-certificates. Nothing of this machine leaks in:
-# the root has its own /usr, its own (empty) caches, and only the host's DNS and pip settings
-# (/etc/resolv.conf, /etc/pip.conf, PIP_INDEX_URL and friends) are copied, so that it reaches the
-# same registries.
+# the root has its own /usr, its own (empty) caches, and only what reaching the same registries
+# takes is copied: DNS (/etc/resolv.conf), pip's settings (/etc/pip.conf, PIP_INDEX_URL and
+# friends) and the machine's local certificate authorities (/usr/local/share/ca-certificates).
 #
 # Each step's time and status go to DIR/steps.tsv and DIR/summary.md; each step's output to
 # DIR/NN-step.log. On the first failing step the check stops and prints that step's first error
@@ -154,6 +154,13 @@ clone() {
   git -C "$root/root/course" log -1 --format='%h %s'
   cp -L /etc/resolv.conf "$root/etc/resolv.conf"
   [ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
+  # This machine's own certificate authorities (a proxy's, say), which HTTPS to the registries
+  # may need: what a new machine on the same network would be given.
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    mkdir -p "$root/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+    chroot "$root" update-ca-certificates
+  fi
   du -sh "$root"
 }
 
