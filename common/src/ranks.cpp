@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -52,20 +54,40 @@ void run_ranks(int world, const std::function<void(RankContext&)>& body,
   }
 
   {
+    // The watchdog guards against hangs, not slow machines. Once one rank has returned, the
+    // others are at most one collective timeout from returning too (their peer is gone): a rank
+    // still running 2 x timeout + min(5 x timeout, 10 s) later is stuck outside a collective. While no rank has
+    // returned, all are still working (a busy machine, a long test): only a cap far beyond any
+    // test's length applies.
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const auto after_first =
+        2 * timeout + std::min<std::chrono::milliseconds>(5 * timeout, std::chrono::seconds(10));
+    const auto cap =
+        std::max<std::chrono::milliseconds>(10 * timeout, std::chrono::seconds(60)) + after_first;
     std::unique_lock<std::mutex> lock(mu);
-    const auto deadline = std::chrono::steady_clock::now() + 2 * timeout + std::chrono::seconds(5);
-    if (!done_cv.wait_until(lock, deadline, [&] { return done == world; })) {
+    std::optional<clock::time_point> first_done;
+    while (done < world) {
+      if (done > 0 && !first_done) first_done = clock::now();
+      const auto deadline =
+          first_done ? std::min(*first_done + after_first, start + cap) : start + cap;
+      if (done_cv.wait_until(lock, deadline,
+                             [&] { return done == world || (done > 0 && !first_done); })) {
+        continue;
+      }
       std::string stuck;
       for (int r = 0; r < world; ++r) {
         if (!finished[r]) stuck += fmt::format(" {}", r);
       }
+      const auto elapsed =
+          std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
       std::fprintf(stderr,
-                   "FATAL: run_ranks: rank(s)%s still running %lld ms after the start, past the "
+                   "FATAL: run_ranks: rank(s)%s still running %lld ms after the start%s, past the "
                    "%lld ms collective timeout. A rank is stuck outside a collective (a loop "
                    "waiting on another rank?). Exiting so that the test fails instead of "
                    "hanging.\n",
-                   stuck.c_str(),
-                   static_cast<long long>((2 * timeout + std::chrono::seconds(5)).count()),
+                   stuck.c_str(), static_cast<long long>(elapsed),
+                   first_done ? " and long after another rank returned" : "",
                    static_cast<long long>(timeout.count()));
       std::fflush(stderr);
       std::_Exit(124);

@@ -81,6 +81,20 @@ TEST(RunRanks, AHangBecomesAnErrorNamingTheRank) {
   EXPECT_LT(secs, 8.0) << "the 1 s timeout took " << secs << " s to fire";
 }
 
+TEST(RunRanks, ARankStuckOutsideACollectiveEndsTheProcess) {
+  // Rank 0 returns; rank 1 waits forever on something that is no collective. The watchdog must
+  // end the process (exit 124, naming rank 1) about 2 x timeout + 5 x timeout after rank 0
+  // returned, instead of hanging the test binary.
+  EXPECT_EXIT(run_ranks(
+                  2,
+                  [](RankContext& ctx) {
+                    if (ctx.rank == 0) return;
+                    for (;;) std::this_thread::sleep_for(milliseconds(50));
+                  },
+                  milliseconds(200)),
+              testing::ExitedWithCode(124), "rank\\(s\\) 1 still running");
+}
+
 TEST(RunRanks, ExceptionsAreReportedPerRank) {
   try {
     run_ranks(3, [](RankContext& ctx) {

@@ -28,8 +28,9 @@ struct RankContext {
 /// Runs @p body on @p world thread-ranks and waits for all of them.
 /// @throws std::runtime_error listing every rank that threw, with its message (e.g.
 ///   "rank 1 failed: Timed out waiting 1000ms for recv operation").
-/// If a rank has not returned 2 x timeout + 5 s after the start, prints which ranks are stuck
-/// and exits the process with code 124, so that the test fails instead of hanging.
+/// If a rank has not returned 2 x timeout + min(5 x timeout, 10 s) after another rank returned (or, while none
+/// has, 10 x timeout + 60 s after the start: a busy machine is not a hang), prints which ranks
+/// are stuck and exits the process with code 124, so that the test fails instead of hanging.
 void run_ranks(int world, const std::function<void(RankContext&)>& body,
                std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
