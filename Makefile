@@ -15,7 +15,7 @@ BUILD ?= build
 BUILD_TYPE ?=
 CMAKE_TYPE_FLAG = $(if $(BUILD_TYPE),-DCMAKE_BUILD_TYPE=$(BUILD_TYPE))
 LIGHT_BUILD ?= build-light
-CTEST_FLAGS ?= --output-on-failure --timeout 300
+CTEST_FLAGS ?= --output-on-failure --timeout 300 -j $(shell nproc)
 
 # Where the venv's LibTorch keeps its CMake files (and its libraries, which must win over
 # Debian's libtorch when both are installed).

@@ -11,6 +11,34 @@
 if(NOT DEFINED TORCH_CUDA_ARCH_LIST)
   set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "GPU architectures for CUDA code (H100/H200: 9.0)")
 endif()
+
+# The wheel is a CUDA build, and its TorchConfig insists on a CUDA toolkit (nvcc) to describe the
+# CUDA runtime it links (public/cuda.cmake, then a FATAL_ERROR). A laptop or a fresh Debian has
+# no toolkit, and needs none: the wheel brings the CUDA runtime and its headers itself
+# (site-packages/nvidia/cu*/{lib,include}). Where no toolkit is found, describe the runtime from
+# those as torch::cudart; TorchConfig's CUDA probe then stands down (it returns when that target
+# exists). DTC_WHEEL_CUDA_RUNTIME=ON forces this path (to test it on a machine with a toolkit).
+option(DTC_WHEEL_CUDA_RUNTIME "Take the CUDA runtime from the torch wheel, not a CUDA toolkit" OFF)
+if(NOT TARGET torch::cudart)
+  find_file(_dtc_torch_config Torch/TorchConfig.cmake PATH_SUFFIXES share/cmake NO_CACHE)
+  set(_dtc_cudart "")
+  if(_dtc_torch_config)
+    get_filename_component(_dtc_wheel "${_dtc_torch_config}/../../../.." ABSOLUTE)
+    file(GLOB _dtc_cudart "${_dtc_wheel}/../nvidia/cu*/lib/libcudart.so.*")
+  endif()
+  find_program(_dtc_nvcc nvcc HINTS "$ENV{CUDA_HOME}/bin" /usr/local/cuda/bin NO_CACHE)
+  if(_dtc_cudart AND EXISTS "${_dtc_wheel}/lib/libtorch_cuda.so"
+     AND (NOT _dtc_nvcc OR DTC_WHEEL_CUDA_RUNTIME))
+    list(GET _dtc_cudart 0 _dtc_cudart)
+    get_filename_component(_dtc_cu "${_dtc_cudart}/../.." ABSOLUTE)
+    add_library(torch::cudart SHARED IMPORTED)
+    set_target_properties(torch::cudart PROPERTIES IMPORTED_LOCATION "${_dtc_cudart}"
+      INTERFACE_INCLUDE_DIRECTORIES "${_dtc_cu}/include")
+    set(DTC_CUDA_FROM_WHEEL ON)
+    message(STATUS "dtc: no CUDA toolkit; the CUDA runtime and headers come from the wheel "
+                   "(${_dtc_cu})")
+  endif()
+endif()
 find_package(Torch REQUIRED)
 get_filename_component(DTC_TORCH_LIBDIR "${TORCH_LIBRARY}" DIRECTORY)
 get_filename_component(DTC_TORCH_ROOT "${DTC_TORCH_LIBDIR}" DIRECTORY)

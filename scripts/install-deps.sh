@@ -64,15 +64,34 @@ apt_install() {
   echo "$(date -Is) apt [$missing]: $((SECONDS - t0)) s, +$((after - before)) MB on disk" | tee -a "$log"
 }
 
+# The torch wheel is a CUDA build. Compiling against it needs the CUDA runtime's headers, which
+# the wheel's nvidia-cuda-runtime brings, except the few nvcc keeps (crt/host_config.h, in
+# nvidia-cuda-crt, 130 kB): without a CUDA toolkit on the machine, those come from PyPI too, at
+# the runtime's own version (cmake/DtcTorch.cmake then describes the runtime from the wheel).
+venv_ready() {
+  "$DTC_VENV/bin/python" - "$DTC_TORCH_VERSION" <<'PY' 2>/dev/null
+import importlib.metadata as m, pathlib, sys, torch
+assert torch.__version__.startswith(sys.argv[1])
+try:
+    m.version("nvidia-cuda-runtime")
+except m.PackageNotFoundError:
+    sys.exit(0)  # a CPU build: nothing more to compile against
+m.version("nvidia-cuda-crt")
+PY
+}
+
 install_venv() {
-  if "$DTC_VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('$DTC_TORCH_VERSION') else 1)" 2>/dev/null; then
-    return 0
-  fi
+  venv_ready && return 0
   echo "== pip: torch==$DTC_TORCH_VERSION into $DTC_VENV (several GB, once per machine)"
   local t0=$SECONDS
   /usr/bin/python3 -m venv "$DTC_VENV"
   "$DTC_VENV/bin/python" -m pip install -q --upgrade pip
   "$DTC_VENV/bin/python" -m pip install "torch==$DTC_TORCH_VERSION" numpy
+  local cudart
+  cudart=$("$DTC_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nvidia-cuda-runtime"))' 2>/dev/null || true)
+  if [ -n "$cudart" ]; then
+    "$DTC_VENV/bin/python" -m pip install "nvidia-cuda-crt==$cudart"
+  fi
   local size
   size=$(du -sm "$DTC_VENV" | cut -f1)
   echo "$(date -Is) venv [torch==$DTC_TORCH_VERSION]: $((SECONDS - t0)) s, $size MB on disk" | tee -a "$log"
