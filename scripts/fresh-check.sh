@@ -153,9 +153,13 @@ clone() {
   git clone --no-local --quiet "$repo" "$root/root/course"
   git -C "$root/root/course" log -1 --format='%h %s'
   cp -L /etc/resolv.conf "$root/etc/resolv.conf"
-  # What the Debian installer writes on every machine and a bootstrapped root lacks: without it,
-  # "localhost" does not resolve (torchrun's rendezvous uses it).
-  [ -s "$root/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' > "$root/etc/hosts"
+  # /etc/hosts, which the Debian installer writes on every machine and a bootstrapped root lacks:
+  # without it, "localhost" does not resolve (torchrun's rendezvous uses it).
+  # Nor this machine's name, which the root shares (torchrun --standalone meets at it): the
+  # installer maps it to 127.0.1.1.
+  [ -s "$root/etc/hosts" ] ||
+    printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' \
+      "$(hostname)" > "$root/etc/hosts"
   [ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
   # This machine's own certificate authorities (a proxy's, say), which HTTPS to the registries
   # may need: what a new machine on the same network would be given.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "adamw_params.h"
 #include "ddp.h"
 #include "dtc/compare.h"
 #include "dtc/data.h"
@@ -84,7 +85,7 @@ void expect_matches_baseline(const TrainConfig& c, int world, int64_t steps) {
     EXPECT_TENSOR_CLOSE(torch::tensor(run.losses), torch::tensor(base.losses), kFp32Steps);
     ASSERT_EQ(run.params.size(), base.params.size());
     for (size_t i = 0; i < base.params.size(); ++i) {
-      EXPECT_TENSOR_CLOSE(run.params[i], base.params[i], kFp32Steps);
+      EXPECT_ADAMW_PARAMS_CLOSE(run.params[i], base.params[i], steps, c.lr);
     }
     // Every replica took the very same steps: bit for bit equal to rank 0's.
     for (size_t i = 0; i < run.params.size(); ++i) {
