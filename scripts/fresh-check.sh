@@ -58,6 +58,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#commands[@]} -gt 0 ] || commands=("make run" "make test")
+root=$(realpath -m "$root")
 
 die() { echo "fresh-check: $1" >&2; [ -n "${2:-}" ] && echo "HINT: $2" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || die "needs root (it builds a root file system and chroots into it)" \
@@ -111,10 +112,16 @@ step() {
 
 mounted=()
 cleanup() {
-  local m
+  # Every process still running inside the root (a step's descendants outlive its timeout).
+  local p r
+  for p in /proc/[0-9]*; do
+    r=$(readlink "$p/root" 2>/dev/null) || continue
+    [ "$r" = "$root" ] && kill -9 "${p#/proc/}" 2>/dev/null
+  done
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null; done
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 summary() {
   {
