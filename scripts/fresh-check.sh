@@ -180,6 +180,9 @@ clone() {
 
 # Mounts the chroot needs (in this script's own mount namespace, see above).
 mount_root() {
+  # The root must be a mount point of its own, as / is on a machine: `ip netns exec` (lesson 04's
+  # two-node test) remounts / as a slave and fails on a plain folder.
+  mount --bind "$root" "$root" && mounted+=("$root")
   mount -t proc proc "$root/proc" && mounted+=("$root/proc")
   mount --rbind /dev "$root/dev" && mount --make-rslave "$root/dev" && mounted+=("$root/dev")
   mount --rbind /sys "$root/sys" && mount --make-rslave "$root/sys" && mounted+=("$root/sys")
