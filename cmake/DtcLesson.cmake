@@ -14,9 +14,22 @@
 # ctest names are lessonNN.<flavour>.<Suite>.<Test>; labels lessonNN, <flavour>,
 # lessonNN-<flavour>. One more test, lessonNN.bite, checks that the learner suite fails on
 # every TODO of the untouched exercise (scripts/check_bite.py).
+#
+# The light path (LibTorch 1.13) tests what differs between LibTorch generations, and skips what
+# cannot differ (DTC_LIGHT_FULL=ON builds it all): a lesson without LibTorch (lesson 01) is not
+# added at all, and the learner flavour (exercise = solution with its regions replaced by
+# DTC_TODO stubs) is built only on request (`cmake --build build-light --target lesson06`), with
+# no ctest entries and no bite check.
 function(dtc_add_lesson num)
   cmake_parse_arguments(L "TORCH" "DIR" "SOURCES;DRIVER;TESTS;LIBS" ${ARGN})
   set(name lesson${num})
+  set(light_trim OFF)
+  if(DTC_FLAVOR STREQUAL "light" AND NOT DTC_LIGHT_FULL AND NOT DTC_SUBMISSION)
+    if(NOT L_TORCH)
+      return()
+    endif()
+    set(light_trim ON)
+  endif()
   set(ldir "${PROJECT_SOURCE_DIR}/lessons/${L_DIR}")
   set(sdir "${PROJECT_SOURCE_DIR}/solutions/${L_DIR}")
 
@@ -78,6 +91,11 @@ function(dtc_add_lesson num)
     target_link_libraries(${name}${suffix}_tests PRIVATE ${lib} dtc_test_support GTest::gtest_main)
     set_target_properties(${name}${suffix}_tests PROPERTIES
       RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
+    if(light_trim AND flavour STREQUAL "learner")
+      set_target_properties(${lib} ${name}${suffix} ${name}${suffix}_tests PROPERTIES
+        EXCLUDE_FROM_ALL ON)
+      continue()
+    endif()
     gtest_discover_tests(${name}${suffix}_tests
       TEST_PREFIX "${name}.${flavour}."
       TEST_LIST ${name}${suffix}_TESTS
@@ -100,6 +118,9 @@ function(dtc_add_lesson num)
     endforeach()
   endif()
 
+  if(light_trim)
+    return()
+  endif()
   add_test(NAME ${name}.bite
     COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/scripts/check_bite.py"
             --lesson L${num} "$<TARGET_FILE:${name}_tests>")
