@@ -7,11 +7,13 @@
 #   bench/learner_loop.sh --load 1        # with 1 busy core beside it (a "loaded" machine)
 #   bench/learner_loop.sh 03 06           # some lessons
 #
-# A change is a comment line appended to the file (so that neither ninja nor ccache can skip the
-# compile) and removed afterwards; the file is restored even on Ctrl-C. Needs a configured and
+# A change is a comment line appended to the file and removed afterwards (the file is restored
+# even on Ctrl-C); ccache is off here (CCACHE_DISABLE=1), since a comment alone would be a cache
+# hit and a learner's real edit is not. Needs a configured and
 # built build/ (make build). Prints one row per lesson: seconds to build, to test, in all.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export CCACHE_DISABLE=1
 load=0
 lessons=()
 while [ $# -gt 0 ]; do
