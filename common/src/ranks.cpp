@@ -56,9 +56,9 @@ void run_ranks(int world, const std::function<void(RankContext&)>& body,
   {
     // The watchdog guards against hangs, not slow machines. Once one rank has returned, the
     // others are at most one collective timeout from returning too (their peer is gone): a rank
-    // still running 2 x timeout + min(5 x timeout, 10 s) later is stuck outside a collective. While no rank has
-    // returned, all are still working (a busy machine, a long test): only a cap far beyond any
-    // test's length applies.
+    // still running 2 x timeout + min(5 x timeout, 10 s) later is stuck outside a collective.
+    // While no rank has returned, all are still working (a busy machine, a long test): only a
+    // cap far beyond any test's length applies.
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     const auto after_first =
