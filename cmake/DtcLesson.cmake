@@ -1,6 +1,7 @@
 # dtc_add_lesson(NN DIR <NN_topic> SOURCES <files> [DRIVER <files>] TESTS <files> LIBS <libs>
 #                [TORCH])
-# TORCH: the lesson includes LibTorch (LIBS has dtc::dist): reuse the precompiled header.
+# TORCH: the lesson includes LibTorch (LIBS has dtc::dist): reuse the precompiled header, and
+# the test programs' main() makes CPU math reproducible (tests/support/test_main.cpp).
 # With -DDTC_SUBMISSION=<dir> (a copy of lessons/), the learner flavour compiles the exercise
 # files from <dir>/<NN_topic>/ instead; headers, drivers and tests stay the course's own.
 #
@@ -23,6 +24,12 @@
 function(dtc_add_lesson num)
   cmake_parse_arguments(L "TORCH" "DIR" "SOURCES;DRIVER;TESTS;LIBS" ${ARGN})
   set(name lesson${num})
+  # main() of the test programs: with LibTorch, one that makes CPU math reproducible
+  # (tests/support/test_main.cpp); without, Google Test's own.
+  set(test_main GTest::gtest_main)
+  if(L_TORCH)
+    set(test_main dtc_test_main)
+  endif()
   set(light_trim OFF)
   if(DTC_FLAVOR STREQUAL "light" AND NOT DTC_LIGHT_FULL AND NOT DTC_SUBMISSION)
     if(NOT L_TORCH)
@@ -88,7 +95,7 @@ function(dtc_add_lesson num)
     target_link_libraries(${name}${suffix} PRIVATE ${lib})
 
     add_executable(${name}${suffix}_tests $<TARGET_OBJECTS:${name}_testobj> ${driver_objs})
-    target_link_libraries(${name}${suffix}_tests PRIVATE ${lib} dtc_test_support GTest::gtest_main)
+    target_link_libraries(${name}${suffix}_tests PRIVATE ${lib} dtc_test_support ${test_main})
     set_target_properties(${name}${suffix}_tests PROPERTIES
       RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
     if(light_trim AND flavour STREQUAL "learner")

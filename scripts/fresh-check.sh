@@ -27,8 +27,11 @@
 #   --timeout S      per command, in seconds (default 5400)
 #   --suite NAME     the Debian release (default bookworm)
 #   --keep           keep the root afterwards (default: removed when every step passed)
-#   --root-only      build the root and the clone, run nothing (for scripts/gpu-bundle.sh's
-#                    rehearsal and for a look around)
+#   --root-only      build the root and the clone, run nothing (for a look around)
+#   --include PKGS   more Debian packages in the root, comma-separated (scripts/gpu-rehearsal.sh:
+#                    the compiler, CMake and Python that a GPU node has, and nothing else)
+#   --copy SRC:DEST  copy this machine's SRC into the root at DEST before the commands run
+#                    (repeatable; scripts/gpu-rehearsal.sh carries the GPU bundle in this way)
 set -uo pipefail
 
 args=("$@")
@@ -40,6 +43,8 @@ suite=bookworm
 timeout_s=5400
 keep=0
 root_only=0
+include=git,make,ca-certificates
+copies=()
 commands=()
 
 usage() { awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; }
@@ -51,6 +56,8 @@ while [ $# -gt 0 ]; do
     --timeout) timeout_s=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --root-only) root_only=1; shift ;;
+    --include) include="$include,$2"; shift 2 ;;
+    --copy) copies+=("$2"); shift 2 ;;
     --commands) shift; while [ $# -gt 0 ] && [[ $1 != --* ]]; do commands+=("$1"); shift; done ;;
     -h|--help) usage; exit 0 ;;
     *) echo "fresh-check: unknown argument '$1'" >&2
@@ -140,17 +147,18 @@ summary() {
   cat "$out/summary.md"
 }
 
-# 1. The root: minbase Debian, plus what cloning the course took (git, make, ca-certificates).
+# 1. The root: minbase Debian, plus what cloning the course took (git, make, ca-certificates) and
+# what --include adds.
 make_root() {
   rm -rf "$root" && mkdir -p "$root"
   local mirror=http://deb.debian.org/debian
   if [ $bootstrap = mmdebstrap ]; then
-    mmdebstrap --variant=minbase --include=git,make,ca-certificates \
+    mmdebstrap --variant=minbase --include="$include" \
       "$suite" "$root" \
       "deb $mirror $suite main" "deb $mirror $suite-updates main" \
       "deb http://deb.debian.org/debian-security $suite-security main"
   else
-    debootstrap --variant=minbase --include=git,make,ca-certificates "$suite" "$root" "$mirror"
+    debootstrap --variant=minbase --include="$include" "$suite" "$root" "$mirror"
   fi
 }
 
@@ -175,6 +183,13 @@ clone() {
     cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
     chroot "$root" update-ca-certificates
   fi
+  local c src dest
+  while IFS= read -r c; do
+    [ -n "$c" ] || continue
+    src=${c%%:*} dest=${c#*:}
+    mkdir -p "$root/$(dirname "$dest")" && cp -a "$src" "$root/$dest" || return 1
+    echo "copied $src to $dest ($(du -sh "$src" | cut -f1))"
+  done <<< "$copies_list"
   du -sh "$root"
 }
 
@@ -203,9 +218,10 @@ in_root() {
   chroot "$root" /usr/bin/env -i "${envs[@]}" /bin/bash -c "cd /root/course && $1"
 }
 
-export root suite bootstrap repo
+copies_list=$(printf '%s\n' ${copies[@]+"${copies[@]}"})
+export root suite bootstrap repo include copies_list
 export -f make_root clone in_root
-step "root ($bootstrap, $suite minbase)" 1800 make_root || { summary; exit 1; }
+step "root ($bootstrap, $suite minbase + $include)" 1800 make_root || { summary; exit 1; }
 step "clean clone" 600 clone || { summary; exit 1; }
 if [ $root_only -eq 0 ]; then
   if ! mount_root; then first_failure="mounts"; summary; exit 1; fi

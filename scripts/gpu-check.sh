@@ -1,58 +1,90 @@
 #!/usr/bin/env bash
-# The course on a GPU machine, in one go (about five minutes on one GPU, 16 cores):
-#   configure against the machine's own PyTorch, build what the checks need, run the GPU tests
-#   (ctest -L gpu), run lesson 02 on the GPU, measure MFU of a GPT-2-small-sized model in bf16
-#   (bench/gpu_mfu.cpp), run the raw NCCL program and lesson 06 on NCCL on every GPU with
-#   NCCL_DEBUG=INFO, summarise the NCCL logs (lesson05 nccl-log), and write a summary.
+# The course on a GPU node, in one go, sized for one short attempt (under 8 minutes on a 16-core
+# node with one GPU): configure against the node's own PyTorch (with --bundle: nothing else but
+# the node's compiler, CMake, ninja and CUDA), build the programs the check runs, run the GPU
+# tests (ctest -L gpu), lesson 02 on CUDA against the same run on the CPU, the MFU of a
+# GPT-2-small-sized model in bf16 (bench/gpu_mfu.cpp), raw NCCL (nccl_raw), lessons 06 and up
+# with --backend nccl, every NCCL run with NCCL_DEBUG=INFO, the logs summarised by lesson 05's
+# parser, and a one-page summary.
 #
-#   DTC_SKIP_DEPS=1 scripts/gpu-check.sh                  # on the GPU machine
-#   scripts/gpu-check.sh --dry-run                        # print the plan, run nothing
-#   BUILD_DIR=build scripts/gpu-check.sh --cpu            # no GPU: use an existing build, run
-#                                                         # everything that runs on a CPU
-# Environment: TORCH_PYTHON (the python whose torch to build against; default python3),
-#   ALL_TESTS (1: also build every lesson's solution tests, for their gpu-labelled cases; 0: not),
-#   BUILD_DIR (default build-gpu), OUT (default $BUILD_DIR/gpu-check), JOBS (default: all cores),
-#   NGPU (default: every visible GPU), MFU_STEPS (default 10).
-# Output: $OUT/logs/*.log, $OUT/summary.md, $OUT/summary.json. Exit 0 when every step that ran
-# passed (skipped steps say why), 1 otherwise.
+#   scripts/gpu-check.sh --bundle build-bundle --out gpu-out   # on the node (scripts/gpu-bundle.sh)
+#   scripts/gpu-check.sh --out gpu-out                         # where the -dev packages are installed
+#   scripts/gpu-check.sh --cpu --bundle build-bundle           # no GPU: every step that runs on a
+#                                                              # CPU (scripts/gpu-rehearsal.sh)
+#   scripts/gpu-check.sh --dry-run                             # print the plan, run nothing
+#
+# Options: --bundle DIR (configure with -DDTC_BUNDLE=DIR), --out DIR (default
+#   $BUILD_DIR/gpu-check), --build-dir DIR (default build-gpu), --budget S (default 480: no step
+#   runs past it; a step that would start later is skipped, saying so), --cpu, --dry-run.
+# Environment: TORCH_PYTHON (the Python whose torch to build against; default python3),
+#   JOBS (default: every core), NGPU (default: every visible GPU), MFU_STEPS (default 10),
+#   CUDA_HOME (the CUDA toolkit, when nvcc is not on PATH).
+# NCCL: one rank per GPU. Several ranks on one GPU is refused by NCCL ("Duplicate GPU detected"),
+#   so on one GPU the NCCL runs have world size 1, and one extra step shows the refusal.
+# Output: DIR/logs/*.log, DIR/steps.tsv, DIR/summary.md, DIR/summary.json. Every step has its own
+# timeout and the check goes on after a failure. Exit 0 when every step that ran passed (skipped
+# steps say why), 1 otherwise, 2 on bad arguments.
 set -uo pipefail
 
 mode=gpu
-for arg in "$@"; do
-  case "$arg" in
-    --dry-run) mode=dry ;;
-    --cpu) mode=cpu ;;
-    -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0 ;;
-    *) echo "gpu-check: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+bundle=""
+OUT=${OUT:-}
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+budget=480
+die() { echo "gpu-check: $1" >&2; [ -n "${2:-}" ] && echo "HINT: $2" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) mode=dry; shift ;;
+    --cpu) mode=cpu; shift ;;
+    --bundle) [ $# -ge 2 ] || die "--bundle needs a folder"; bundle=$2; shift 2 ;;
+    --out) [ $# -ge 2 ] || die "--out needs a folder"; OUT=$2; shift 2 ;;
+    --build-dir) [ $# -ge 2 ] || die "--build-dir needs a folder"; BUILD_DIR=$2; shift 2 ;;
+    --budget) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--budget needs seconds"; budget=$2; shift 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
+    *) die "unknown argument '$1'" "run '$0 --help' for the options" ;;
   esac
 done
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 PY=${TORCH_PYTHON:-python3}
-BUILD_DIR=${BUILD_DIR:-build-gpu}
 OUT=${OUT:-$BUILD_DIR/gpu-check}
 JOBS=${JOBS:-$(nproc)}
 MFU_STEPS=${MFU_STEPS:-10}
+if [ -n "$bundle" ]; then
+  [ -f "$bundle/MANIFEST" ] || die "--bundle $bundle is not a bundle (no MANIFEST)" \
+    "make one where the course's packages are installed: scripts/gpu-bundle.sh DIR"
+  bundle=$(cd "$bundle" && pwd)
+fi
 logs="$OUT/logs"
 steps_file="$OUT/steps.tsv"   # name <TAB> status (ok|FAILED|skipped) <TAB> seconds <TAB> note
-t_start=$(date +%s)
+t_start=$SECONDS
 
 if [ "$mode" != dry ]; then
+  rm -rf "$logs"
   mkdir -p "$logs"
+  OUT=$(cd "$OUT" && pwd)
+  logs="$OUT/logs"
+  steps_file="$OUT/steps.tsv"
   : > "$steps_file"
 fi
 
-# run_step NAME TIMEOUT_S LOG COMMAND...: runs the command with a timeout, output to LOG;
-# exit 77 means skipped (the program said why on its last line).
+# run_step NAME TIMEOUT_S LOG COMMAND...: runs the command with a timeout (never past the budget),
+# output to LOG; exit 77 means skipped (the program said why).
 run_step() {
   local name=$1 limit=$2 log=$3
   shift 3
   if [ "$mode" = dry ]; then
-    printf '[dry-run] %-12s timeout %4ss > %s:\n    %s\n' "$name" "$limit" "$log" "$*"
+    printf '[dry-run] %-16s timeout %4ss > %s:\n    %s\n' "$name" "$limit" "$log" "$*"
     return 0
   fi
-  local t0=$(date +%s) rc status note
+  local left=$(( budget - (SECONDS - t_start) ))
+  if [ "$left" -lt 10 ]; then
+    skip_step "$name" "the ${budget} s budget is spent"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$SECONDS rc status note
   echo "== $name: $*" | tee -a "$logs/steps.log"
   timeout --kill-after=10 "$limit" "$@" > "$logs/$log" 2>&1
   rc=$?
@@ -60,15 +92,15 @@ run_step() {
     0) status=ok; note="" ;;
     77) status=skipped; note=$(grep -m1 'SKIP' "$logs/$log" || tail -n 1 "$logs/$log") ;;
     124|137) status=FAILED; note="timed out after ${limit} s" ;;
-    *) status=FAILED; note="exit $rc: $(tail -n 2 "$logs/$log" | tr '\n' ' ' | cut -c1-200)" ;;
+    *) status=FAILED; note="exit $rc: $(grep -v '^\[' "$logs/$log" | tail -n 2 | tr '\n' ' ' | cut -c1-200)" ;;
   esac
-  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$(( $(date +%s) - t0 ))" "$note" >> "$steps_file"
-  echo "   -> $status ($(( $(date +%s) - t0 )) s) $note"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$(( SECONDS - t0 ))" "$note" >> "$steps_file"
+  echo "   -> $status ($(( SECONDS - t0 )) s) $note"
   return 0
 }
 
 skip_step() {  # skip_step NAME REASON
-  if [ "$mode" = dry ]; then printf '[dry-run] %-12s skipped: %s\n' "$1" "$2"; return; fi
+  if [ "$mode" = dry ]; then printf '[dry-run] %-16s skipped: %s\n' "$1" "$2"; return; fi
   printf '%s\tskipped\t0\t%s\n' "$1" "$2" >> "$steps_file"
   echo "== $1: skipped: $2"
 }
@@ -82,133 +114,133 @@ if [ -z "${NGPU:-}" ]; then
   fi
 fi
 if [ "$mode" = gpu ] && [ "$NGPU" -eq 0 ]; then
-  echo "gpu-check: no GPU visible (nvidia-smi -L); use --cpu to run the CPU part, or --dry-run" >&2
-  exit 2
+  die "no GPU visible (nvidia-smi -L)" "use --cpu to run the parts that run on a CPU, or --dry-run"
 fi
-echo "gpu-check: mode $mode, $NGPU GPU(s), build dir $BUILD_DIR, $JOBS jobs, output $OUT"
+[ "$mode" = cpu ] && NGPU=0
+echo "gpu-check: mode $mode, $NGPU GPU(s), build dir $BUILD_DIR, $JOBS jobs, output $OUT," \
+     "budget ${budget} s${bundle:+, bundle $bundle}"
 if [ "$mode" != dry ]; then
   { nvidia-smi 2>&1 || echo "nvidia-smi: not available"; } > "$logs/nvidia-smi.log"
-  { echo "python: $PY"; "$PY" -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())' 2>&1; } > "$logs/torch.log"
+  {
+    echo "python: $PY"
+    "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count(), "nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else "-")' 2>&1
+    echo "cores: $(nproc)"
+    cmake --version | head -n 1
+    echo "ninja $(ninja --version 2>&1)"
+    { nvcc --version 2>/dev/null || "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" --version 2>/dev/null || echo "nvcc: not found"; } | tail -n 1
+    [ -n "$bundle" ] && cat "$bundle/MANIFEST"
+  } > "$logs/machine.log"
 fi
 
-# --- 1. configure against this machine's PyTorch, build what the checks need -----------------
-if [ "$mode" = cpu ]; then
-  skip_step configure "--cpu: using the existing build in $BUILD_DIR"
-else
-  prefix_cmd="$PY -c 'import torch; print(torch.utils.cmake_prefix_path)'"
-  prefix=$([ "$mode" = dry ] && echo '<torch cmake prefix>' || eval "$prefix_cmd")
-  cuda_root=()
-  [ -n "${CUDA_HOME:-}" ] && cuda_root=(-DCUDAToolkit_ROOT="$CUDA_HOME")
-  run_step configure 300 configure.log cmake -S . -B "$BUILD_DIR" -G Ninja \
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" "${cuda_root[@]}"
-fi
+# --- 1. configure against this machine's PyTorch, build what the check runs --------------------
+# The wheel's CMake config and the wheel itself: TorchConfig's find_library searches the prefix
+# path first, and a system LibTorch (Debian's, say) would otherwise win over the wheel's lib/.
+prefix=$([ "$mode" = dry ] && echo '<torch cmake prefix>;<torch>' ||
+  "$PY" -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))' 2>/dev/null)
+configure=(cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  "-DCMAKE_PREFIX_PATH=$prefix" "-DPython3_EXECUTABLE=$(command -v "$PY" || echo "$PY")")
+[ -n "${CUDA_HOME:-}" ] && configure+=("-DCUDAToolkit_ROOT=$CUDA_HOME")
+[ -n "$bundle" ] && configure+=("-DDTC_BUNDLE=$bundle")
+run_step configure 240 configure.log "${configure[@]}"
 
 # Every target this build knows (read once: `ninja ... | grep -q` under pipefail is flaky).
 all_targets=$([ "$mode" = dry ] || ninja -C "$BUILD_DIR" -t targets all 2>/dev/null | cut -d: -f1)
 has_target() { [ "$mode" = dry ] || grep -qx "$1" <<< "$all_targets"; }
-
-# The targets: the executables of every test labelled gpu, plus the programs run below.
-targets=(lesson02_solution lesson05_solution gpu_mfu nccl_raw)
-if [ "$mode" = gpu ] && [ -f "$BUILD_DIR/CTestTestfile.cmake" ]; then
-  while read -r exe; do targets+=("$(basename "$exe")"); done < <(
-    cd "$BUILD_DIR" && ctest -N -L gpu --show-only=json-v1 2>/dev/null |
-      "$PY" -c 'import json,sys
-for t in json.load(sys.stdin).get("tests", []):
-    c = t.get("command") or []
-    if c and "/" in c[0] and "python" not in c[0] and "torchrun" not in c[0]: print(c[0])' | sort -u)
-fi
-# Every lesson's solution test binary too (ALL_TESTS=0 to skip): GoogleTest cases labelled gpu
-# are only known to ctest once their binary is built (gtest_discover_tests).
-if [ "${ALL_TESTS:-1}" = 1 ] && [ "$mode" = gpu ]; then
-  while read -r t; do targets+=("$t"); done < <(
-    grep -x 'lesson[0-9]*_solution_tests' <<< "$all_targets" | sort -u)
-fi
-if has_target lesson06_solution; then
-  targets+=(lesson06_solution)
+# The programs: lesson 02, lesson 05 (its log parser), the NCCL lessons (06 and up), gpu_mfu and
+# nccl_raw. No test binary: no GoogleTest case needs a GPU (the gpu label is on gpu_mfu and
+# nccl_raw, which ctest runs directly).
+nccl_lessons=()
+if [ "$mode" = dry ]; then
+  nccl_lessons=(lesson06_solution lesson07_solution lesson08_solution lesson09_solution)
+else
+  mapfile -t nccl_lessons < <(grep -E -x 'lesson(0[6-9]|[1-9][0-9])_solution' <<< "$all_targets" | sort)
 fi
 available=()
-for t in "${targets[@]}"; do
-  if has_target "$t"; then
-    available+=("$t")
-  fi
+for t in lesson02_solution lesson05_solution gpu_mfu nccl_raw "${nccl_lessons[@]}"; do
+  has_target "$t" && available+=("$t")
 done
-mapfile -t available < <(printf '%s\n' "${available[@]}" | sort -u)
-if [ "$mode" = cpu ]; then
-  skip_step build "--cpu: build the targets yourself (${available[*]})"
-else
-  run_step build 900 build.log cmake --build "$BUILD_DIR" -j "$JOBS" --target "${available[@]}"
-fi
+run_step build 420 build.log cmake --build "$BUILD_DIR" -j "$JOBS" --target "${available[@]}"
 bin="$BUILD_DIR/bin"
+built() { [ "$mode" = dry ] || [ -x "$bin/$1" ]; }
 
-# --- 2. the GPU tests ---------------------------------------------------------------------------
-if [ "$mode" = cpu ]; then
-  run_step ctest-gpu 300 ctest-gpu.log ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure
-else
-  run_step ctest-gpu 300 ctest-gpu.log ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure \
-    --timeout 240
-fi
+# --- 2. the GPU tests (gpu_mfu, nccl_raw: each skips, saying so, without a GPU) -----------------
+run_step ctest-gpu 240 ctest-gpu.log ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure \
+  --timeout 200
 
-# --- 3. lesson 02 on the GPU (the course's device rule: CUDA when available) -----------------
-if [ "$mode" != dry ] && [ ! -x "$bin/lesson02_solution" ]; then
-  skip_step lesson02 "$bin/lesson02_solution is not built"
+# --- 3. lesson 02 on the CPU and on CUDA: the same losses, the allocator against the ledger -----
+if built lesson02_solution; then
+  DTC_DEVICE=cpu run_step lesson02-cpu 120 lesson02-cpu.log "$bin/lesson02_solution" --steps 20 --json
+  if [ "$mode" = cpu ]; then
+    skip_step lesson02-cuda "--cpu: no GPU"
+  else
+    DTC_DEVICE=cuda run_step lesson02-cuda 120 lesson02-cuda.log "$bin/lesson02_solution" --steps 20 --json
+  fi
 else
-  run_step lesson02 300 lesson02.log "$bin/lesson02_solution" --steps 20 --json
+  skip_step lesson02 "$bin/lesson02_solution is not built (see build.log)"
 fi
 
 # --- 4. MFU, GPT-2-small size, bf16 ---------------------------------------------------------------
-if [ "$mode" != dry ] && [ ! -x "$bin/gpu_mfu" ]; then
-  skip_step gpu_mfu "$bin/gpu_mfu is not built"
+if ! built gpu_mfu; then
+  skip_step gpu_mfu "$bin/gpu_mfu is not built (see build.log)"
 elif [ "$mode" != cpu ]; then
-  run_step gpu_mfu 300 gpu_mfu.log "$bin/gpu_mfu" --device cuda --steps "$MFU_STEPS" --warmup 3 --json
+  run_step gpu_mfu 240 gpu_mfu.log "$bin/gpu_mfu" --device cuda --steps "$MFU_STEPS" --warmup 3 --json
 else
   run_step gpu_mfu 120 gpu_mfu.log "$bin/gpu_mfu" --smoke --device cpu --json
 fi
 
-# --- 5. raw NCCL on every GPU, with NCCL_DEBUG=INFO ---------------------------------------------
-export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV
-np=$(( NGPU > 0 ? NGPU : 1 ))
-if [ "$mode" != dry ] && [ ! -x "$bin/nccl_raw" ]; then
-  skip_step nccl_raw "not built (no CUDA toolkit, MPI or nccl.h at configure time: see configure.log)"
-elif command -v mpirun > /dev/null; then
-  run_step nccl_raw 120 nccl_raw.log mpirun --allow-run-as-root --oversubscribe -np "$np" \
-    -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS "$bin/nccl_raw" --count 16777216
+# --- 5. NCCL: raw, then the lessons, one rank per GPU, NCCL_DEBUG=INFO ---------------------------
+export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,COLL
+np=$(( NGPU > 0 ? NGPU : 2 ))   # --cpu: two CPU ranks on gloo
+backend=$([ "$mode" = cpu ] && echo gloo || echo nccl)
+torchrun=("$PY" -m torch.distributed.run --standalone --nproc_per_node="$np" --no_python)
+if ! built nccl_raw; then
+  skip_step nccl_raw "not built (needs the CUDA toolkit and NCCL at configure time: configure.log)"
+elif [ "$mode" = cpu ]; then
+  run_step nccl_raw 60 nccl_raw.log "$bin/nccl_raw" --count 1024
 else
-  run_step nccl_raw 120 nccl_raw.log "$bin/nccl_raw" --count 16777216
+  # The unique id through a file (no MPI needed); mpirun works too where OpenMPI is installed.
+  run_step nccl_raw 120 nccl_raw.log "${torchrun[@]}" "$bin/nccl_raw" --count 16777216
+  if [ "$NGPU" -eq 1 ]; then
+    # Two ranks on the one GPU: NCCL refuses. Capture its words; this step passes when it does.
+    run_step nccl-2-on-1 60 nccl-2-on-1.log bash -c '
+      "$@"; rc=$?
+      echo "exit $rc"
+      [ $rc -ne 0 ] && echo "expected: NCCL does not put two ranks of one communicator on one GPU"
+      exit 0' _ "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 --no_python \
+      "$bin/nccl_raw" --count 1024
+  fi
 fi
-
-# --- 6. lesson 06 (DDP) on NCCL, on every GPU -----------------------------------------------------
-if [ "$mode" = dry ] || [ -x "$bin/lesson06_solution" ]; then
-  backend=$([ "$mode" != cpu ] && echo nccl || echo gloo)
-  run_step lesson06 300 lesson06.log "$PY" -m torch.distributed.run --standalone \
-    --nproc_per_node="$np" --no_python "$bin/lesson06_solution" --backend "$backend" --steps 20 --json
-else
-  skip_step lesson06 "$bin/lesson06_solution is not built here (lesson 06 missing?)"
-fi
+for prog in "${nccl_lessons[@]}"; do
+  name=${prog%_solution}
+  if ! built "$prog"; then skip_step "$name" "$bin/$prog is not built (see build.log)"; continue; fi
+  extra=()
+  [ "$name" = lesson09 ] && extra=(--no-sweep)
+  run_step "$name" 150 "$name.log" "${torchrun[@]}" "$bin/$prog" --backend "$backend" --steps 10 \
+    --json "${extra[@]}"
+done
 unset NCCL_DEBUG NCCL_DEBUG_SUBSYS
 
-# --- 7. read the NCCL logs (lesson 05's parser) ------------------------------------------------
+# --- 6. read the NCCL logs (lesson 05's parser) ------------------------------------------------
 captured=()
-for f in "$logs/nccl_raw.log" "$logs/lesson06.log"; do
-  [ -f "$f" ] && grep -q 'NCCL INFO' "$f" && captured+=("$f")
-done
-if [ "$mode" != dry ] && [ ! -x "$bin/lesson05_solution" ]; then
+if [ "$mode" != dry ]; then
+  for f in "$logs"/*.log; do grep -q 'NCCL INFO' "$f" && captured+=("$f"); done
+fi
+if ! built lesson05_solution; then
   skip_step nccl-log "$bin/lesson05_solution is not built"
-elif [ "$mode" = dry ]; then
-  run_step nccl-log 60 nccl-summary.txt "$bin/lesson05_solution" nccl-log "$logs/nccl_raw.log" "$logs/lesson06.log"
-elif [ ${#captured[@]} -gt 0 ]; then
-  run_step nccl-log 60 nccl-summary.txt "$bin/lesson05_solution" nccl-log "${captured[@]}"
+elif [ "$mode" = dry ] || [ ${#captured[@]} -gt 0 ]; then
+  run_step nccl-log 60 nccl-summary.txt "$bin/lesson05_solution" nccl-log ${captured[@]+"${captured[@]}"}
 else
-  # Nothing captured (no GPU): exercise the parser on the constructed samples instead.
+  # Nothing captured (no GPU): exercise the parser on the course's sample logs instead.
   run_step nccl-log 60 nccl-summary.txt "$bin/lesson05_solution" nccl-log tests/lesson05/data/*.log
 fi
 
 [ "$mode" = dry ] && exit 0
 
-# --- 8. the summary -------------------------------------------------------------------------------
-total=$(( $(date +%s) - t_start ))
-"$PY" - "$OUT" "$mode" "$NGPU" "$total" <<'PYEOF'
+# --- 7. the summary -------------------------------------------------------------------------------
+total=$(( SECONDS - t_start ))
+"$PY" - "$OUT" "$mode" "$NGPU" "$total" "$budget" <<'PYEOF'
 import json, os, sys
-out, mode, ngpu, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+out, mode, ngpu, total, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 logs = os.path.join(out, "logs")
 
 def last_json(name):
@@ -235,15 +267,30 @@ steps = []
 for line in open(os.path.join(out, "steps.tsv")):
     name, status, secs, note = (line.rstrip("\n").split("\t") + [""] * 4)[:4]
     steps.append({"step": name, "status": status, "seconds": int(secs or 0), "note": note})
-summary = {"mode": mode, "gpus": ngpu, "total_s": total, "steps": steps,
-           "torch": text("torch.log", 5), "gpu_mfu": last_json("gpu_mfu.log"),
-           "lesson02": last_json("lesson02.log"), "lesson06": last_json("lesson06.log")}
-json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)
+runs = {n[:-4]: last_json(n) for n in sorted(os.listdir(logs)) if n.endswith(".log")}
+runs = {k: v for k, v in runs.items() if v is not None}
+summary = {"mode": mode, "gpus": ngpu, "total_s": total, "budget_s": budget, "steps": steps,
+           "machine": text("machine.log", 20), "runs": runs}
 
-md = [f"# GPU check ({mode}, {ngpu} GPU(s), {total} s)", "", "| step | status | s | note |",
-      "|---|---|---|---|"]
-md += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['note']} |" for s in steps]
-m = summary["gpu_mfu"]
+md = [f"# GPU check ({mode}, {ngpu} GPU(s), {total} s of a {budget} s budget)", "",
+      "| step | status | s | note |", "|---|---|---|---|"]
+md += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['note'].replace('|', '/')} |"
+       for s in steps]
+cpu, cuda = runs.get("lesson02-cpu"), runs.get("lesson02-cuda")
+if cpu or cuda:
+    md += ["", "## Lesson 02: CPU and CUDA", ""]
+    for name, j in (("cpu", cpu), ("cuda", cuda)):
+        if j:
+            l, mem = j.get("losses", []), j.get("memory", {})
+            md.append(f"- {name}: {j.get('device')}, loss {l[0]:.4f} -> {l[-1]:.4f} over {len(l)} "
+                      f"steps, {j.get('tokens_per_s', 0):.0f} tokens/s; memory measured "
+                      f"{json.dumps(mem.get('measured'))}, predicted {json.dumps(mem.get('predicted'))}")
+    if cpu and cuda:
+        a, b = cpu.get("losses", []), cuda.get("losses", [])
+        diff = max((abs(x - y) for x, y in zip(a, b)), default=float("nan"))
+        summary["lesson02_loss_max_abs_diff"] = diff
+        md.append(f"- largest loss difference, CUDA vs CPU, over {min(len(a), len(b))} steps: {diff:.2e}")
+m = runs.get("gpu_mfu")
 if m:
     mfu = f"{100 * m['mfu']:.1f}% of {m['peak_tflops']:.0f} TFLOP/s" if m.get("mfu") else "not computed"
     md += ["", "## MFU", "",
@@ -251,15 +298,17 @@ if m:
            f"V{m['vocab']} ({m['params'] / 1e6:.1f} M params), batch {m['batch']}, {m['dtype']}: "
            f"{m['median_step_s'] * 1e3:.1f} ms/step, {m['tokens_per_s']:.0f} tokens/s, "
            f"{m['achieved_tflops']:.1f} TFLOP/s, MFU {mfu}"]
-for name, title in (("lesson02", "Lesson 02 on the device"), ("lesson06", "Lesson 06 (DDP)")):
-    j = summary[name]
-    if j:
-        losses = j.get("losses", [])
-        md += ["", f"## {title}", "",
-               f"tokens/s {j.get('tokens_per_s')}, loss {losses[0] if losses else '?'} -> "
-               f"{losses[-1] if losses else '?'} over {len(losses)} steps"]
+lessons = [k for k in runs if k.startswith("lesson") and not k.startswith("lesson02")]
+if lessons:
+    md += ["", "## Lessons on " + ("gloo (CPU)" if mode == "cpu" else "NCCL"), ""]
+    for k in lessons:
+        j = runs[k]
+        l = j.get("losses", [])
+        md.append(f"- {k}: world {j.get('world', '?')}, loss {l[0] if l else '?'} -> "
+                  f"{l[-1] if l else '?'} over {len(l)} steps")
 md += ["", "## NCCL logs (lesson05 nccl-log)", "", "```", text("nccl-summary.txt", 60), "```",
-       "", "## Environment", "", "```", summary["torch"], "```"]
+       "", "## Machine", "", "```", summary["machine"], "```"]
+json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)
 open(os.path.join(out, "summary.md"), "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 PYEOF

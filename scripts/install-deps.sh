@@ -5,6 +5,8 @@
 #   scripts/install-deps.sh            # both LibTorch paths (what `make test` needs)
 #   scripts/install-deps.sh primary    # PyPI torch 2.x in the course venv + Debian tools
 #   scripts/install-deps.sh light      # Debian's libtorch-dev 1.13 + Debian tools
+#   scripts/install-deps.sh venv       # only the venv, no Debian package (DTC_VENV and
+#                                      # DTC_TORCH_VERSION choose where and which torch)
 #
 # The venv (several GB) lives outside the checkout, shared by every clone and by CI:
 #   ${DTC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dtc-course}/venv
@@ -12,8 +14,8 @@
 set -euo pipefail
 
 what=${1:-all}
-case "$what" in all|primary|light|base) ;; *)
-  echo "install-deps.sh: unknown argument '$what'. Use one of: all, primary, light, base." >&2
+case "$what" in all|primary|light|base|venv) ;; *)
+  echo "install-deps.sh: unknown argument '$what'. Use one of: all, primary, light, base, venv." >&2
   exit 2 ;;
 esac
 
@@ -24,7 +26,7 @@ mkdir -p "$DTC_CACHE"
 log="$DTC_CACHE/install.log"
 
 sudo_=""
-if [ "$(id -u)" -ne 0 ]; then
+if [ "$what" != venv ] && [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null; then sudo_="sudo"; else
     echo "install-deps.sh: need root or sudo to install Debian packages." >&2
     echo "HINT: run it as root, or install the packages listed in scripts/packages.txt by hand." >&2
@@ -97,8 +99,9 @@ install_venv() {
   echo "$(date -Is) venv [torch==$DTC_TORCH_VERSION]: $((SECONDS - t0)) s, $size MB on disk" | tee -a "$log"
 }
 
-apt_install "${base_pkgs[@]}"
+[ "$what" = venv ] || apt_install "${base_pkgs[@]}"
 case "$what" in
+  venv) install_venv ;;
   all) apt_install "${primary_pkgs[@]}" "${light_pkgs[@]}"; install_venv ;;
   primary) apt_install "${primary_pkgs[@]}"; install_venv ;;
   light) apt_install "${light_pkgs[@]}" ;;

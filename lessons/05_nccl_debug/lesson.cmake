@@ -55,9 +55,10 @@ add_test(NAME lesson05.gpu.gpu_mfu
 set_tests_properties(lesson05.gpu.gpu_mfu PROPERTIES LABELS "lesson05;gpu" TIMEOUT 300
   SKIP_RETURN_CODE 77)
 
-# nccl_raw: NCCL without LibTorch (CUDA runtime + nccl.h + libnccl + MPI). Built where the CUDA
-# toolkit, nccl.h and libnccl are found (the primary path's wheel ships NCCL; the light path
-# usually has none); its test skips (77) where no GPU is visible.
+# nccl_raw: NCCL without LibTorch (CUDA runtime + nccl.h + libnccl; MPI optional). Built where the
+# CUDA toolkit, nccl.h and libnccl are found (the primary path's wheel ships NCCL; the light path
+# usually has none); its test skips (77) where no GPU is visible. With MPI it also runs under
+# mpirun; without, its ranks share NCCL's unique id through a file (torchrun, or by hand).
 find_package(CUDAToolkit QUIET)
 find_package(MPI QUIET COMPONENTS CXX)
 # nccl.h and libnccl from one place: the wheel's nvidia/nccl (as DtcTorch.cmake finds it) first,
@@ -73,18 +74,22 @@ foreach(_root "${DTC_TORCH_ROOT}/../nvidia/nccl" "$ENV{CUDA_HOME}" /usr/local/cu
     endif()
   endforeach()
 endforeach()
-if(CUDAToolkit_FOUND AND MPI_CXX_FOUND AND DTC_L05_NCCL_INCLUDE AND DTC_L05_NCCL_LIB)
+if(CUDAToolkit_FOUND AND DTC_L05_NCCL_INCLUDE AND DTC_L05_NCCL_LIB)
   add_executable(nccl_raw "${PROJECT_SOURCE_DIR}/lessons/05_nccl_debug/nccl_raw.cpp")
   target_include_directories(nccl_raw SYSTEM PRIVATE "${DTC_L05_NCCL_INCLUDE}")
-  target_link_libraries(nccl_raw PRIVATE CUDA::cudart "${DTC_L05_NCCL_LIB}" MPI::MPI_CXX)
+  target_link_libraries(nccl_raw PRIVATE CUDA::cudart "${DTC_L05_NCCL_LIB}")
+  if(MPI_CXX_FOUND)
+    target_link_libraries(nccl_raw PRIVATE MPI::MPI_CXX)
+    target_compile_definitions(nccl_raw PRIVATE DTC_NCCL_RAW_MPI)
+  endif()
   target_compile_options(nccl_raw PRIVATE ${DTC_WARNINGS})
   get_filename_component(_l05_nccl_libdir "${DTC_L05_NCCL_LIB}" DIRECTORY)
   set_target_properties(nccl_raw PROPERTIES BUILD_RPATH "${_l05_nccl_libdir}")
   add_test(NAME lesson05.solution.nccl_raw COMMAND nccl_raw --count 1024)
   set_tests_properties(lesson05.solution.nccl_raw PROPERTIES SKIP_RETURN_CODE 77
     LABELS "lesson05;solution;lesson05-solution;gpu" TIMEOUT 60)
-  message(STATUS "lesson05: nccl_raw enabled (NCCL ${DTC_L05_NCCL_LIB})")
+  message(STATUS "lesson05: nccl_raw enabled (NCCL ${DTC_L05_NCCL_LIB}, MPI ${MPI_CXX_FOUND})")
 else()
-  message(STATUS "lesson05: nccl_raw not built (CUDA toolkit ${CUDAToolkit_FOUND}, MPI "
-                 "${MPI_CXX_FOUND}, nccl.h '${DTC_L05_NCCL_INCLUDE}', libnccl '${DTC_L05_NCCL_LIB}')")
+  message(STATUS "lesson05: nccl_raw not built (CUDA toolkit ${CUDAToolkit_FOUND}, "
+                 "nccl.h '${DTC_L05_NCCL_INCLUDE}', libnccl '${DTC_L05_NCCL_LIB}')")
 endif()
