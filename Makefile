@@ -41,6 +41,9 @@ help:
 	@echo "  make format | tidy          apply clang-format | run clang-tidy"
 
 # DTC_SKIP_DEPS=1: a machine that brings its own (a GPU node with its PyTorch): no installer.
+# DTC_BUNDLE=dir: with no Debian -dev packages either, the folder scripts/gpu-bundle.sh made.
+DTC_BUNDLE ?=
+BUNDLE_FLAG = $(if $(DTC_BUNDLE),-DDTC_BUNDLE="$(abspath $(DTC_BUNDLE))")
 DEPS_PRIMARY := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-primary.stamp)
 DEPS_LIGHT := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-light.stamp)
 
@@ -53,7 +56,7 @@ deps-light: $(DTC_CACHE)/deps-light.stamp
 
 # --- configure and build -------------------------------------------------------------------
 $(BUILD)/build.ninja: | $(DEPS_PRIMARY)
-	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_TYPE_FLAG) -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)"
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_TYPE_FLAG) $(BUNDLE_FLAG) -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)"
 $(LIGHT_BUILD)/build.ninja: | $(DEPS_LIGHT)
 	cmake -S . -B $(LIGHT_BUILD) -G Ninja $(CMAKE_TYPE_FLAG)
 configure: $(BUILD)/build.ninja

@@ -97,7 +97,8 @@ step() {
   shift 2
   step_no=$((step_no + 1))
   local log
-  log=$(printf '%s/%02d-%s.log' "$out" "$step_no" "${name//[^A-Za-z0-9_.-]/_}")
+  local slug=${name//[^A-Za-z0-9_.-]/_}
+  log=$(printf '%s/%02d-%s.log' "$out" "$step_no" "${slug:0:60}")
   local t0=$SECONDS rc
   echo "== [$(date +%T)] $name"
   # The step's commands are this script's functions: run them in a child bash that has them.

@@ -22,8 +22,23 @@ torch=2.11.0
 out=$PWD/gpu-rehearsal
 root=/var/tmp/dtc-gpu-rehearsal-root
 keep=0
+# Inside the root: the proof that no development package of the course's lists came along.
+assert_no_dev() {
+  local p found=0
+  for p in $(sed -n 's/^[a-z]*:[[:space:]]*//p' "$here/packages.txt" | tr ' ' '\n' |
+             grep -E -- '-dev$|^googletest$' | sort -u); do
+    if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+      echo "installed: $p"; found=1
+    else
+      echo "absent: $p"
+    fi
+  done
+  return $found
+}
+
 while [ $# -gt 0 ]; do
   case "$1" in
+    --assert-no-dev) assert_no_dev; exit $? ;;
     --torch) torch=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --root) root=$2; shift 2 ;;
@@ -38,17 +53,14 @@ out=$(cd "$out" && pwd)
 bundle="$out/bundle"
 "$here/gpu-bundle.sh" "$bundle" || exit 1
 
-# What a GPU node has besides its GPU stack; and the proof that no -dev package came along.
+# What a GPU node has besides its GPU stack.
 node_tools=build-essential,cmake,ninja-build,python3,python3-venv
-dev_packages=$(sed -n 's/^\(base\|primary\|bundle\):[[:space:]]*//p' "$here/packages.txt" |
-  tr ' ' '\n' | grep -E -- '-dev$|^googletest$' | sort -u | tr '\n' ' ')
-no_dev="for p in $dev_packages; do if dpkg-query -W -f='\${Status}' \$p 2>/dev/null | grep -q 'install ok installed'; then echo \"installed: \$p\"; exit 1; fi; done; echo 'none of: $dev_packages'"
 venv="DTC_VENV=/opt/node-python DTC_TORCH_VERSION=$torch scripts/install-deps.sh venv"
 check="TORCH_PYTHON=/opt/node-python/bin/python scripts/gpu-check.sh --cpu --bundle /root/bundle --out /root/gpu-check --budget 7200"
 
 "$here/fresh-check.sh" --root "$root" --out "$out" --include "$node_tools" \
   --copy "$bundle:/root/bundle" --keep --timeout 7200 \
-  --commands "$no_dev" "$venv" "$check"
+  --commands "scripts/gpu-rehearsal.sh --assert-no-dev" "$venv" "$check"
 rc=$?
 # The check's own output, out of the root; then the root goes, unless kept or failed.
 if [ -d "$root/root/gpu-check" ]; then
