@@ -68,7 +68,7 @@ apt_install() {
 
 # The torch wheel is a CUDA build. Compiling against it needs the CUDA runtime's headers, which
 # the wheel's nvidia-cuda-runtime brings, except the few nvcc keeps (crt/host_config.h, in
-# nvidia-cuda-crt, 130 kB): without a CUDA toolkit on the machine, those come from PyPI too, at
+# nvidia-cuda-crt, 130 kB; and CCCL's, in nvidia-cuda-cccl): without a CUDA toolkit on the machine, those come from PyPI too, at
 # the runtime's own major.minor version (cmake/DtcTorch.cmake then describes the runtime from the wheel).
 venv_ready() {
   "$DTC_VENV/bin/python" - "$DTC_TORCH_VERSION" <<'PY' 2>/dev/null
@@ -79,6 +79,7 @@ try:
 except m.PackageNotFoundError:
     sys.exit(0)  # a CPU build: nothing more to compile against
 m.version("nvidia-cuda-crt")
+m.version("nvidia-cuda-cccl")
 PY
 }
 
@@ -92,9 +93,14 @@ install_venv() {
   local cudart
   cudart=$("$DTC_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nvidia-cuda-runtime"))' 2>/dev/null || true)
   if [ -n "$cudart" ]; then
-    # The same major.minor: crt's patch releases do not follow the runtime's one for one (torch
-    # 2.11's runtime 13.0.96 has no crt 13.0.96; 13.0.88 has the same headers).
-    "$DTC_VENV/bin/python" -m pip install "nvidia-cuda-crt==$(cut -d. -f1,2 <<< "$cudart").*"
+    # The same major.minor: their patch releases do not follow the runtime's one for one (torch
+    # 2.11's runtime 13.0.96 has no crt 13.0.96; 13.0.88 has the same headers). CCCL (nv/target,
+    # which cuda_fp16.h includes) comes with torch 2.15's wheel, not with 2.11's.
+    local pkg
+    for pkg in nvidia-cuda-crt nvidia-cuda-cccl; do
+      "$DTC_VENV/bin/python" -c "import importlib.metadata as m; m.version('$pkg')" 2>/dev/null ||
+        "$DTC_VENV/bin/python" -m pip install "$pkg==$(cut -d. -f1,2 <<< "$cudart").*"
+    done
   fi
   local size
   size=$(du -sm "$DTC_VENV" | cut -f1)
