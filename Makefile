@@ -23,7 +23,7 @@ TORCH_PYTHON ?= $(DTC_VENV)/bin/python
 TORCH_PREFIX = $$($(TORCH_PYTHON) -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')
 
 .PHONY: help deps deps-light configure configure-light build build-light test run exercises \
-        check-exercises format tidy docs slides clean grade
+        check-exercises format tidy docs slides clean grade mutants
 
 help:
 	@echo "Learners:"
@@ -36,6 +36,7 @@ help:
 	@echo "  make test-lessonNN-solution test the reference solution of one lesson"
 	@echo "  make test                   everything CI checks, on both LibTorch paths"
 	@echo "  make grade [SUBMISSION=dir] grade a learner's lessons/ with the course's tests"
+	@echo "  make mutants [LESSON=NN]    every learner mistake in tests/mutants/ must lose points"
 	@echo "  make exercises [FORCE=1]    regenerate lessons/ from solutions/"
 	@echo "  make slides | docs          slide decks (HTML + PDF) | API docs (Doxygen HTML)"
 	@echo "  make format | tidy          apply clang-format | run clang-tidy"
@@ -101,6 +102,13 @@ grade: | $(DEPS_PRIMARY)
 	  --torch-dir "$$($(TORCH_PYTHON) -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
 	@echo "Grades: grade/summary.md, grade/summary.html, JUnit XML in grade/lessonNN.xml"
 
+# Mutation testing: every learner mistake in tests/mutants/ must lose points under the grader.
+# LESSON=06 (or "03 06") for some lessons only.
+LESSON ?=
+mutants: | $(DEPS_PRIMARY)
+	python3 scripts/mutants.py --build build-mutants $(if $(LESSON),--lessons $(LESSON)) \
+	  --torch-dir "$$($(TORCH_PYTHON) -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+
 check-exercises:
 	python3 scripts/exercises.py check
 
@@ -120,4 +128,4 @@ tidy: configure
 	run-clang-tidy -quiet -p $(BUILD) '(common/src|lessons|solutions)/.*\.cpp$$'
 
 clean:
-	rm -rf $(BUILD) $(LIGHT_BUILD) build-grade grade
+	rm -rf $(BUILD) $(LIGHT_BUILD) build-grade grade build-mutants

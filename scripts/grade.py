@@ -88,7 +88,10 @@ def failure_xml(path: pathlib.Path, lesson: str, tests, reason: str):
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def grade_lesson(nn: str, build: pathlib.Path, out: pathlib.Path, timeout: int, jobs: str):
+def grade_lesson(nn: str, build: pathlib.Path, out: pathlib.Path, timeout: int, jobs: str,
+                 fail_fast: bool = False):
+    """Builds and runs lesson nn's learner tests. fail_fast (scripts/mutants.py): stop at the
+    first failing test, whose name goes to result["first_failure"]; the rest count as lost."""
     result = {"lesson": nn, "status": "ok", "passed": 0, "total": 0, "detail": ""}
     # The solution's test binary gives the list of tests, and so the points available.
     r = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}_solution_tests"])
@@ -104,7 +107,8 @@ def grade_lesson(nn: str, build: pathlib.Path, out: pathlib.Path, timeout: int, 
     binary = build / "tests" / f"lesson{nn}_tests"
     if xml_path.exists():
         xml_path.unlink()
-    r = run([str(binary), f"--gtest_output=xml:{xml_path}"], timeout=timeout)
+    r = run([str(binary), f"--gtest_output=xml:{xml_path}",
+             *(["--gtest_fail_fast"] if fail_fast else [])], timeout=timeout)
     if isinstance(r, subprocess.TimeoutExpired):
         result.update(status="hang", detail=f"killed after {timeout} s")
         failure_xml(xml_path, nn, sol_tests, f"hang: the tests were killed after {timeout} s")
@@ -119,6 +123,8 @@ def grade_lesson(nn: str, build: pathlib.Path, out: pathlib.Path, timeout: int, 
         name = f"{case.get('classname')}.{case.get('name')}"
         if name in scored_names and case.find("failure") is None and case.get("result") != "skipped":
             result["passed"] += 1
+        elif case.find("failure") is not None and "first_failure" not in result:
+            result["first_failure"] = name
     return result
 
 

@@ -63,8 +63,10 @@ at::Tensor tour_send_recv(Comm& comm, int64_t n) {
 }
 
 int tour_barrier(Comm& comm, c10d::Store& store, const std::string& prefix) {
-  // TODO(L03): set "<prefix>arrived/<r>", barrier, then count the W keys with store.check
-  DTC_TODO("L03", "set \"<prefix>arrived/<r>\", barrier, then count the W keys with store.check");
+  // TODO(L03): set "<prefix>arrived/<r>", make sure the store has it (a TCPStore set does
+  //   not wait for the server), barrier, then count the W keys with store.check
+  DTC_TODO("L03", "set \"<prefix>arrived/<r>\", make sure the store has it (a TCPStore set does "
+                  "not wait for the server), barrier, then count the W keys with store.check");
 }
 
 // =============================================================================================
@@ -208,4 +210,4 @@ void ring_allreduce(Comm& comm, const at::Tensor& flat) {
 }
 
 }  // namespace dtc::l03
-// exercise generated from solutions/03_collectives/collectives.cpp by scripts/exercises.py; checksum a144d833e72ceb08
+// exercise generated from solutions/03_collectives/collectives.cpp by scripts/exercises.py; checksum 2902ed3b079fa4ed

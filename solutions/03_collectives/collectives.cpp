@@ -95,10 +95,13 @@ at::Tensor tour_send_recv(Comm& comm, int64_t n) {
 }
 
 int tour_barrier(Comm& comm, c10d::Store& store, const std::string& prefix) {
-  // BEGIN SOLUTION: set "<prefix>arrived/<r>", barrier, then count the W keys with store.check
+  // BEGIN SOLUTION: set "<prefix>arrived/<r>", make sure the store has it (a TCPStore set does
+  //   not wait for the server), barrier, then count the W keys with store.check
   const int world = comm.getSize();
-  store.set(fmt::format("{}arrived/{}", prefix, comm.getRank()), std::vector<uint8_t>{1});
-  comm.barrier()->wait();  // after this, every rank has written its key
+  const std::string mine = fmt::format("{}arrived/{}", prefix, comm.getRank());
+  store.set(mine, std::vector<uint8_t>{1});
+  store.get(mine);         // a round trip on our connection: the server has applied our set
+  comm.barrier()->wait();  // after this, every rank's key is in the store
   int seen = 0;
   for (int i = 0; i < world; ++i) {
     if (store.check({fmt::format("{}arrived/{}", prefix, i)})) ++seen;

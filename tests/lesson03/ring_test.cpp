@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <set>
 
 #include "collectives.h"
 #include "dtc/compare.h"
+#include "dtc/observe.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
 
@@ -123,6 +125,55 @@ TEST(L03Ring, AllreduceEqualsGloo) {
             ring_allreduce(*ctx.comm, mine);
             // Same sum, different order of additions: one fp32 op's tolerance.
             EXPECT_TENSOR_CLOSE(mine, gloo[0], kFp32Op);
+          }
+        },
+        kTimeout);
+  }
+}
+
+// What a ring is, seen from outside the learner's code (a RecordingComm around the Comm): only
+// send and recv; sends only to r + 1, receives only from r - 1; each rank sends every chunk but
+// its own once in the reduce-scatter and every chunk but r + 1's once in the all-gather (the
+// 2 (W - 1) / W of the data that makes the ring bandwidth-optimal); and no rank waits for a
+// send while it has no receive posted (on a transport whose sends block until the peer
+// receives, NCCL's with large messages, that order deadlocks: every rank waits on its send).
+TEST(L03Ring, AllreduceSendsOnlyToItsNeighboursTheRingsBytes) {
+  for (int world : {2, 3, 4}) {
+    SCOPED_TRACE(testing::Message() << "world " << world);
+    run_ranks(
+        world,
+        [&](RankContext& ctx) {
+          for (int64_t n : {int64_t{10}, int64_t{1001}}) {
+            SCOPED_TRACE(testing::Message() << "n " << n << ", rank " << ctx.rank);
+            auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+            auto flat = ramp(n, ctx.rank);
+            ring_allreduce(*rec, flat);
+            const int r = ctx.rank;
+            const int next = (r + 1) % world, prev = (r + world - 1) % world;
+            int64_t sent = 0, open_recvs = 0;
+            std::set<int64_t> recv_calls;
+            for (const auto& e : rec->events()) {
+              if (e.op == "send") {
+                EXPECT_EQ(e.peer, next) << "a ring sends to rank r + 1 only";
+                sent += e.bytes;
+              } else if (e.op == "recv") {
+                EXPECT_EQ(e.peer, prev) << "a ring receives from rank r - 1 only";
+                ++open_recvs;
+                recv_calls.insert(e.seq);
+              } else if (e.op == "wait" && e.label == "recv") {
+                --open_recvs;
+              } else if (e.op == "wait" && e.label == "send") {
+                EXPECT_GT(open_recvs, 0)
+                    << "waited for a send with no receive posted: on NCCL with large messages "
+                       "every rank waits on its send and none receives (post the recv first)";
+              } else if (e.op != "wait") {
+                ADD_FAILURE() << "a ring is made of send and recv only; it called " << e.op;
+              }
+            }
+            const int64_t want = 4 * (2 * n - split_size(n, world, r) - split_size(n, world, next));
+            EXPECT_EQ(sent, want) << "bytes sent: every chunk but chunk r (reduce-scatter) and "
+                                     "every chunk but chunk r + 1 (all-gather), once";
+            EXPECT_TENSOR_CLOSE(flat, ramp(n, 0) * (world * (world + 1) / 2.0f), kExact);
           }
         },
         kTimeout);

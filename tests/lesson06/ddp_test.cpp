@@ -4,6 +4,7 @@
 //   - a single-process baseline computed HERE with plain LibTorch on the whole global batch
 //     (lesson 02's model, optimizer and batches; none of the learner's code), and
 //   - PyTorch's own losses (tests/reference/lesson02_reference.json).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include "ddp.h"
 #include "dtc/compare.h"
 #include "dtc/data.h"
+#include "dtc/observe.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
 #include "plain_baseline.h"
@@ -190,6 +192,40 @@ TEST(L06Bucketed, TwoRanksMatchPyTorchLosses) {
   EXPECT_TENSOR_CLOSE(torch::tensor(runs[0].losses), torch::tensor(want), kFp32VsPyTorch);
 }
 
+TEST(L06Bucketed, ParameterWithoutGradientOnOneRankAveragesAZero) {
+  // Step 1: every parameter gets r + 1 on rank r. Step 2 (gradients set to none first, as the
+  // trainer does): rank 0 uses all three parameters, rank 1 leaves the middle one out. A rank
+  // without a gradient contributes zeros, so the middle one's mean is (0 + 1 + 0 ...) / W = 1 / W
+  // (closed form) on every rank, and the others' is (W + 1) / 2 again.
+  constexpr int kWorld = 2;
+  run_ranks(
+      kWorld,
+      [&](RankContext& ctx) {
+        std::vector<torch::Tensor> params{torch::zeros({3, 4}, torch::requires_grad()),
+                                          torch::zeros({5}, torch::requires_grad()),
+                                          torch::zeros({2, 2}, torch::requires_grad())};
+        Reducer reducer(params, ctx.comm, 1);  // one bucket per parameter
+        const double mine = ctx.rank + 1;
+        for (int step = 0; step < 2; ++step) {
+          for (auto& p : params) p.mutable_grad().reset();
+          auto loss = torch::zeros({});
+          for (size_t i = 0; i < params.size(); ++i) {
+            if (step == 1 && i == 1 && ctx.rank != 0) continue;  // unused on this rank
+            loss = loss + (params[i] * mine).sum();
+          }
+          loss.backward();
+          reducer.finish();
+        }
+        for (size_t i = 0; i < params.size(); ++i) {
+          const double want = i == 1 ? 1.0 / kWorld : (kWorld + 1) / 2.0;
+          auto cmp = compare_tensors(params[i].grad(), torch::full_like(params[i], want), kExact,
+                                     fmt::format("parameter {}'s mean gradient in step 2", i));
+          if (!cmp.ok) throw std::runtime_error(cmp.message);
+        }
+      },
+      kTimeout);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Buckets and overlap
 // ---------------------------------------------------------------------------------------------
@@ -206,22 +242,58 @@ TEST(L06Buckets, ReverseOrderCappedByBytes) {
   EXPECT_EQ(assign_buckets(p, 1), each);
 }
 
+// What the ranks did during one step, seen from outside the Reducer: a RecordingComm logs every
+// allreduce, and hooks of the test's own, registered after the Reducer's (so they run after its
+// hook on the same parameter), mark each parameter's gradient as it becomes ready.
+struct StepLog {
+  int64_t buckets = 0;
+  int64_t in_backward = 0;            // allreduces issued before the last gradient's mark
+  int64_t before_last_two_grads = 0;  // issued before the second-to-last gradient's mark
+};
+
+StepLog observe_step(const TrainConfig& c, RankContext& ctx, const ByteDataset& data) {
+  auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+  DdpTrainer trainer(c, rec, torch::kCPU, c.seed);
+  StepLog log;
+  log.buckets = static_cast<int64_t>(trainer.reducer()->buckets().size());
+  const auto params = trainer.model()->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].register_hook([rec, i](const torch::Tensor&) { rec->mark(std::to_string(i)); });
+  }
+  rec->clear();
+  trainer.step(rank_batches(data, c, 0, ctx.rank, 2));
+  std::vector<int64_t> grad_marks;
+  for (const auto& e : rec->events("mark")) grad_marks.push_back(e.seq);
+  if (grad_marks.size() < 2) throw std::runtime_error("backward marked fewer than 2 gradients");
+  for (const auto& e : rec->events("allreduce")) {
+    log.in_backward += e.seq < grad_marks.back();
+    log.before_last_two_grads += e.seq < grad_marks[grad_marks.size() - 2];
+  }
+  return log;
+}
+
 TEST(L06Bucketed, AllreducesStartDuringBackward) {
+  // Overlap: a bucket's allreduce starts as soon as its last gradient is ready, while backward
+  // goes on. Buckets fill from the last parameter, whose gradient comes first, so every bucket
+  // but the last one (which holds the embedding, ready last) has started before the last two
+  // gradients are ready. A Reducer that waits for every gradient starts none by then.
   const TrainConfig c = tiny(SyncMode::kBucketed);
   const ByteDataset data = ByteDataset::builtin();
   run_ranks(
       2,
       [&](RankContext& ctx) {
-        DdpTrainer trainer(c, ctx.comm, torch::kCPU, c.seed);
-        const auto buckets = static_cast<int64_t>(trainer.reducer()->buckets().size());
-        if (buckets < 3) throw std::runtime_error("expected several buckets for this test");
-        trainer.step(rank_batches(data, c, 0, ctx.rank, 2));
-        trainer.step(rank_batches(data, c, 1, ctx.rank, 2));
-        // Every bucket of both steps was launched by a hook, while backward was running.
-        if (trainer.reducer()->launched_in_backward() != 2 * buckets) {
-          throw std::runtime_error("launched_in_backward() = " +
-                                   std::to_string(trainer.reducer()->launched_in_backward()) +
-                                   ", expected 2 steps x " + std::to_string(buckets) + " buckets");
+        const StepLog log = observe_step(c, ctx, data);
+        if (log.buckets < 3) throw std::runtime_error("expected several buckets for this test");
+        if (log.in_backward != log.buckets) {
+          throw std::runtime_error(fmt::format(
+              "{} allreduce calls during backward with {} buckets: expected one per bucket",
+              log.in_backward, log.buckets));
+        }
+        if (log.before_last_two_grads < log.buckets - 1) {
+          throw std::runtime_error(fmt::format(
+              "only {} of {} buckets' allreduces started before backward produced its last "
+              "two gradients (expected {}): the buckets are launched too late, no overlap",
+              log.before_last_two_grads, log.buckets, log.buckets - 1));
         }
       },
       kTimeout);
@@ -239,15 +311,14 @@ TEST(L06NoSync, AccumulationMatchesBaselineAndSkipsCommunication) {
   run_ranks(
       2,
       [&](RankContext& ctx) {
-        DdpTrainer trainer(c, ctx.comm, torch::kCPU, c.seed);
-        trainer.step(rank_batches(data, c, 0, ctx.rank, 2));
-        const auto buckets = static_cast<int64_t>(trainer.reducer()->buckets().size());
-        // One micro-step of two communicates: one launch per bucket, not two.
-        if (trainer.reducer()->launched_in_backward() != buckets) {
-          throw std::runtime_error("launched_in_backward() = " +
-                                   std::to_string(trainer.reducer()->launched_in_backward()) +
-                                   " after one step of 2 micro-steps; expected " +
-                                   std::to_string(buckets) + " (no_sync on the first)");
+        // One micro-step of two communicates: one allreduce per bucket, not two (counted by a
+        // RecordingComm, outside the Reducer).
+        const StepLog log = observe_step(c, ctx, data);
+        if (log.in_backward != log.buckets) {
+          throw std::runtime_error(fmt::format(
+              "{} allreduce calls during the backward passes of one step of 2 micro-steps with "
+              "{} buckets; expected {} (no_sync on the first micro-step)",
+              log.in_backward, log.buckets, log.buckets));
         }
       },
       kTimeout);

@@ -1,0 +1,100 @@
+// Observers for tests: what a learner's code did, seen from outside it, so that no test reads a
+// number the learner's own code writes (a counter, a byte count, "in flight").
+//
+//   RecordingComm  wraps any Comm (gloo or NCCL) and records every call made through it: the
+//                  operation, this rank's bytes, the peer or root, and its place in the order of
+//                  events, which the test can interleave with its own marks (an autograd hook
+//                  firing, a step starting). Each Work it returns records its wait() too (op
+//                  "wait", label the call's op, id the call's seq): whether a rank waited for a
+//                  send before posting the matching receive is visible.
+#pragma once
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtc/compat.h"
+
+namespace dtc {
+
+/// One call seen by a RecordingComm, or one mark() of the test's.
+struct CommEvent {
+  std::string op;          ///< "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
+                           ///< "alltoall", "send", "recv", "barrier", or "mark"
+  std::string label;       ///< mark(): the test's label; empty otherwise
+  int64_t bytes = 0;       ///< this rank's input bytes (recv: the bytes received; allgather: sent)
+  int peer = -1;           ///< send/recv: the other rank; broadcast/reduce: the root; else -1
+  int64_t seq = 0;         ///< position among this RecordingComm's events, from 0
+  int64_t id = -1;         ///< wait: the seq of the call whose Work was waited on
+  std::thread::id thread;  ///< the thread that made the call
+  std::chrono::steady_clock::time_point t;  ///< when the call was made (not when it finished)
+};
+
+/// A Comm that forwards every call to @p inner and records it (thread-safe). Use it where the
+/// learner's code takes a Comm; read events() after.
+class RecordingComm : public Comm {
+ public:
+  explicit RecordingComm(c10::intrusive_ptr<Comm> inner);
+
+  /// Records a mark of the test's own in the same order as the calls.
+  void mark(const std::string& label);
+  /// Every event so far, in order.
+  std::vector<CommEvent> events() const;
+  /// The events of one operation, in order.
+  std::vector<CommEvent> events(const std::string& op) const;
+  /// The total bytes of one operation's calls.
+  int64_t bytes(const std::string& op) const;
+  /// Forgets every event.
+  void clear();
+  /// The wrapped communicator.
+  const c10::intrusive_ptr<Comm>& inner() const { return inner_; }
+
+  const std::string getBackendName() const override;
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+      std::vector<int64_t>& input_splits,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+ private:
+  int64_t record(const char* op, int64_t bytes, int peer, const std::string& label = "",
+                 int64_t id = -1);
+  c10::intrusive_ptr<c10d::Work> wrap(c10::intrusive_ptr<c10d::Work> work, int64_t call,
+                                      const char* op);
+  class RecordedWork;
+
+  c10::intrusive_ptr<Comm> inner_;
+  mutable std::mutex mu_;
+  std::vector<CommEvent> events_;
+};
+
+/// The bytes of @p tensors (numel x element size, summed).
+int64_t tensor_bytes(const std::vector<at::Tensor>& tensors);
+
+}  // namespace dtc

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Mutation testing: each plausible learner mistake in the catalogue must lose points.
+
+    scripts/mutants.py [--lessons 06 09] [--build build-mutants] [--list] [--keep-going]
+    make mutants [LESSON=06]
+
+The catalogue is tests/mutants/lessonNN.toml, one [[mutant]] table per mistake:
+
+    [[mutant]]
+    id = "no-average"                       # short, unique in the lesson
+    file = "ddp.cpp"                        # an exercise file (its twin in solutions/NN_topic/)
+    why = "sums the gradients and forgets to divide by W"   # the mistake, as a learner makes it
+    find = '''grad.div_(world)'''           # text of the reference solution, exactly once,
+    replace = '''grad'''                    # inside a BEGIN/END SOLUTION region
+
+A mutant is the reference solution with one such edit. It is graded as a learner's submission
+would be, by scripts/grade.py's own grade_lesson (the same build of the course's tests with
+-DDTC_SUBMISSION, the same points): it is *killed* when it scores less than full marks (a test
+fails, the build fails, it crashes or hangs), and *survives* when every scored test passes.
+The unmutated solution is graded first and must score full marks.
+
+Prints one line per mutant, a table per lesson, and a last line `mutants: K killed of N`.
+Exits 0 when every mutant is killed, 1 when one survives (or the catalogue does not apply to
+the solution any more: a `find` that is not there exactly once, or outside the regions), 2 on
+bad arguments.
+"""
+import argparse
+import os
+import pathlib
+import re
+import shutil
+import sys
+import time
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import grade  # noqa: E402  (the grader itself: the same build and the same points)
+
+CATALOGUE = ROOT / "tests" / "mutants"
+REGION = re.compile(r"// BEGIN SOLUTION.*?// END SOLUTION", re.S)
+
+
+class CatalogueError(Exception):
+    pass
+
+
+def lesson_dirs():
+    return {p.name[:2]: p.name for p in (ROOT / "solutions").iterdir() if re.match(r"\d\d_", p.name)}
+
+
+def load(nn: str, topic: str):
+    path = CATALOGUE / f"lesson{nn}.toml"
+    if not path.exists():
+        return []
+    data = tomllib.loads(path.read_text())
+    mutants, seen = [], set()
+    for i, m in enumerate(data.get("mutant", [])):
+        where = f"{path.relative_to(ROOT)}: mutant {i + 1} ({m.get('id', '?')})"
+        for key in ("id", "file", "why", "find", "replace"):
+            if not isinstance(m.get(key), str):
+                raise CatalogueError(f"{where}: '{key}' is missing or not a string")
+        if m["id"] in seen:
+            raise CatalogueError(f"{where}: the id '{m['id']}' is used twice")
+        seen.add(m["id"])
+        src = ROOT / "solutions" / topic / m["file"]
+        if not src.is_file():
+            raise CatalogueError(f"{where}: solutions/{topic}/{m['file']} does not exist")
+        text = src.read_text()
+        n = text.count(m["find"])
+        if n != 1:
+            raise CatalogueError(
+                f"{where}: its 'find' text occurs {n} times in solutions/{topic}/{m['file']} "
+                "(needs exactly 1)\nHINT: the solution changed: update the mutant's 'find' to "
+                "the new code, keeping the mistake it stands for")
+        start = text.index(m["find"])
+        end = start + len(m["find"])
+        if not any(r.start() <= start and end <= r.end() for r in REGION.finditer(text)):
+            raise CatalogueError(f"{where}: its 'find' text is outside every BEGIN/END SOLUTION "
+                                 "region: a mutant is a mistake in the learner's code")
+        if m["find"] == m["replace"]:
+            raise CatalogueError(f"{where}: 'replace' equals 'find': not a mutant")
+        mutants.append({**m, "lesson": nn, "topic": topic, "mutated": text.replace(m["find"], m["replace"])})
+    return mutants
+
+
+def stage_solutions(staged: pathlib.Path, topics):
+    """The submission folder: every exercise file replaced by its reference solution."""
+    for topic in topics:
+        for sol in sorted((ROOT / "solutions" / topic).iterdir()):
+            dst = staged / topic / sol.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if not dst.exists() or dst.read_text() != sol.read_text():
+                shutil.copyfile(sol, dst)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lessons", nargs="*", help="lesson numbers (default: every catalogue)")
+    ap.add_argument("--build", default=str(ROOT / "build-mutants"))
+    ap.add_argument("--timeout", type=int, default=180, help="seconds per mutant's tests")
+    ap.add_argument("--torch-dir", help="as scripts/grade.py: the torch package to build with")
+    ap.add_argument("--list", action="store_true", help="print the catalogue, grade nothing")
+    ap.add_argument("--only", nargs="*", help="mutant ids to grade (default: all)")
+    args = ap.parse_args()
+
+    topics = lesson_dirs()
+    wanted = args.lessons or sorted(p.stem[len("lesson"):] for p in CATALOGUE.glob("lesson*.toml"))
+    for nn in wanted:
+        if nn not in topics:
+            print(f"mutants.py: no lesson {nn}\nHINT: lessons are {' '.join(sorted(topics))}",
+                  file=sys.stderr)
+            return 2
+    try:
+        catalogue = {nn: load(nn, topics[nn]) for nn in wanted}
+    except (CatalogueError, tomllib.TOMLDecodeError) as e:
+        print(f"mutants.py: {e}", file=sys.stderr)
+        return 1
+    if args.only:
+        catalogue = {nn: [m for m in ms if m["id"] in args.only] for nn, ms in catalogue.items()}
+    if args.list:
+        for nn, ms in catalogue.items():
+            print(f"lesson{nn}: {len(ms)} mutants")
+            for m in ms:
+                print(f"  {m['id']:28} {m['file']:20} {m['why']}")
+        print(f"mutants: {sum(len(ms) for ms in catalogue.values())} in the catalogue")
+        return 0
+
+    build = pathlib.Path(args.build).resolve()
+    staged = build / "submission"
+    out = build / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    stage_solutions(staged, topics.values())
+    prefix = []
+    if args.torch_dir:
+        prefix = [f"-DCMAKE_PREFIX_PATH={args.torch_dir}/share/cmake;{args.torch_dir}"]
+    r = grade.run(["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja",
+                   f"-DDTC_SUBMISSION={staged}", *prefix])
+    if r.returncode != 0:
+        print(f"mutants.py: configuring the course failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}",
+              file=sys.stderr)
+        return 1
+    jobs = str(os.cpu_count() or 2)
+
+    killed_total = n_total = 0
+    broken = False
+    tables = []
+    for nn, mutants in catalogue.items():
+        if not mutants:
+            continue
+        topic = topics[nn]
+        t0 = time.monotonic()
+        base = grade.grade_lesson(nn, build, out, args.timeout, jobs)
+        print(f"lesson{nn}: the reference solution scores {base['passed']} / {base['total']} "
+              f"({base['status']}, {time.monotonic() - t0:.0f} s)", flush=True)
+        if base["status"] != "ok" or base["passed"] != base["total"] or base["total"] == 0:
+            print(f"mutants.py: lesson{nn}'s reference solution does not score full marks: "
+                  f"{base['detail'][:500]}\nHINT: make test-lesson{nn}-solution shows why",
+                  file=sys.stderr)
+            broken = True
+            continue
+        rows = []
+        for m in mutants:
+            target = staged / topic / m["file"]
+            target.write_text(m["mutated"])
+            t0 = time.monotonic()
+            try:
+                res = grade.grade_lesson(nn, build, out, args.timeout, jobs, fail_fast=True)
+            finally:
+                shutil.copyfile(ROOT / "solutions" / topic / m["file"], target)
+            killed = res["status"] != "ok" or res["passed"] < res["total"]
+            how = (res["status"] if res["status"] != "ok" else
+                   f"{res['total'] - res['passed']} test(s) lost" if killed else "every test passed")
+            first = res.get("first_failure") or ""
+            print(f"  {'killed  ' if killed else 'SURVIVED'} lesson{nn} {m['id']:28} {how}"
+                  f"{' (' + first + ')' if first else ''}  [{time.monotonic() - t0:.0f} s]",
+                  flush=True)
+            rows.append((m, killed, how, first))
+        k = sum(1 for r in rows if r[1])
+        killed_total += k
+        n_total += len(rows)
+        tables.append((nn, k, rows))
+
+    print()
+    for nn, k, rows in tables:
+        print(f"lesson{nn}: {k} killed of {len(rows)}")
+        for m, killed, how, first in rows:
+            if not killed:
+                print(f"  survived: {m['id']}: {m['why']}")
+    print(f"mutants: {killed_total} killed of {n_total}")
+    return 1 if broken or killed_total < n_total else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
