@@ -17,24 +17,48 @@ std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_allocations{0};
 std::atomic<bool> g_installed{false};
 
+// The counters of the thread that made an allocation (a rank, in thread-rank tests). Leaked:
+// an allocation may be freed after its thread has ended.
+struct ThreadCounters {
+  std::atomic<int64_t> current{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> allocations{0};
+};
+ThreadCounters* this_thread_counters() {
+  thread_local ThreadCounters* counters = new ThreadCounters();
+  return counters;
+}
+
+void raise_peak(std::atomic<int64_t>& peak, int64_t now) {
+  int64_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+}
+
+struct Live {
+  int64_t bytes = 0;
+  ThreadCounters* owner = nullptr;
+};
+
 // The size of every live counted allocation, by address. LibTorch's raw interface
 // (raw_allocate, used by some kernels for scratch buffers) requires a DataPtr's context to be
 // its data pointer, so the size cannot ride in the context: it is looked up here on free.
 std::mutex g_mutex;
-std::unordered_map<void*, int64_t>* g_sizes = nullptr;  // leaked: frees may come at exit
-c10::DeleterFnPtr g_inner_deleter = nullptr;            // the wrapped allocator's deleter
+std::unordered_map<void*, Live>* g_sizes = nullptr;  // leaked: frees may come at exit
+c10::DeleterFnPtr g_inner_deleter = nullptr;         // the wrapped allocator's deleter
 
 void count_free(void* data) {
-  int64_t bytes = 0;
+  Live live;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_sizes->find(data);
     if (it != g_sizes->end()) {
-      bytes = it->second;
+      live = it->second;
       g_sizes->erase(it);
     }
   }
-  g_current.fetch_sub(bytes, std::memory_order_relaxed);
+  g_current.fetch_sub(live.bytes, std::memory_order_relaxed);
+  if (live.owner != nullptr) live.owner->current.fetch_sub(live.bytes, std::memory_order_relaxed);
   g_inner_deleter(data);
 }
 
@@ -56,15 +80,15 @@ class CountingAllocator final : public CpuAllocatorBase {
     const c10::Device device = inner.device();
     inner.release_context();  // ours now: count_free hands it back to g_inner_deleter
     const auto bytes = static_cast<int64_t>(n);
+    ThreadCounters* mine = this_thread_counters();
     {
       std::lock_guard<std::mutex> lock(g_mutex);
-      (*g_sizes)[data] = bytes;
+      (*g_sizes)[data] = Live{bytes, mine};
     }
-    const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    raise_peak(g_peak, g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes);
     g_allocations.fetch_add(1, std::memory_order_relaxed);
-    int64_t peak = g_peak.load(std::memory_order_relaxed);
-    while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-    }
+    raise_peak(mine->peak, mine->current.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    mine->allocations.fetch_add(1, std::memory_order_relaxed);
     return {data, data, &count_free, device};
   }
 
@@ -81,7 +105,7 @@ void install_counting_allocator() {
     g_inner_deleter = inner->raw_deleter();
     TORCH_CHECK(g_inner_deleter != nullptr,
                 "dtc counting allocator: the CPU allocator has no raw deleter to wrap");
-    g_sizes = new std::unordered_map<void*, int64_t>();
+    g_sizes = new std::unordered_map<void*, Live>();
     // Leaked on purpose: tensors freed during static destruction still call its deleter.
     static auto* counting = new CountingAllocator(inner);
     // Priority 0 replaces the default allocator, which LibTorch registers with priority 0.
@@ -95,5 +119,15 @@ bool counting_allocator_installed() { return g_installed.load(); }
 MemoryCounters cpu_memory() { return {g_current.load(), g_peak.load(), g_allocations.load()}; }
 
 void reset_cpu_peak() { g_peak.store(g_current.load()); }
+
+MemoryCounters thread_cpu_memory() {
+  ThreadCounters* mine = this_thread_counters();
+  return {mine->current.load(), mine->peak.load(), mine->allocations.load()};
+}
+
+void reset_thread_cpu_peak() {
+  ThreadCounters* mine = this_thread_counters();
+  mine->peak.store(mine->current.load());
+}
 
 }  // namespace dtc

@@ -5,7 +5,8 @@
 // install_counting_allocator() puts a thin wrapper around LibTorch's CPU allocator
 // (c10::SetCPUAllocator): every CPU tensor's storage is then counted when it is allocated and
 // when it is freed. Counts are bytes requested by LibTorch (the allocator's own alignment and
-// bookkeeping are not included), process-wide, over all threads.
+// bookkeeping are not included), process-wide, over all threads, and per thread (the thread
+// that allocated: thread_cpu_memory()).
 //
 //   dtc::install_counting_allocator();
 //   const auto before = dtc::cpu_memory();
@@ -39,5 +40,12 @@ MemoryCounters cpu_memory();
 
 /// Sets the peak to the current value, to measure the peak of what follows.
 void reset_cpu_peak();
+
+/// The counters of the storage this thread allocated (whichever thread frees it): one rank's
+/// own memory when ranks are threads (dtc::run_ranks), with one intra-op thread (a tensor that
+/// an intra-op worker allocates counts for that worker).
+MemoryCounters thread_cpu_memory();
+/// Sets this thread's peak to its current value.
+void reset_thread_cpu_peak();
 
 }  // namespace dtc
