@@ -1,5 +1,7 @@
 #include "dtc/observe.h"
 
+#include "dtc/memory.h"
+
 namespace dtc {
 
 int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
@@ -23,6 +25,7 @@ int64_t RecordingComm::record(const char* op, int64_t bytes, int peer, const std
   e.id = id;
   e.thread = std::this_thread::get_id();
   e.t = std::chrono::steady_clock::now();
+  if (counting_allocator_installed()) e.thread_bytes = thread_cpu_memory().current;
   events_.push_back(std::move(e));
   return events_.back().seq;
 }

@@ -17,6 +17,8 @@
 #include "adamw_params.h"
 #include "dtc/compare.h"
 #include "dtc/errors.h"
+#include "dtc/memory.h"
+#include "dtc/observe.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
 #include "program.h"
@@ -49,11 +51,25 @@ torch::Tensor flat_in_unit_order(Gpt& model, const FlatLayout& layout) {
 }
 
 struct RunResult {
-  std::vector<float> losses;   // global batch: mean over ranks
-  torch::Tensor params;        // full, unpadded, unit order (rank 0's view)
-  std::vector<int64_t> bytes;  // bytes sent per step, rank 0
+  std::vector<float> losses;     // global batch: mean over ranks
+  torch::Tensor params;          // full, unpadded, unit order (rank 0's view)
+  std::vector<int64_t> bytes;    // bytes sent per step by rank 0, by the ring's count, observed
+  std::vector<int64_t> counted;  // the same, as the engine's CountingComm counted them
   FlatLayout layout;
 };
+
+// The bytes a rank sends, by the ring's count (lesson 03), for the calls a RecordingComm saw:
+// the course's reduce-scatter is an alltoall of W chunks ((W-1)/W of its input leaves), the
+// all-gather sends its chunk to W-1 ranks, an allreduce is a reduce-scatter plus an all-gather.
+int64_t ring_bytes(const std::vector<CommEvent>& events, int world) {
+  int64_t bytes = 0;
+  for (const auto& e : events) {
+    if (e.op == "alltoall" || e.op == "reduce_scatter") bytes += e.bytes / world * (world - 1);
+    if (e.op == "allgather") bytes += e.bytes * (world - 1);
+    if (e.op == "allreduce") bytes += 2 * (e.bytes / world) * (world - 1);
+  }
+  return bytes;
+}
 
 // Trains @p steps steps at @p stage on @p world thread-ranks from the initial weights.
 RunResult train(const GptConfig& config, int stage, int world, int64_t batch, int64_t steps,
@@ -70,16 +86,21 @@ RunResult train(const GptConfig& config, int stage, int world, int64_t batch, in
         ZeroOptions o;
         o.stage = stage;
         o.prefetch = prefetch;
-        ZeroEngine engine(model, ctx.comm, o);
+        auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+        ZeroEngine engine(model, rec, o);
         const int64_t rows = batch / world;
         for (int64_t step = 0; step < steps; ++step) {
           const int64_t before = engine.comm().bytes_sent();
+          rec->clear();
           const float loss =
               engine.forward_backward(data.batch(1, step, rows, config.ctx, ctx.rank * rows));
           engine.optimizer_step();
           std::lock_guard<std::mutex> lock(mu);
           result.losses[static_cast<size_t>(step)] += loss / static_cast<float>(world);
-          if (ctx.rank == 0) result.bytes.push_back(engine.comm().bytes_sent() - before);
+          if (ctx.rank == 0) {
+            result.bytes.push_back(ring_bytes(rec->events(), world));
+            result.counted.push_back(engine.comm().bytes_sent() - before);
+          }
         }
         auto params = engine.full_parameters();
         if (ctx.rank == 0) {
@@ -178,7 +199,8 @@ TEST_P(L07Stages, BytesPerStepByTheRingCount) {
     const auto& L = got.layout;
     const int64_t units = stage == 3 ? 3 * L.padded - L.units[0].padded : 2 * L.padded;
     const int64_t expected = (world - 1) * (units / world) * 4;
-    for (int64_t b : got.bytes) EXPECT_EQ(b, expected);
+    for (int64_t b : got.bytes) EXPECT_EQ(b, expected) << "bytes of the calls made, observed";
+    EXPECT_EQ(got.counted, got.bytes) << "CountingComm's count differs from the calls it made";
     const double paper =
         (stage == 3 ? 3.0 : 2.0) * (world - 1.0) / world * 4.0 * static_cast<double>(L.numel);
     const double outer = stage == 3 ? (world - 1.0) / world * 4.0 * L.units[0].padded : 0.0;
@@ -192,6 +214,72 @@ INSTANTIATE_TEST_SUITE_P(AllStages, L07Stages, testing::Values(0, 1, 2, 3),
                          [](const testing::TestParamInfo<int>& info) {
                            return "stage" + std::to_string(info.param);
                          });
+
+// What a rank holds, seen by the counting allocator (per thread) at each collective it calls:
+// ZeRO's point is memory, so the learner suite measures it. A model whose blocks are much
+// larger than their activations (h 64, 4 blocks, 1 row of 16 tokens): a block's unit is about
+// 200 KB, the input a block keeps about 4 KB.
+struct Held {
+  int64_t unit_bytes = 0;                  // one block's padded unit, fp32
+  std::vector<int64_t> forward_gathers;    // stage 3: thread bytes at each block's gather, forward
+  std::vector<int64_t> backward_scatters;  // thread bytes at each block's reduce-scatter
+};
+
+Held held_during_one_step(int stage) {
+  GptConfig config = tiny(true);
+  config.layers = 4;
+  config.ctx = 16;
+  install_counting_allocator();
+  Held held;
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        Gpt model(config);
+        init_weights(model, 1);
+        ZeroOptions o;
+        o.stage = stage;
+        auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+        ZeroEngine engine(model, rec, o);
+        const Batch batch = ByteDataset::builtin().batch(1, 0, 1, config.ctx, ctx.rank);
+        rec->clear();
+        engine.forward_backward(batch);
+        if (ctx.rank != 0) return;
+        held.unit_bytes = engine.layout().units[1].padded * 4;
+        const auto gathers = rec->events("allgather");
+        const auto scatters = rec->events("alltoall");
+        const size_t blocks = static_cast<size_t>(config.layers);
+        // Stage 3 gathers the outer unit, then blocks 1..L forward, then L..1 backward.
+        for (size_t i = 1; stage == 3 && i <= blocks && i < gathers.size(); ++i) {
+          held.forward_gathers.push_back(gathers[i].thread_bytes);
+        }
+        // Stages 2-3 reduce-scatter each block's gradients as backward leaves it, last first.
+        for (size_t i = 0; i < blocks && i < scatters.size(); ++i) {
+          held.backward_scatters.push_back(scatters[i].thread_bytes);
+        }
+      },
+      kTimeout);
+  return held;
+}
+
+TEST(L07Memory, Stage3ReleasesEachGatheredUnit) {
+  const Held h = held_during_one_step(3);
+  ASSERT_EQ(h.forward_gathers.size(), 4u) << "stage 3 gathers each block in forward";
+  const int64_t growth = h.forward_gathers.back() - h.forward_gathers.front();
+  EXPECT_LT(growth, h.unit_bytes)
+      << "from the first block's gather to the last one's, rank 0 came to hold " << growth
+      << " more bytes; a block's unit is " << h.unit_bytes
+      << ": stage 3 must release a block's gathered parameters before it gathers the next";
+}
+
+TEST(L07Memory, Stage2KeepsOnlyGradientShards) {
+  const Held h = held_during_one_step(2);
+  ASSERT_EQ(h.backward_scatters.size(), 4u) << "stage 2 reduce-scatters each block's gradients";
+  const int64_t growth = h.backward_scatters.back() - h.backward_scatters.front();
+  EXPECT_LT(growth, h.unit_bytes)
+      << "from the last block's reduce-scatter to the first one's, rank 0 came to hold " << growth
+      << " more bytes; a block's unit is " << h.unit_bytes
+      << ": stage 2 must free a unit's full gradient once it is reduce-scattered";
+}
 
 // PyTorch's own training of the same model on the same batches (lesson 02's reference case).
 TEST(L07PyTorch, ShardedStagesGivePyTorchsLosses) {

@@ -176,8 +176,11 @@ TEST_P(L08Modules, VocabParallelEmbeddingMatchesTheFullTable) {
 
 TEST_P(L08Modules, VocabParallelCrossEntropyMatchesTheFullOne) {
   const int W = GetParam();
-  // Logits with a wide range (x 8), so that the max shift matters for exp.
-  const torch::Tensor logits = randn({24, 256}, 14) * 8.0;
+  // Logits with a wide range (x 8), and four rows far past where fp32's exp overflows (88.7):
+  // up to about +-1,500, and one row of 1,000 everywhere. Without the max shift, exp gives inf.
+  torch::Tensor logits = randn({24, 256}, 14) * 8.0;
+  logits.narrow(0, 0, 3).mul_(50.0);
+  logits[3].fill_(1000.0);
   auto gen = at::detail::createCPUGenerator(15);
   const torch::Tensor targets = at::randint(0, 256, {24}, gen);
   const torch::Tensor lr = logits.clone().requires_grad_();

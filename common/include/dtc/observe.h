@@ -21,14 +21,18 @@ namespace dtc {
 
 /// One call seen by a RecordingComm, or one mark() of the test's.
 struct CommEvent {
-  std::string op;          ///< "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
-                           ///< "alltoall", "send", "recv", "barrier", or "mark"
-  std::string label;       ///< mark(): the test's label; empty otherwise
-  int64_t bytes = 0;       ///< this rank's input bytes (recv: the bytes received; allgather: sent)
-  int peer = -1;           ///< send/recv: the other rank; broadcast/reduce: the root; else -1
-  int64_t seq = 0;         ///< position among this RecordingComm's events, from 0
-  int64_t id = -1;         ///< wait: the seq of the call whose Work was waited on
-  std::thread::id thread;  ///< the thread that made the call
+  std::string op;     ///< "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
+                      ///< "alltoall", "send", "recv", "barrier", or "mark"
+  std::string label;  ///< mark(): the test's label; empty otherwise
+  int64_t bytes = 0;  ///< this rank's input bytes (recv: the bytes received; allgather: sent)
+  int peer = -1;      ///< send/recv: the other rank; broadcast/reduce: the root; else -1
+  int64_t seq = 0;    ///< position among this RecordingComm's events, from 0
+  int64_t id = -1;    ///< wait: the seq of the call whose Work was waited on
+  /// The bytes of CPU storage the calling thread had allocated and not freed at the call
+  /// (dtc::thread_cpu_memory().current), or -1 without the counting allocator: what a rank
+  /// holds at each collective, e.g. whether a gathered unit was released before the next.
+  int64_t thread_bytes = -1;
+  std::thread::id thread;                   ///< the thread that made the call
   std::chrono::steady_clock::time_point t;  ///< when the call was made (not when it finished)
 };
 
