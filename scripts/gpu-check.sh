@@ -304,7 +304,8 @@ if lessons:
     for k in lessons:
         j = runs[k]
         l = j.get("losses", [])
-        md.append(f"- {k}: world {j.get('world', '?')}, loss {l[0] if l else '?'} -> "
+        world = j.get("world", j.get("world_size", j.get("stages", "?")))
+        md.append(f"- {k}: world {world}, loss {l[0] if l else '?'} -> "
                   f"{l[-1] if l else '?'} over {len(l)} steps")
 md += ["", "## NCCL logs (lesson05 nccl-log)", "", "```", text("nccl-summary.txt", 60), "```",
        "", "## Machine", "", "```", summary["machine"], "```"]

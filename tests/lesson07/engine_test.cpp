@@ -217,8 +217,10 @@ INSTANTIATE_TEST_SUITE_P(AllStages, L07Stages, testing::Values(0, 1, 2, 3),
 
 // What a rank holds, seen by the counting allocator (per thread) at each collective it calls:
 // ZeRO's point is memory, so the learner suite measures it. A model whose blocks are much
-// larger than their activations (h 64, 4 blocks, 1 row of 16 tokens): a block's unit is about
-// 200 KB, the input a block keeps about 4 KB.
+// larger than their activations (h 64, 6 blocks, 1 row of 16 tokens): a block's unit is about
+// 200 KB, the input a block keeps about 4 KB. Released buffers can stay referenced for a moment
+// by gloo's own thread, which drops its reference to a finished collective a little later (seen
+// here: one unit, now and then), so the bound is two units: keeping every unit adds five.
 struct Held {
   int64_t unit_bytes = 0;                  // one block's padded unit, fp32
   std::vector<int64_t> forward_gathers;    // stage 3: thread bytes at each block's gather, forward
@@ -227,7 +229,7 @@ struct Held {
 
 Held held_during_one_step(int stage) {
   GptConfig config = tiny(true);
-  config.layers = 4;
+  config.layers = 6;
   config.ctx = 16;
   install_counting_allocator();
   Held held;
@@ -263,9 +265,9 @@ Held held_during_one_step(int stage) {
 
 TEST(L07Memory, Stage3ReleasesEachGatheredUnit) {
   const Held h = held_during_one_step(3);
-  ASSERT_EQ(h.forward_gathers.size(), 4u) << "stage 3 gathers each block in forward";
+  ASSERT_EQ(h.forward_gathers.size(), 6u) << "stage 3 gathers each block in forward";
   const int64_t growth = h.forward_gathers.back() - h.forward_gathers.front();
-  EXPECT_LT(growth, h.unit_bytes)
+  EXPECT_LT(growth, 2 * h.unit_bytes)
       << "from the first block's gather to the last one's, rank 0 came to hold " << growth
       << " more bytes; a block's unit is " << h.unit_bytes
       << ": stage 3 must release a block's gathered parameters before it gathers the next";
@@ -273,9 +275,9 @@ TEST(L07Memory, Stage3ReleasesEachGatheredUnit) {
 
 TEST(L07Memory, Stage2KeepsOnlyGradientShards) {
   const Held h = held_during_one_step(2);
-  ASSERT_EQ(h.backward_scatters.size(), 4u) << "stage 2 reduce-scatters each block's gradients";
+  ASSERT_EQ(h.backward_scatters.size(), 6u) << "stage 2 reduce-scatters each block's gradients";
   const int64_t growth = h.backward_scatters.back() - h.backward_scatters.front();
-  EXPECT_LT(growth, h.unit_bytes)
+  EXPECT_LT(growth, 2 * h.unit_bytes)
       << "from the last block's reduce-scatter to the first one's, rank 0 came to hold " << growth
       << " more bytes; a block's unit is " << h.unit_bytes
       << ": stage 2 must free a unit's full gradient once it is reduce-scattered";
