@@ -75,9 +75,11 @@ test-lesson%-solution: configure
 	cmake --build $(BUILD) --target lesson$*_solution_tests
 	ctest --test-dir $(BUILD) -L '^lesson$*-solution$$' $(CTEST_FLAGS)
 
+# The unit tests first; the end-to-end runs of your program (label e2e) only once they pass.
 test-lesson%: configure
-	cmake --build $(BUILD) --target lesson$*_tests
-	ctest --test-dir $(BUILD) -L '^lesson$*-learner$$' $(CTEST_FLAGS)
+	cmake --build $(BUILD) --target lesson$* lesson$*_tests
+	ctest --test-dir $(BUILD) -L '^lesson$*-learner$$' -LE '^e2e$$' $(CTEST_FLAGS)
+	ctest --test-dir $(BUILD) -L '^lesson$*-learner$$' -L '^e2e$$' $(CTEST_FLAGS)
 
 # SOLUTION=1 runs the reference solution's program instead of your exercise.
 run-lesson%: configure

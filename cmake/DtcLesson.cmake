@@ -133,3 +133,45 @@ function(dtc_add_lesson num)
             --lesson L${num} "$<TARGET_FILE:${name}_tests>")
   set_tests_properties(${name}.bite PROPERTIES LABELS "${name};bite" TIMEOUT 300)
 endfunction()
+
+# dtc_add_e2e(NN NAME <name> [TIMEOUT <s>] [SKIP_RETURN_CODE <c>] [RESOURCE_LOCK <lock>]
+#             COMMAND <args...>)
+# An end-to-end test of lesson NN's program on real processes, registered twice: for the
+# reference solution (lessonNN.solution.e2e.<name>) and for the learner's own program
+# (lessonNN.learner.e2e.<name>, where the learner flavour is built: not on the trimmed light
+# path), so that `make test-lessonNN` and the grader run the learner's launch and training code
+# under a real launcher. In COMMAND, @PROGRAM@ stands for the flavour's program. Labels: lessonNN,
+# <flavour>, lessonNN-<flavour>, e2e (`make test-lessonNN` runs these after the unit tests pass).
+function(dtc_add_e2e num)
+  cmake_parse_arguments(E "" "NAME;TIMEOUT;SKIP_RETURN_CODE;RESOURCE_LOCK" "COMMAND" ${ARGN})
+  if(NOT E_TIMEOUT)
+    set(E_TIMEOUT 180)
+  endif()
+  set(flavours solution)
+  if(NOT (DTC_FLAVOR STREQUAL "light" AND NOT DTC_LIGHT_FULL AND NOT DTC_SUBMISSION))
+    list(APPEND flavours learner)
+  endif()
+  foreach(flavour IN LISTS flavours)
+    set(target lesson${num})
+    if(flavour STREQUAL "solution")
+      set(target lesson${num}_solution)
+    endif()
+    string(REPLACE "@PROGRAM@" "$<TARGET_FILE:${target}>" cmd "${E_COMMAND}")
+    set(t lesson${num}.${flavour}.e2e.${E_NAME})
+    add_test(NAME ${t} COMMAND ${cmd})
+    set_tests_properties(${t} PROPERTIES TIMEOUT ${E_TIMEOUT}
+      LABELS "lesson${num};${flavour};lesson${num}-${flavour};e2e")
+    if(E_SKIP_RETURN_CODE)
+      set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE ${E_SKIP_RETURN_CODE})
+    endif()
+    if(E_RESOURCE_LOCK)
+      set_tests_properties(${t} PROPERTIES RESOURCE_LOCK ${E_RESOURCE_LOCK})
+    endif()
+  endforeach()
+endfunction()
+
+# The runner of dtc_add_e2e's usual check (tests/support/e2e_run.py): this build's torchrun,
+# a free port per run, the exit code and the numbers of the program's JSON line.
+string(JOIN " " _dtc_e2e_flags ${DTC_TORCHRUN_FLAGS})
+set(DTC_E2E_RUN Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/support/e2e_run.py"
+    --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${_dtc_e2e_flags}")

@@ -96,7 +96,8 @@ def grade_lesson(nn: str, build: pathlib.Path, out: pathlib.Path, timeout: int, 
     # The solution's test binary gives the list of tests, and so the points available.
     r = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}_solution_tests"])
     sol_tests = scored(list_tests(build / "tests" / f"lesson{nn}_solution_tests"))
-    result["total"] = len(sol_tests)
+    e2e = list_e2e(nn, build)
+    result["total"] = len(sol_tests) + len(e2e)
     xml_path = out / f"lesson{nn}.xml"
     r = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}_tests"])
     if r.returncode != 0:
@@ -125,7 +126,53 @@ def grade_lesson(nn: str, build: pathlib.Path, out: pathlib.Path, timeout: int, 
             result["passed"] += 1
         elif case.find("failure") is not None and "first_failure" not in result:
             result["first_failure"] = name
+    grade_e2e(nn, build, result, jobs, xml_path, e2e,
+              skip=fail_fast and result["passed"] < len(sol_tests))
     return result
+
+
+E2E_LINE = re.compile(r"Test\s+#\d+: (\S+) \.*\s*(\**\s*)(Passed|Failed|Timeout|Not Run|\S+)")
+
+
+def list_e2e(nn, build):
+    """The learner-flavour end-to-end tests of lesson nn (ctest labels lessonNN-learner, e2e)."""
+    listed = run(["ctest", "--test-dir", str(build), "-N", "-L", f"^lesson{nn}-learner$",
+                  "-L", "^e2e$"])
+    if isinstance(listed, subprocess.TimeoutExpired):
+        return []
+    return re.findall(r"Test\s+#\d+: (\S+)", listed.stdout)
+
+
+def grade_e2e(nn, build, result, jobs, xml_path, names, skip):
+    """The learner's own program on real processes (ctest label e2e, learner flavour): one point
+    each (counted in result["total"] already), scored after the unit tests, added to the
+    lesson's JUnit file."""
+    if not names:
+        return
+    outcome = {n: "not run: the unit tests failed first" for n in names}
+    if not skip:
+        built = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}"])
+        if built.returncode != 0:
+            outcome = {n: "the program did not build" for n in names}
+        else:
+            r = run(["ctest", "--test-dir", str(build), "-L", f"^lesson{nn}-learner$", "-L",
+                     "^e2e$", "-j", jobs, "--timeout", "240", "--output-on-failure"],
+                    timeout=1800)
+            text = r.stdout if not isinstance(r, subprocess.TimeoutExpired) else ""
+            for m in E2E_LINE.finditer(text):
+                if m.group(1) in outcome:
+                    outcome[m.group(1)] = "passed" if m.group(3) == "Passed" else m.group(3).lower()
+    tree = ET.parse(xml_path)
+    suite = ET.SubElement(tree.getroot(), "testsuite", name=f"lesson{nn}.e2e",
+                          tests=str(len(names)))
+    for n in names:
+        case = ET.SubElement(suite, "testcase", classname=f"lesson{nn}.e2e", name=n)
+        if outcome[n] == "passed":
+            result["passed"] += 1
+        else:
+            ET.SubElement(case, "failure", message=outcome[n]).text = outcome[n]
+            result.setdefault("first_failure", n)
+    tree.write(xml_path, encoding="utf-8", xml_declaration=True)
 
 
 def write_summary(out: pathlib.Path, results, submission: str, notes: dict):

@@ -12,15 +12,15 @@ target_compile_options(bench_collectives PRIVATE ${DTC_WARNINGS})
 dtc_use_torch_pch(bench_collectives)
 
 # End-to-end: the real programs on real processes, through the torchrun of this build's path
-# (DTC_TORCHRUN, DtcTorch.cmake). Both use --standalone, whose port is fixed on 1.13: one at a time.
+# (DTC_TORCHRUN, DtcTorch.cmake). The benchmark uses --standalone, whose port is fixed on 1.13.
 if(DTC_TORCHRUN)
-  # The program on 3 ranks (an odd world: uneven ring chunks), with --json.
-  add_test(NAME lesson03.solution.torchrun_program
-    COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=3 ${DTC_TORCHRUN_FLAGS}
-            --no_python $<TARGET_FILE:lesson03_solution> --numel 1001 --json)
-  set_tests_properties(lesson03.solution.torchrun_program PROPERTIES
-    PASS_REGULAR_EXPRESSION "\"ok\":true" RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
-    LABELS "lesson03;solution;lesson03-solution" TIMEOUT 120)
+  # The program on 3 ranks (an odd world: uneven ring chunks), with --json: exit 0, and every
+  # part's own check true (the tour's closed forms, the grid, the ring against gloo).
+  dtc_add_e2e(03 NAME torchrun TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 3 --program @PROGRAM@
+    --json-true ok --json-true ring.ok --json-true grid.ok --json-true tour.broadcast
+    --json-true tour.allreduce --json-true tour.allgather --json-true tour.reduce
+    --json-true tour.alltoall --json-true tour.send/recv --json-true tour.barrier
+    --json-equals ring.max_abs_diff=0 -- --numel 1001 --json)
   # A smoke run of the benchmark (not the benchmark itself): small sizes, 2 iterations.
   add_test(NAME lesson03.solution.bench_smoke
     COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=2 ${DTC_TORCHRUN_FLAGS}

@@ -22,25 +22,15 @@ file(CONFIGURE OUTPUT "${PROJECT_BINARY_DIR}/lesson04_config/l04_config.h"
      @ONLY)
 target_include_directories(lesson04_driver PRIVATE "${PROJECT_BINARY_DIR}/lesson04_config")
 
-# End-to-end: the reference program under real launchers. Each test takes its own free port,
-# so they can run in parallel (ctest -j).
-set(l04_e2e "${PROJECT_SOURCE_DIR}/tests/lesson04/e2e.py")
-set(l04_args --program $<TARGET_FILE:lesson04_solution> --torchrun-kind ${DTC_L04_TORCHRUN_KIND}
+# End-to-end: the program under real launchers, the reference's and the learner's own. Each
+# test takes its own free port, so they can run in parallel (ctest -j).
+set(l04_e2e Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson04/e2e.py")
+set(l04_args --program @PROGRAM@ --torchrun-kind ${DTC_L04_TORCHRUN_KIND}
              --venv-torchrun "${DTC_TORCHRUN}")
-add_test(NAME lesson04.solution.e2e.torchrun
-         COMMAND Python3::Interpreter ${l04_e2e} torchrun ${l04_args})
-add_test(NAME lesson04.solution.e2e.restart
-         COMMAND Python3::Interpreter ${l04_e2e} restart ${l04_args})
-add_test(NAME lesson04.solution.e2e.mpirun
-         COMMAND Python3::Interpreter ${l04_e2e} mpirun ${l04_args})
-add_test(NAME lesson04.solution.e2e.no_launcher
-         COMMAND Python3::Interpreter ${l04_e2e} no-launcher ${l04_args})
-add_test(NAME lesson04.solution.e2e.two_nodes
-         COMMAND Python3::Interpreter ${l04_e2e} two-nodes ${l04_args}
-                 --two-nodes-script "${PROJECT_SOURCE_DIR}/scripts/two-nodes.sh")
-set_tests_properties(lesson04.solution.e2e.torchrun lesson04.solution.e2e.restart
-                     lesson04.solution.e2e.mpirun lesson04.solution.e2e.no_launcher
-                     lesson04.solution.e2e.two_nodes
-                     PROPERTIES LABELS "lesson04;solution;lesson04-solution" TIMEOUT 120)
+foreach(mode torchrun restart mpirun no-launcher)
+  string(REPLACE "-" "_" l04_name "${mode}")
+  dtc_add_e2e(04 NAME ${l04_name} TIMEOUT 120 COMMAND ${l04_e2e} ${mode} ${l04_args})
+endforeach()
 # No network namespaces here (not root, a container without CAP_SYS_ADMIN): skipped, saying why.
-set_tests_properties(lesson04.solution.e2e.two_nodes PROPERTIES SKIP_RETURN_CODE 77)
+dtc_add_e2e(04 NAME two_nodes TIMEOUT 120 SKIP_RETURN_CODE 77 COMMAND ${l04_e2e} two-nodes
+            ${l04_args} --two-nodes-script "${PROJECT_SOURCE_DIR}/scripts/two-nodes.sh")

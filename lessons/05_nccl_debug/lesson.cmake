@@ -14,29 +14,26 @@ file(CONFIGURE OUTPUT "${PROJECT_BINARY_DIR}/lesson05_config/l05_config.h"
      @ONLY)
 target_include_directories(lesson05_testobj PRIVATE "${PROJECT_BINARY_DIR}/lesson05_config")
 
-# The fault lab end to end: the reference program on 2 real processes under this path's
-# torchrun. Each case must end (TIMEOUT 60, the program's own timeouts are 3 s) with its
-# diagnosis. --standalone uses a fixed port on 1.13: one torchrun at a time (RESOURCE_LOCK).
+# The fault lab end to end, on 2 real processes under this path's torchrun: each faulty case
+# must fail (exit 1) with its diagnosis, the healthy one pass (exit 0). The program's own
+# timeouts are 3 s; a hang is killed by the runner.
 if(DTC_TORCHRUN)
-  foreach(fault_case skip-collective shape-mismatch wrong-world-size missing-rank none)
-    set(t lesson05.solution.fault.${fault_case})
-    add_test(NAME ${t}
-      COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=2 ${DTC_TORCHRUN_FLAGS}
-              --no_python $<TARGET_FILE:lesson05_solution> --timeout-ms 3000 fault
-              --case ${fault_case})
-    set_tests_properties(${t} PROPERTIES RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
-      LABELS "lesson05;solution;lesson05-solution" TIMEOUT 60)
-  endforeach()
-  set_tests_properties(lesson05.solution.fault.skip-collective PROPERTIES
-    PASS_REGULAR_EXPRESSION "DIAGNOSIS: collective #0 differs across ranks")
-  set_tests_properties(lesson05.solution.fault.shape-mismatch PROPERTIES
-    PASS_REGULAR_EXPRESSION "rank\\(s\\) 1: #0 allreduce\\(Float\\[8\\]\\)")
-  set_tests_properties(lesson05.solution.fault.wrong-world-size PROPERTIES
-    PASS_REGULAR_EXPRESSION "rank\\(s\\) 2 of 3 never arrived.*only 2 started")
-  set_tests_properties(lesson05.solution.fault.missing-rank PROPERTIES
-    PASS_REGULAR_EXPRESSION "DIAGNOSIS: barrier 'start': rank\\(s\\) 1 of 2 never arrived")
-  set_tests_properties(lesson05.solution.fault.none PROPERTIES
-    PASS_REGULAR_EXPRESSION "2 ranks: barrier passed, 2 collectives matched")
+  set(l05_fault ${DTC_E2E_RUN} --nproc 2 --program @PROGRAM@)
+  dtc_add_e2e(05 NAME fault.skip-collective TIMEOUT 60 COMMAND ${l05_fault} --exit 1
+    --output "DIAGNOSIS: collective #0 differs across ranks" -- --timeout-ms 3000 fault
+    --case skip-collective)
+  dtc_add_e2e(05 NAME fault.shape-mismatch TIMEOUT 60 COMMAND ${l05_fault} --exit 1
+    --output "rank\\(s\\) 1: #0 allreduce\\(Float\\[8\\]\\)" -- --timeout-ms 3000 fault
+    --case shape-mismatch)
+  dtc_add_e2e(05 NAME fault.wrong-world-size TIMEOUT 60 COMMAND ${l05_fault} --exit 1
+    --output "rank\\(s\\) 2 of 3 never arrived.*only 2 started" -- --timeout-ms 3000 fault
+    --case wrong-world-size)
+  dtc_add_e2e(05 NAME fault.missing-rank TIMEOUT 60 COMMAND ${l05_fault} --exit 1
+    --output "DIAGNOSIS: barrier 'start': rank\\(s\\) 1 of 2 never arrived" --
+    --timeout-ms 3000 fault --case missing-rank)
+  dtc_add_e2e(05 NAME fault.none TIMEOUT 60 COMMAND ${l05_fault} --exit 0
+    --output "2 ranks: barrier passed, 2 collectives matched" -- --timeout-ms 3000 fault
+    --case none)
 endif()
 
 # gpu_mfu (bench/gpu_mfu.cpp): MFU of the course's GPT; on a CPU machine only its smoke run.
@@ -44,10 +41,11 @@ add_executable(gpu_mfu "${PROJECT_SOURCE_DIR}/bench/gpu_mfu.cpp")
 target_link_libraries(gpu_mfu PRIVATE dtc::dist)
 target_compile_options(gpu_mfu PRIVATE ${DTC_WARNINGS})
 dtc_use_torch_pch(gpu_mfu)
-add_test(NAME lesson05.solution.gpu_mfu_smoke COMMAND gpu_mfu --smoke --device cpu --json)
+add_test(NAME lesson05.solution.gpu_mfu_smoke
+  COMMAND ${DTC_E2E_RUN} --nproc 0 --program $<TARGET_FILE:gpu_mfu> --json-positive tokens_per_s
+          --json-positive achieved_tflops --json-positive params -- --smoke --device cpu --json)
 set_tests_properties(lesson05.solution.gpu_mfu_smoke PROPERTIES
-  PASS_REGULAR_EXPRESSION "\"tokens_per_s\"" LABELS "lesson05;solution;lesson05-solution"
-  TIMEOUT 60)
+  LABELS "lesson05;solution;lesson05-solution" TIMEOUT 60)
 # On a GPU: the real size (label gpu: scripts/gpu-check.sh runs `ctest -L gpu`).
 # Without a GPU it skips (77), saying why.
 add_test(NAME lesson05.gpu.gpu_mfu

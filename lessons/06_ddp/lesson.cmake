@@ -6,7 +6,7 @@ dtc_add_lesson(06 DIR 06_ddp SOURCES ddp.cpp DRIVER program.cpp
                      tests/lesson06/program_test.cpp
                LIBS dtc::dist TORCH)
 
-# End-to-end: the reference program on 2 ranks under real launchers, against lesson 02's
+# End-to-end: the program (the reference's and the learner's) on 2 ranks under real launchers, against lesson 02's
 # single-process losses (tests/lesson06/e2e.py; tolerance written there). Debian's torchrun gets
 # an explicit c10d endpoint on a free port; the venv's --standalone picks its own.
 if(DTC_FLAVOR STREQUAL "primary" AND DTC_TORCHRUN)
@@ -14,15 +14,12 @@ if(DTC_FLAVOR STREQUAL "primary" AND DTC_TORCHRUN)
 else()
   set(l06_kind debian)
 endif()
-set(l06_e2e "${PROJECT_SOURCE_DIR}/tests/lesson06/e2e.py")
-set(l06_args --program $<TARGET_FILE:lesson06_solution> --baseline $<TARGET_FILE:lesson02_solution>
+set(l06_e2e Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson06/e2e.py")
+set(l06_args --program @PROGRAM@ --baseline $<TARGET_FILE:lesson02_solution>
              --torchrun-kind ${l06_kind} --venv-torchrun "${DTC_TORCHRUN}")
 foreach(mode torchrun mpirun resume uneven-steps)
-  add_test(NAME lesson06.solution.e2e.${mode}
-           COMMAND Python3::Interpreter ${l06_e2e} ${mode} ${l06_args})
-  set_tests_properties(lesson06.solution.e2e.${mode} PROPERTIES
-                       LABELS "lesson06;solution;lesson06-solution" TIMEOUT 300
-                       RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}")
+  dtc_add_e2e(06 NAME ${mode} TIMEOUT 300 RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
+              COMMAND ${l06_e2e} ${mode} ${l06_args})
 endforeach()
 
 # The benchmark against PyTorch's DistributedDataParallel, at a smoke size (a few seconds);

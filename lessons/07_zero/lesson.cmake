@@ -3,17 +3,14 @@ dtc_add_lesson(07 DIR 07_zero SOURCES zero.cpp DRIVER program.cpp
                TESTS tests/lesson07/zero_test.cpp tests/lesson07/engine_test.cpp
                LIBS dtc::dist TORCH)
 
-# End-to-end: the reference program on real processes through this path's torchrun: memory
+# End-to-end: the program (the reference's and the learner's) on real processes through torchrun: memory
 # against the ledger (within padding), the ranking DDP > 1 > 2 > 3, bytes against the ZeRO
 # paper, losses against PyTorch's (tests/reference/lesson02_reference.json), checkpoints.
 if(DTC_TORCHRUN)
   string(JOIN " " l07_flags ${DTC_TORCHRUN_FLAGS})
-  add_test(NAME lesson07.solution.e2e
+  dtc_add_e2e(07 NAME program TIMEOUT 240
     COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson07/e2e.py"
-            --program $<TARGET_FILE:lesson07_solution> --torchrun "${DTC_TORCHRUN}"
-            "--torchrun-flags=${l07_flags}")
-  set_tests_properties(lesson07.solution.e2e PROPERTIES
-    LABELS "lesson07;solution;lesson07-solution" TIMEOUT 240)
+            --program @PROGRAM@ --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${l07_flags}")
   # A smoke run of the benchmark against PyTorch (primary path only: it needs the venv's torch).
   get_filename_component(l07_bin "${DTC_TORCHRUN}" DIRECTORY)
   if(NOT DTC_TORCHRUN_FLAGS AND EXISTS "${l07_bin}/python")

@@ -5,24 +5,21 @@ dtc_add_lesson(08 DIR 08_tensor_parallel SOURCES tensor_parallel.cpp DRIVER prog
                LIBS dtc::dist TORCH)
 
 # End-to-end: the real program on real processes, through the torchrun of this build's path
-# (DTC_TORCHRUN, DtcTorch.cmake). --standalone's port is fixed on 1.13: one at a time.
+# (DTC_TORCHRUN, DtcTorch.cmake), each on a free port of its own.
 if(DTC_TORCHRUN)
-  # tp 2 on 2 ranks, a small model, with --json.
-  add_test(NAME lesson08.solution.torchrun_tp2
-    COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=2 ${DTC_TORCHRUN_FLAGS}
-            --no_python $<TARGET_FILE:lesson08_solution> --steps 3 --layers 1 --hidden 32
-            --seq 16 --json)
-  set_tests_properties(lesson08.solution.torchrun_tp2 PROPERTIES
-    PASS_REGULAR_EXPRESSION "\"tp\":2" RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
-    LABELS "lesson08;solution;lesson08-solution" TIMEOUT 120)
-  # dp 2 x tp 2 on 4 ranks (the rank grid: TP groups [0,1] [2,3], DP groups [0,2] [1,3]).
-  add_test(NAME lesson08.solution.torchrun_dp2_tp2
-    COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=4 ${DTC_TORCHRUN_FLAGS}
-            --no_python $<TARGET_FILE:lesson08_solution> --dp 2 --tp 2 --steps 3 --layers 1
-            --hidden 32 --seq 16 --json)
-  set_tests_properties(lesson08.solution.torchrun_dp2_tp2 PROPERTIES
-    PASS_REGULAR_EXPRESSION "\"dp\":2" RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
-    LABELS "lesson08;solution;lesson08-solution" TIMEOUT 120)
+  # tp 2 on 2 ranks, and dp 2 x tp 2 on 4 (the rank grid: TP groups [0,1] [2,3], DP groups
+  # [0,2] [1,3]), a small model: exit 0, the grid, and the losses of lesson 02's single-process
+  # run of the same model (the course's baseline).
+  set(l08_model --steps 3 --layers 1 --hidden 32 --seq 16)
+  string(JOIN " " l08_model_args ${l08_model})
+  dtc_add_e2e(08 NAME torchrun_tp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ --json-equals tp=2 --json-equals dp=1
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l08_model_args}"
+    -- ${l08_model} --json)
+  dtc_add_e2e(08 NAME torchrun_dp2_tp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
+    --program @PROGRAM@ --json-equals tp=2 --json-equals dp=2
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l08_model_args}"
+    -- --dp 2 --tp 2 ${l08_model} --json)
 endif()
 
 # A smoke run of the benchmark against PyTorch's DTensor tensor parallelism (primary path only:

@@ -5,14 +5,12 @@ dtc_add_lesson(09 DIR 09_pipeline_parallel SOURCES pipeline.cpp DRIVER program.c
                LIBS dtc::dist TORCH)
 
 # End-to-end: the real program on 4 processes through this path's torchrun, tiny sizes.
+# Exit 0, 4 stages, and the losses of lesson 02's single-process run of the same (untied) model.
 if(DTC_TORCHRUN)
-  add_test(NAME lesson09.solution.torchrun_program
-    COMMAND "${DTC_TORCHRUN}" --standalone --nproc_per_node=4 ${DTC_TORCHRUN_FLAGS}
-            --no_python $<TARGET_FILE:lesson09_solution> --steps 3 --micro-batches 4
-            --sweep 1 4 --sweep-steps 1 --json)
-  set_tests_properties(lesson09.solution.torchrun_program PROPERTIES
-    PASS_REGULAR_EXPRESSION "\"tokens_per_s\"" RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
-    LABELS "lesson09;solution;lesson09-solution" TIMEOUT 120)
+  dtc_add_e2e(09 NAME torchrun TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4 --program @PROGRAM@
+    --json-equals stages=4 --losses-like $<TARGET_FILE:lesson02_solution>
+    "--losses-like-args=--steps 3 --untied" -- --steps 3 --micro-batches 4 --sweep 1 4
+    --sweep-steps 1 --json)
 endif()
 
 # A smoke run (not the benchmark itself) of bench/lesson09_vs_pytorch.py: tiny sizes, 2 ranks.

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""One end-to-end run of a lesson's program under torchrun, judged on its exit code and numbers.
+
+    e2e_run.py --torchrun PATH [--torchrun-flags "..."] --nproc N --program PROG
+               [--exit CODE] [--output REGEX ...] [--json-true KEY ...] [--json-equals KEY=VALUE ...]
+               [--losses-like PROG2 [--losses-like-args "..."]] -- PROGRAM ARGS...
+
+Checks, each printed as "ok" or "FAIL":
+  --exit CODE           the run's exit code (default 0): a fault case must fail, a run must not
+  --output REGEX        a line of the output (all ranks, stdout and stderr) matches, for
+                        diagnoses; never the only check: the exit code always is one
+  --json-true KEY       rank 0's last JSON line has KEY (dotted: a.b.c) and it is exactly true
+  --json-equals K=V     ... KEY equals V (compared as JSON: --json-equals tp=2)
+  --json-positive KEY   ... KEY is a number above 0
+  --losses-like PROG2   the JSON's "losses" equal those of PROG2 run as one process with
+                        --losses-like-args and --json (the single-device baseline, lesson 02):
+                        rtol 1e-3 + atol 1e-5 per step, lesson 06's end-to-end tolerance
+                        (tests/lesson06/e2e.py says why: other summation orders, AdamW near eps)
+--nproc 0 runs the program alone, without torchrun. Each torchrun takes its own free port (c10d
+rendezvous): runs may go in parallel. Exit 0 when every
+check passed, 1 otherwise.
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+
+TIMEOUT_S = 150
+RTOL, ATOL = 1e-3, 1e-5
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def last_json(text: str):
+    # Debian's torchrun with --tee prefixes lines with "[rank]:"; take the JSON part.
+    for line in reversed(text.splitlines()):
+        if "{" in line and line.rstrip().endswith("}"):
+            try:
+                return json.loads(line[line.index("{"):])
+            except ValueError:
+                continue
+    return None
+
+
+def dotted(obj, key):
+    for part in key.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return KeyError(key)
+        obj = obj[part]
+    return obj
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--torchrun", default="")
+    ap.add_argument("--torchrun-flags", default="")
+    ap.add_argument("--nproc", type=int, required=True)
+    ap.add_argument("--program", required=True)
+    ap.add_argument("--exit", type=int, default=0)
+    ap.add_argument("--output", action="append", default=[])
+    ap.add_argument("--json-true", action="append", default=[])
+    ap.add_argument("--json-equals", action="append", default=[])
+    ap.add_argument("--json-positive", action="append", default=[])
+    ap.add_argument("--losses-like")
+    ap.add_argument("--losses-like-args", default="")
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    prog_args = a.args[1:] if a.args[:1] == ["--"] else a.args
+    failures = []
+
+    def check(ok, what):
+        print(("ok   " if ok else "FAIL ") + what, flush=True)
+        if not ok:
+            failures.append(what)
+
+    # --standalone on 2.x picks a free port; Debian's 1.13 takes 29400, so pass our own.
+    cmd = [a.torchrun, f"--nproc_per_node={a.nproc}", "--rdzv_backend=c10d",
+           f"--rdzv_endpoint=127.0.0.1:{free_port()}", *shlex.split(a.torchrun_flags),
+           "--no_python", a.program, *prog_args] if a.nproc > 0 else [a.program, *prog_args]
+    print("$", " ".join(cmd), flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        print(f"FAIL the run did not end within {TIMEOUT_S} s (a hang)")
+        return 1
+    out = p.stdout + p.stderr
+    check(p.returncode == a.exit, f"exit code {p.returncode} (expected {a.exit})")
+    for pattern in a.output:
+        check(re.search(pattern, out, re.M) is not None, f"output matches /{pattern}/")
+    j = last_json(p.stdout)
+    if a.json_true or a.json_equals or a.json_positive or a.losses_like:
+        check(j is not None, "rank 0 printed a JSON line")
+    if j is not None:
+        for key in a.json_true:
+            v = dotted(j, key)
+            check(v is True, f"{key} is true (got {v!r})")
+        for kv in a.json_equals:
+            key, want = kv.split("=", 1)
+            v = dotted(j, key)
+            check(v == json.loads(want), f"{key} == {want} (got {v!r})")
+        for key in a.json_positive:
+            v = dotted(j, key)
+            check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+                  f"{key} > 0 (got {v!r})")
+        if a.losses_like:
+            base_cmd = [a.losses_like, *shlex.split(a.losses_like_args), "--json"]
+            print("$", " ".join(base_cmd), flush=True)
+            b = subprocess.run(base_cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
+                               env=env)
+            jb = last_json(b.stdout)
+            check(b.returncode == 0 and jb is not None, "the single-process baseline ran")
+            got, want = j.get("losses", []), (jb or {}).get("losses", [])
+            check(len(got) == len(want) and len(got) > 0,
+                  f"{len(got)} losses, the baseline has {len(want)}")
+            for i, (g, w) in enumerate(zip(got, want)):
+                check(abs(g - w) <= RTOL * abs(w) + ATOL,
+                      f"step {i}: loss {g:.7f} vs baseline {w:.7f}")
+    if failures:
+        print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
+        print(f"FAILED: {len(failures)} check(s)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
