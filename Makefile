@@ -35,7 +35,7 @@ help:
 	@echo "Instructors:"
 	@echo "  make test-lessonNN-solution test the reference solution of one lesson"
 	@echo "  make test                   everything CI checks, on both LibTorch paths"
-	@echo "  make grade [SUBMISSION=dir] grade a learner's lessons/ with the course's tests"
+	@echo "  make grade [SUBMISSION=dir] [LESSONS=\"03 06\"] grade a learner's lessons/ with the course's tests"
 	@echo "  make mutants [LESSON=NN]    every learner mistake in tests/mutants/ must lose points"
 	@echo "  make exercises [FORCE=1]    regenerate lessons/ from solutions/"
 	@echo "  make slides | docs          slide decks (HTML + PDF) | API docs (Doxygen HTML)"
@@ -97,10 +97,11 @@ test:
 exercises:
 	python3 scripts/exercises.py generate $(if $(FORCE),--force)
 
-# Grade a learner's copy of lessons/ with the course's tests (default: this checkout's).
+# Grade a learner's copy of lessons/ with the course's tests (default: this checkout's);
+# LESSONS="03 06" grades those lessons only.
 SUBMISSION ?= lessons
 grade: | $(DEPS_PRIMARY)
-	python3 scripts/grade.py $(SUBMISSION) --out grade --build build-grade \
+	python3 scripts/grade.py $(SUBMISSION) --out grade --build build-grade $(if $(LESSONS),--lessons $(LESSONS)) \
 	  --torch-dir "$$($(TORCH_PYTHON) -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
 	@echo "Grades: grade/summary.md, grade/summary.html, JUnit XML in grade/lessonNN.xml"
 

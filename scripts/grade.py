@@ -2,7 +2,9 @@
 """Grades a learner's submission with the course's own tests.
 
     scripts/grade.py SUBMISSION [--out grade] [--build build-grade] [--lessons 01 02 ...]
-    make grade SUBMISSION=path/to/their/lessons      (default: this checkout's lessons/)
+    make grade SUBMISSION=path/to/their/lessons [LESSONS="03 06"]   (default: lessons/, all)
+    scripts/grade.py --write-points BUILD   (instructors: after changing a test suite)
+    scripts/grade.py --check-points BUILD   (ctest grade.points: is tests/points.json current?)
 
 SUBMISSION is a copy of lessons/. Only the exercise files are taken from it (the files that
 have a twin in solutions/); the contract headers, the programs and the tests are the course's
@@ -11,7 +13,11 @@ the submission is graded on the untouched exercise.
 
 Each lesson is built and run on its own: a compile error, a crash or a hang (killed after
 --timeout seconds) costs that lesson's points and nothing else. Points: one per test of the
-learner's code (suites not named ...Given); tests of given code are not scored.
+learner's code (suites not named ...Given); tests of given code are not scored; and one per
+end-to-end run of the learner's program (ctest label e2e), run once the unit tests have run.
+The points available come from tests/points.json (the reference solution's tests, kept current
+by ctest grade.points), so grading builds the learner's code only. Progress and the time of each
+lesson are printed as grading goes.
 
 Writes, under --out: submission/ (what was graded), lessonNN.xml (JUnit XML, one per lesson),
 summary.md, summary.html and summary.json. Exits 0 when grading finished, whatever the score.
@@ -25,9 +31,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+POINTS = ROOT / "tests" / "points.json"
 
 
 def lessons_in_course():
@@ -88,18 +96,54 @@ def failure_xml(path: pathlib.Path, lesson: str, tests, reason: str):
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
 
 
+def points_of(nn: str, build: pathlib.Path, jobs: str):
+    """The scored tests of lesson nn: tests/points.json, else (a lesson not in it) the list of
+    the solution's test binary, built for it."""
+    if POINTS.exists():
+        points = json.loads(POINTS.read_text())
+        if nn in points:
+            return [tuple(name.split(".", 1)) for name in points[nn]]
+    print(f"lesson{nn}: not in {POINTS.name}: building the solution's tests to count the points",
+          flush=True)
+    run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}_solution_tests"])
+    return scored(list_tests(build / "tests" / f"lesson{nn}_solution_tests"))
+
+
+def solution_points(build: pathlib.Path):
+    """{NN: [Suite.Test, ...]} from the solution test binaries of an existing build."""
+    points = {}
+    for lesson in lessons_in_course():
+        binary = build / "tests" / f"lesson{lesson[:2]}_solution_tests"
+        if binary.exists():
+            points[lesson[:2]] = [f"{s}.{t}" for s, t in scored(list_tests(binary))]
+    return points
+
+
 def grade_lesson(nn: str, build: pathlib.Path, out: pathlib.Path, timeout: int, jobs: str,
                  fail_fast: bool = False):
+    t0 = time.monotonic()
+    result = _grade_lesson(nn, build, out, timeout, jobs, fail_fast)
+    result["seconds"] = round(time.monotonic() - t0)
+    print(f"lesson{nn}: {result['passed']} / {result['total']} points, {result['status']} "
+          f"({result['seconds']} s)", flush=True)
+    return result
+
+
+def _grade_lesson(nn: str, build: pathlib.Path, out: pathlib.Path, timeout: int, jobs: str,
+                  fail_fast: bool = False):
     """Builds and runs lesson nn's learner tests. fail_fast (scripts/mutants.py): stop at the
     first failing test, whose name goes to result["first_failure"]; the rest count as lost."""
     result = {"lesson": nn, "status": "ok", "passed": 0, "total": 0, "detail": ""}
-    # The solution's test binary gives the list of tests, and so the points available.
-    r = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}_solution_tests"])
-    sol_tests = scored(list_tests(build / "tests" / f"lesson{nn}_solution_tests"))
+    t0 = time.monotonic()
+    # The points available: the reference solution's scored tests (tests/points.json).
+    sol_tests = points_of(nn, build, jobs)
     e2e = list_e2e(nn, build)
     result["total"] = len(sol_tests) + len(e2e)
     xml_path = out / f"lesson{nn}.xml"
+    print(f"lesson{nn}: building ...", end="", flush=True)
     r = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}_tests"])
+    print(f" {'built' if r.returncode == 0 else 'does not compile'} ({time.monotonic() - t0:.0f} s)",
+          flush=True)
     if r.returncode != 0:
         errors = [l for l in (r.stdout + r.stderr).splitlines() if "error" in l][:10]
         result.update(status="compile error", detail="\n".join(errors))
@@ -179,13 +223,16 @@ def write_summary(out: pathlib.Path, results, submission: str, notes: dict):
     total = sum(r["total"] for r in results)
     passed = sum(r["passed"] for r in results)
     rows = [(f"lesson{r['lesson']}", r["status"], f"{r['passed']} / {r['total']}",
-             f"{r['passed']}", "; ".join(notes.get(r["lesson"], []) + ([r["detail"].splitlines()[0]]
-                                                                       if r["detail"] else [])))
+             f"{r['passed']}", f"{r.get('seconds', '')}",
+             "; ".join(notes.get(r["lesson"], []) + ([r["detail"].splitlines()[0]]
+                                                     if r["detail"] else [])))
             for r in results]
-    md = [f"# Grade of {submission}", "", "| lesson | status | tests passed / total | points | notes |",
-          "|---|---|---|---|---|"]
-    md += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
-    md += [f"| **total** | | {passed} / {total} | **{passed}** | |", ""]
+    md = [f"# Grade of {submission}", "",
+          "| lesson | status | tests passed / total | points | seconds | notes |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| {a} | {b} | {c} | {d} | {e} | {f} |" for a, b, c, d, e, f in rows]
+    md += [f"| **total** | | {passed} / {total} | **{passed}** | "
+           f"{sum(r.get('seconds', 0) for r in results)} | |", ""]
     (out / "summary.md").write_text("\n".join(md))
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in row) + "</tr>"
                     for row in rows)
@@ -194,8 +241,9 @@ def write_summary(out: pathlib.Path, results, submission: str, notes: dict):
         "<style>body{font-family:sans-serif}td,th{border:1px solid #999;padding:4px 8px}"
         "table{border-collapse:collapse}</style>"
         f"<h1>Grade of {html.escape(submission)}</h1><table><tr><th>lesson</th><th>status</th>"
-        f"<th>tests passed / total</th><th>points</th><th>notes</th></tr>{cells}"
-        f"<tr><th>total</th><td></td><td>{passed} / {total}</td><th>{passed}</th><td></td></tr>"
+        f"<th>tests passed / total</th><th>points</th><th>seconds</th><th>notes</th></tr>{cells}"
+        f"<tr><th>total</th><td></td><td>{passed} / {total}</td><th>{passed}</th><td></td>"
+        "<td></td></tr>"
         "</table>")
     (out / "summary.json").write_text(json.dumps(
         {"submission": submission, "points": passed, "max_points": total, "lessons": results},
@@ -212,7 +260,29 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=300, help="seconds per lesson's tests")
     ap.add_argument("--torch-dir", help="a torch package directory (site-packages/torch) whose "
                     "LibTorch to build with; default: the one CMake finds (Debian's)")
+    ap.add_argument("--write-points", metavar="BUILD",
+                    help="write tests/points.json from BUILD's solution test binaries")
+    ap.add_argument("--check-points", metavar="BUILD",
+                    help="exit 1 when tests/points.json differs from BUILD's solution tests")
     args = ap.parse_args()
+    if args.write_points or args.check_points:
+        build = pathlib.Path(args.write_points or args.check_points).resolve()
+        points = solution_points(build)
+        if not points:
+            print(f"grade.py: no solution test binary in {build}/tests", file=sys.stderr)
+            return 2
+        if args.write_points:
+            POINTS.write_text(json.dumps(points, indent=1, sort_keys=True) + "\n")
+            print(f"grade.py: wrote {POINTS} ({sum(map(len, points.values()))} points)")
+            return 0
+        have = json.loads(POINTS.read_text()) if POINTS.exists() else {}
+        stale = sorted(nn for nn in points if have.get(nn) != points[nn])
+        if stale:
+            print(f"grade.py: {POINTS.relative_to(ROOT)} is not current for lesson(s) "
+                  f"{' '.join(stale)}\nHINT: scripts/grade.py --write-points {build}", file=sys.stderr)
+            return 1
+        print(f"grade.py: {POINTS.name} matches the solution tests of {len(points)} lessons")
+        return 0
     submission = pathlib.Path(args.submission).resolve()
     if not submission.is_dir():
         print(f"grade.py: {submission} is not a folder\nHINT: pass a copy of lessons/, "
