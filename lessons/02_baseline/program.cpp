@@ -13,6 +13,7 @@
 
 #include "dtc/cli.h"
 #include "dtc/compat.h"
+#include "dtc/digest.h"
 #include "dtc/errors.h"
 #include "dtc/memory.h"
 #include "dtc/model_flags.h"
@@ -237,6 +238,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   if (o.flags.json) {
     nlohmann::json j;
     j["losses"] = losses;
+    j["param_digest"] = param_digest(*model);  // after the last step (dtc/digest.h)
     j["tokens_per_s"] = tokens_per_s;
     j["first_step"] = first;
     j["steps"] = steps;

@@ -23,6 +23,7 @@
 
 #include "dtc/cli.h"
 #include "dtc/compat.h"
+#include "dtc/digest.h"
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/launch.h"
@@ -485,6 +486,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   if (o.flags.json) {
     nlohmann::json j;
     j["losses"] = losses;
+    j["param_digest"] = param_digest(*trainer.model());  // rank 0's replica, after the last step
     j["tokens_per_s"] = tokens_per_s;
     j["step_time_s"] = step_time;
     j["first_step"] = first;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "dtc/cli.h"
+#include "dtc/digest.h"
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/launch.h"
@@ -88,6 +89,7 @@ struct StageRun {
   int64_t params = 0, grads = 0, optimizer = 0, peak = 0;  // bytes, this rank
   int64_t bytes_per_step = 0;
   FlatLayout layout;
+  nlohmann::json param_digest;  // the full parameters after the last step (rank 0)
 };
 
 double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
@@ -172,6 +174,23 @@ StageRun run_stage(const Options& o, const GptConfig& config, int stage, Distrib
                run.losses.size(), run.losses.front(), run.losses.back(), 1000 * run.step_s);
     err.flush();
   }
+  // The full parameters (gathered: every rank takes part), cut by the layout's names and
+  // shapes, in the baseline model's order (dtc/digest.h).
+  const torch::Tensor full = engine.full_parameters();
+  if (rank == 0) {
+    std::vector<std::string> names;
+    for (const auto& item : Gpt(config)->named_parameters()) names.push_back(item.key());
+    std::vector<NamedPiece> pieces;
+    int64_t offset = 0;
+    for (const Unit& unit : run.layout.units) {
+      for (size_t k = 0; k < unit.names.size(); ++k) {
+        const int64_t n = c10::multiply_integers(unit.shapes[k]);
+        pieces.emplace_back(unit.names[k], full.narrow(0, offset, n));
+        offset += n;
+      }
+    }
+    run.param_digest = param_digest(names, pieces);
+  }
   if (!o.save_sharded.empty()) {
     std::filesystem::create_directories(o.save_sharded);
     save_sharded(engine, o.save_sharded);
@@ -188,6 +207,7 @@ nlohmann::json stage_json(const StageRun& r, int world) {
   nlohmann::json j;
   j["stage"] = r.stage;
   j["losses"] = r.losses;
+  j["param_digest"] = r.param_digest;
   j["tokens_per_s"] = r.tokens_per_s;
   j["step_s"] = r.step_s;
   j["psi"] = L.numel;
@@ -304,6 +324,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   if (o.flags.json) {
     nlohmann::json j;
     j["losses"] = runs.back().losses;
+    j["param_digest"] = runs.back().param_digest;
     j["tokens_per_s"] = runs.back().tokens_per_s;
     j["world"] = world;
     j["device"] = device.str();

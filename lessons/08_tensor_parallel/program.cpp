@@ -8,9 +8,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <ostream>
 
 #include "dtc/cli.h"
+#include "dtc/digest.h"
 #include "dtc/errors.h"
 #include "dtc/launch.h"
 #include "dtc/model_flags.h"
@@ -78,7 +80,8 @@ void average_gradients(torch::nn::Module& module, Comm& dp) {
 
 std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t steps,
                             const torch::Device& device,
-                            const std::function<void(int64_t, float)>& on_step) {
+                            const std::function<void(int64_t, float)>& on_step,
+                            nlohmann::json* digest) {
   validate_tp(c.model, tp.getSize());
   if (c.batch % dp.getSize() != 0) {
     throw UsageError("--global-batch",
@@ -111,6 +114,25 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
     const float value = global.item<float>() / static_cast<float>(dp.getSize());
     losses.push_back(value);
     if (on_step) on_step(step, value);
+  }
+  if (digest) {
+    // Each parameter of the full model is either split over the TP ranks (a slice each) or
+    // replicated on them; every DP replica holds the same. So: replica 0 contributes, a split
+    // parameter from every TP rank, a replicated one from TP rank 0 only.
+    std::vector<std::string> names;
+    std::map<std::string, int64_t> full_numel;
+    for (const auto& item : Gpt(c.model)->named_parameters()) {
+      names.push_back(item.key());
+      full_numel[item.key()] = item.value().numel();
+    }
+    std::vector<NamedPiece> pieces;
+    for (const auto& item : model->named_parameters()) {
+      const std::string name = item.key() == "lm_head" ? "lm_head.weight" : item.key();
+      const bool split = item.value().numel() != full_numel.at(name);
+      if (dp.getRank() == 0 && (split || tp.getRank() == 0))
+        pieces.emplace_back(name, item.value());
+    }
+    *digest = param_digest(names, pieces, std::vector<Comm*>{&tp, &dp});
   }
   return losses;
 }
@@ -251,14 +273,17 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   const int64_t steps = o.flags.steps;
   const int64_t every = std::max<int64_t>(1, steps / 10);
   const auto start = std::chrono::steady_clock::now();
-  const auto losses =
-      train_tp(c, *groups.tp, *groups.dp, steps, device, [&](int64_t step, float loss) {
+  nlohmann::json digest;
+  const auto losses = train_tp(
+      c, *groups.tp, *groups.dp, steps, device,
+      [&](int64_t step, float loss) {
         if (talk && (step == 0 || (step + 1) % every == 0 || step + 1 == steps)) {
           fmt::print(err, "step {:>{}}/{}  loss {:.4f}\n", step + 1, std::to_string(steps).size(),
                      steps, loss);
           err.flush();
         }
-      });
+      },
+      &digest);
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double tokens_per_s =
@@ -269,6 +294,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   if (o.flags.json) {
     nlohmann::json j;
     j["losses"] = losses;
+    j["param_digest"] = digest;
     j["tokens_per_s"] = tokens_per_s;
     j["steps"] = steps;
     j["world"] = grid.world;

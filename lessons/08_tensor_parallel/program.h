@@ -3,6 +3,8 @@
 // averaging, and the communication volume per layer (so that tests can run them in-process).
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -79,11 +81,14 @@ void average_gradients(torch::nn::Module& module, Comm& dp);
 /// replica d trains on rows [d * B/dp, (d+1) * B/dp) of the global batch, and averages its
 /// gradients over @p dp before each step, so the update is the baseline's.
 /// @param on_step called after every step with (step, loss), if set
+/// @param digest when not null, receives the full model's parameter digest after the last step
+///   (dtc/digest.h; the shards summed over tp, then dp: collective), on every rank
 /// @return the loss of every step: the global batch's mean (averaged over dp), on every rank
 /// @throws UsageError when dp does not divide the batch (or tp the model: validate_tp)
 std::vector<float> train_tp(const TrainConfig& config, Comm& tp, Comm& dp, int64_t steps,
                             const torch::Device& device = torch::kCPU,
-                            const std::function<void(int64_t, float)>& on_step = {});
+                            const std::function<void(int64_t, float)>& on_step = {},
+                            nlohmann::json* digest = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Communication volume (given)

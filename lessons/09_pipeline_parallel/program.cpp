@@ -15,6 +15,7 @@
 #include <ostream>
 
 #include "dtc/cli.h"
+#include "dtc/digest.h"
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/memory.h"
@@ -65,8 +66,30 @@ double BubbleRow::mean_bubble() const {
   return bubble.empty() ? 0.0 : sum / static_cast<double>(bubble.size());
 }
 
+namespace {
+
+// This stage's parameters under the full model's names (blocks first .. last - 1 are the
+// model's h.<i>), for the digest.
+std::vector<NamedPiece> stage_pieces(const Stage& stage) {
+  std::vector<NamedPiece> pieces;
+  auto add = [&](const std::string& prefix, const torch::nn::Module& m) {
+    for (const auto& item : m.named_parameters())
+      pieces.emplace_back(prefix + item.key(), item.value());
+  };
+  if (stage.wte) add("wte.", *stage.wte);
+  if (stage.wpe) add("wpe.", *stage.wpe);
+  for (size_t k = 0; k < stage.blocks.size(); ++k) {
+    add(fmt::format("h.{}.", stage.layers.first + static_cast<int64_t>(k)), *stage.blocks[k]);
+  }
+  if (stage.ln_f) add("ln_f.", *stage.ln_f);
+  if (stage.lm_head) add("lm_head.", *stage.lm_head);
+  return pieces;
+}
+
+}  // namespace
+
 std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm,
-                                  std::vector<double>* step_seconds) {
+                                  std::vector<double>* step_seconds, nlohmann::json* digest) {
   const int p = comm.getSize();
   const int s = comm.getRank();
   check_pipeline(o.model, p, o.batch, o.micro_batches);
@@ -93,6 +116,11 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm,
     if (step_seconds) {
       step_seconds->push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
+  }
+  if (digest) {
+    std::vector<std::string> names;
+    for (const auto& item : Gpt(untied(o.model))->named_parameters()) names.push_back(item.key());
+    *digest = param_digest(names, stage_pieces(stage), &comm);
   }
   return losses;
 }
@@ -161,7 +189,8 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
 
   const auto start = Clock::now();
   std::vector<double> step_s;
-  const std::vector<float> losses = train_pipeline(o, comm, &step_s);
+  nlohmann::json digest;
+  const std::vector<float> losses = train_pipeline(o, comm, &step_s, &digest);
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   const double tokens_per_s =
       static_cast<double>(o.steps * o.batch * o.model.ctx) / std::max(elapsed, 1e-9);
@@ -176,6 +205,7 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
   if (o.json) {
     nlohmann::json j;
     j["losses"] = losses;
+    j["param_digest"] = digest;
     j["tokens_per_s"] = tokens_per_s;
     j["step_s"] = step_s;  // rank 0's wall time of every step (the first one warms up)
     j["stages"] = p;

@@ -4,6 +4,8 @@
 // launch environment and connects the ranks. Given in full (program.cpp).
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
@@ -35,10 +37,13 @@ struct PipelineOptions {
 /// baseline's initial weights (dtc::init_weights with the seed) on the baseline's batches
 /// (ByteDataset::builtin(), rows 0..batch-1 of each step).
 /// @param step_seconds when not null, receives the wall time of every step on this rank.
+/// @param digest when not null, receives the full model's parameter digest after the last step
+///   (dtc/digest.h; every stage adds its own parameters: collective), on every rank.
 /// @return the loss of every step, on every rank (sent from the last stage).
 /// @throws dtc::UsageError for a pipeline that does not fit (check_pipeline()).
 std::vector<float> train_pipeline(const PipelineOptions& options, Comm& comm,
-                                  std::vector<double>* step_seconds = nullptr);
+                                  std::vector<double>* step_seconds = nullptr,
+                                  nlohmann::json* digest = nullptr);
 
 /// One schedule at one micro-batch count, measured on every stage.
 struct BubbleRow {

@@ -15,7 +15,10 @@ Checks, each printed as "ok" or "FAIL":
   --losses-like PROG2   the JSON's "losses" equal those of PROG2 run as one process with
                         --losses-like-args and --json (the single-device baseline, lesson 02):
                         rtol 1e-3 + atol 1e-5 per step, lesson 06's end-to-end tolerance
-                        (tests/lesson06/e2e.py says why: other summation orders, AdamW near eps)
+                        (tests/lesson06/e2e.py says why: other summation orders, AdamW near eps);
+                        and its "param_digest" (dtc/digest.h) equal the baseline's: the same
+                        names and sizes, each parameter's sum of squares within rtol 1e-3 and
+                        its sum within 1e-3 of sqrt(numel x sumsq) (the sum's own scale)
 --nproc 0 runs the program alone, without torchrun. Each torchrun takes its own free port (c10d
 rendezvous): runs may go in parallel. Exit 0 when every
 check passed, 1 otherwise.
@@ -124,6 +127,19 @@ def main() -> int:
             for i, (g, w) in enumerate(zip(got, want)):
                 check(abs(g - w) <= RTOL * abs(w) + ATOL,
                       f"step {i}: loss {g:.7f} vs baseline {w:.7f}")
+            dg, dw = j.get("param_digest"), (jb or {}).get("param_digest")
+            check(isinstance(dg, list) and isinstance(dw, list) and len(dg) == len(dw) > 0,
+                  f"param_digest of {len(dg or [])} parameters, the baseline's of {len(dw or [])}")
+            for g, w in zip(dg or [], dw or []):
+                same = g["name"] == w["name"] and g["numel"] == w["numel"]
+                scale = (w["numel"] * w["sumsq"]) ** 0.5
+                close = (abs(g["sumsq"] - w["sumsq"]) <= RTOL * w["sumsq"] + ATOL and
+                         abs(g["sum"] - w["sum"]) <= RTOL * scale + ATOL)
+                if not (same and close):
+                    check(False, f"parameter {g['name']} ({g['numel']}): sum {g['sum']:.6g}, "
+                                 f"sumsq {g['sumsq']:.6g} vs baseline {w['name']} ({w['numel']}): "
+                                 f"sum {w['sum']:.6g}, sumsq {w['sumsq']:.6g}")
+            print(f"     param_digest compared over {len(dw or [])} parameters", flush=True)
     if failures:
         print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
         print(f"FAILED: {len(failures)} check(s)")
