@@ -263,24 +263,31 @@ Held held_during_one_step(int stage) {
   return held;
 }
 
+// The bytes rank 0 came to hold between the first and the last of @p samples (one per block),
+// against two units: see Held.
+void expect_held_under_two_units(const std::vector<int64_t>& samples, int64_t unit_bytes,
+                                 const std::string& between, const std::string& rule) {
+  ASSERT_EQ(samples.size(), 6u) << "one sample per block, " << between;
+  const int64_t growth = samples.back() - samples.front();
+  EXPECT_LT(growth, 2 * unit_bytes)
+      << between << ", rank 0 came to hold " << growth << " more bytes; a block's unit is "
+      << unit_bytes << ": " << rule;
+}
+
 TEST(L07Memory, Stage3ReleasesEachGatheredUnit) {
   const Held h = held_during_one_step(3);
-  ASSERT_EQ(h.forward_gathers.size(), 6u) << "stage 3 gathers each block in forward";
-  const int64_t growth = h.forward_gathers.back() - h.forward_gathers.front();
-  EXPECT_LT(growth, 2 * h.unit_bytes)
-      << "from the first block's gather to the last one's, rank 0 came to hold " << growth
-      << " more bytes; a block's unit is " << h.unit_bytes
-      << ": stage 3 must release a block's gathered parameters before it gathers the next";
+  expect_held_under_two_units(h.forward_gathers, h.unit_bytes,
+                              "from the first block's gather in forward to the last one's",
+                              "stage 3 must release a block's gathered parameters before it "
+                              "gathers the next");
 }
 
 TEST(L07Memory, Stage2KeepsOnlyGradientShards) {
   const Held h = held_during_one_step(2);
-  ASSERT_EQ(h.backward_scatters.size(), 6u) << "stage 2 reduce-scatters each block's gradients";
-  const int64_t growth = h.backward_scatters.back() - h.backward_scatters.front();
-  EXPECT_LT(growth, 2 * h.unit_bytes)
-      << "from the last block's reduce-scatter to the first one's, rank 0 came to hold " << growth
-      << " more bytes; a block's unit is " << h.unit_bytes
-      << ": stage 2 must free a unit's full gradient once it is reduce-scattered";
+  expect_held_under_two_units(h.backward_scatters, h.unit_bytes,
+                              "from the last block's reduce-scatter to the first one's",
+                              "stage 2 must free a unit's full gradient once it is "
+                              "reduce-scattered");
 }
 
 // PyTorch's own training of the same model on the same batches (lesson 02's reference case).
