@@ -117,6 +117,37 @@ TEST(L02Memory, AllocatorMeasuresTheLedgersCounts) {
                       kFp32VsPyTorch);
 }
 
+TEST(L02Memory, ActivationsAreTheLedgersListPlusTheItemisedRest) {
+  // README section 6: what the allocator holds after the forward pass is the ledger's per-block
+  // list (64sbh + 4as^2b bytes per layer) plus, exactly, the tensors outside the blocks: the
+  // final LayerNorm's input and output (2sbh fp32), the log-softmax output (sbV fp32), the
+  // LayerNorm statistics (2L + 1 norms x 2sb fp32), one causal mask per layer (s^2 bytes),
+  // the position indices (s int64) and the loss with its normaliser (2 fp32). For the README's
+  // default model that rest is 1,102,344 bytes; here it is checked on two shapes.
+  install_counting_allocator();
+  TrainConfig readme = tiny();
+  readme.model.layers = 4;
+  readme.model.hidden = 128;
+  readme.model.heads = 4;
+  readme.model.ctx = 64;
+  readme.batch = 8;
+  for (const TrainConfig& c : {tiny(), readme}) {
+    const GptConfig& m = c.model;
+    SCOPED_TRACE(testing::Message()
+                 << "L " << m.layers << ", h " << m.hidden << ", s " << m.ctx << ", b " << c.batch);
+    Gpt model = make_model(c);
+    auto optimizer = make_optimizer(model, c);
+    float loss = 0;
+    const MeasuredMemory got = measure_step(
+        model, *optimizer, ByteDataset::builtin().batch(c.seed, 0, c.batch, m.ctx), loss);
+    const int64_t s = m.ctx, b = c.batch, h = m.hidden, V = m.vocab, L = m.layers;
+    const int64_t rest =
+        4 * 2 * s * b * h + 4 * s * b * V + 4 * (2 * L + 1) * 2 * s * b + L * s * s + 8 * s + 4 * 2;
+    if (m.layers == 4 && m.hidden == 128) EXPECT_EQ(rest, 1102344) << "README section 6's table";
+    EXPECT_EQ(got.activations, predict_memory(m, c.batch).activation_bytes + rest);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checkpoints
 // ---------------------------------------------------------------------------------------------
