@@ -40,6 +40,8 @@ void run_ranks(int world, const std::function<void(RankContext&)>& body,
         ctx.store = store;
         ctx.comm = new_comm(store, r, world, BackendKind::kGloo, timeout);
         body(ctx);
+      } catch (const c10::Error& e) {
+        error = e.what_without_backtrace();  // LibTorch's 12-frame backtrace helps no learner
       } catch (const std::exception& e) {
         error = e.what();
       } catch (...) {
@@ -97,7 +99,9 @@ void run_ranks(int world, const std::function<void(RankContext&)>& body,
 
   std::string report;
   for (int r = 0; r < world; ++r) {
-    if (!errors[r].empty()) report += fmt::format("rank {} failed: {}\n", r, errors[r]);
+    if (!errors[r].empty()) {
+      report += fmt::format("rank {} of {} failed: {}\n", r, world, errors[r]);
+    }
   }
   if (!report.empty()) throw std::runtime_error(report);
 }

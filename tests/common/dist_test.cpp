@@ -74,7 +74,7 @@ TEST(RunRanks, AHangBecomesAnErrorNamingTheRank) {
         milliseconds(1000));
     FAIL() << "expected a timeout error";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 0 failed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0 of 2 failed"), std::string::npos) << e.what();
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -102,7 +102,23 @@ TEST(RunRanks, ExceptionsAreReportedPerRank) {
     });
     FAIL() << "expected an error";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 2 failed: boom"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 2 of 3 failed: boom"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(RunRanks, LibTorchErrorsComeWithoutTheirBacktrace) {
+  try {
+    run_ranks(2, [](RankContext& ctx) {
+      if (ctx.rank == 1) torch::ones({2}).view({3});  // a shape error, thrown by LibTorch
+    });
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1 of 2 failed: "), std::string::npos) << what;
+    EXPECT_NE(what.find("shape '[3]' is invalid"), std::string::npos) << what;
+    EXPECT_EQ(what.find("Exception raised from"), std::string::npos)
+        << "LibTorch's backtrace reached the message: " << what;
   }
 }
 
