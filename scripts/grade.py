@@ -195,7 +195,10 @@ def grade_e2e(nn, build, result, jobs, xml_path, names, skip):
         return
     outcome = {n: "not run: the unit tests failed first" for n in names}
     if not skip:
-        built = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}"])
+        # The learner's program, and lesson 02's reference program: the end-to-end runs
+        # compare with its single-process losses and parameters.
+        built = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}",
+                     "lesson02_solution"])
         if built.returncode != 0:
             outcome = {n: "the program did not build" for n in names}
         else:

@@ -115,6 +115,10 @@ def main() -> int:
             check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
                   f"{key} > 0 (got {v!r})")
         if a.losses_like:
+            if not os.access(a.losses_like, os.X_OK):
+                print(f"FAIL the baseline program {a.losses_like} is not built "
+                      "(cmake --build <build> --target lesson02_solution)")
+                return 1
             base_cmd = [a.losses_like, *shlex.split(a.losses_like_args), "--json"]
             print("$", " ".join(base_cmd), flush=True)
             b = subprocess.run(base_cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
