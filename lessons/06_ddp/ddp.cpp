@@ -73,7 +73,10 @@ Reducer::Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> com
   bucket_of_.assign(n, 0);
   offset_of_.assign(n, 0);
   ready_.assign(n, false);
-  pending_.assign(buckets_.size(), 0);
+  pending_.resize(buckets_.size());  // no parameter of any bucket is ready yet
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = static_cast<int64_t>(buckets_[b].size());
+  }
   work_.assign(buckets_.size(), {});
   // TODO(L06): for each bucket, record every parameter's bucket and offset, and make a flat
   //   zero buffer (total numel,) with the parameters' dtype and device; then register one hook
@@ -177,4 +180,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 3438cc37df351fb5
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum fd3a546d79438f1d

@@ -111,7 +111,10 @@ Reducer::Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> com
   bucket_of_.assign(n, 0);
   offset_of_.assign(n, 0);
   ready_.assign(n, false);
-  pending_.assign(buckets_.size(), 0);
+  pending_.resize(buckets_.size());  // no parameter of any bucket is ready yet
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = static_cast<int64_t>(buckets_[b].size());
+  }
   work_.assign(buckets_.size(), {});
   // BEGIN SOLUTION: for each bucket, record every parameter's bucket and offset, and make a flat
   //   zero buffer (total numel,) with the parameters' dtype and device; then register one hook
@@ -123,7 +126,6 @@ Reducer::Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> com
       offset_of_[i] = numel;
       numel += params_[i].numel();
     }
-    pending_[b] = static_cast<int64_t>(buckets_[b].size());
     flat_.push_back(torch::zeros({numel}, params_[buckets_[b].front()].options()));
   }
   for (size_t i = 0; i < n; ++i) {
