@@ -91,14 +91,30 @@ def torchrun_cmd(args):
 def baseline_losses(args):
     p = run([args.baseline, *COMMON])
     expect(p.returncode == 0, f"lesson02 exits 0 (got {p.returncode})")
-    return last_json(p.stdout)["losses"]
+    return last_json(p.stdout)
 
 
 def compare_losses(got, want, what):
-    expect(len(got) == len(want), f"{what}: {len(want)} losses")
-    worst = max(abs(g - w) / (ATOL + RTOL * abs(w)) for g, w in zip(got, want))
+    """The losses, and the parameters' digest (dtc/digest.h): each parameter's sum of squares
+    within 1%, and its sum within 1% of sqrt(numel x sumsq). After 20 AdamW steps the
+    summation-order differences have grown where gradients are near eps: measured here, the
+    worst parameter (a bias) is 0.35% off in its sum of squares. The digest is a check for gross
+    errors (a replica that did not step, another initialisation); the unit tests compare every
+    element after a few steps."""
+    expect(len(got["losses"]) == len(want["losses"]), f"{what}: {len(want['losses'])} losses")
+    worst = max(abs(g - w) / (ATOL + RTOL * abs(w)) for g, w in zip(got["losses"], want["losses"]))
     expect(worst <= 1.0, f"{what}: every loss within rtol {RTOL} + atol {ATOL} of lesson02's "
                          f"(worst {worst:.3f} of the tolerance)")
+    dg, dw = got.get("param_digest", []), want.get("param_digest", [])
+    expect(len(dg) == len(dw) > 0 and all(g["name"] == w["name"] and g["numel"] == w["numel"]
+                                          for g, w in zip(dg, dw)),
+           f"{what}: param_digest names and sizes are lesson02's")
+    rel = 1e-2
+    worst = max((max(abs(g["sumsq"] - w["sumsq"]) / (ATOL + rel * w["sumsq"]),
+                     abs(g["sum"] - w["sum"]) / (ATOL + rel * (w["numel"] * w["sumsq"]) ** 0.5))
+                 for g, w in zip(dg, dw)), default=float("inf"))
+    expect(worst <= 1.0, f"{what}: every parameter's sum and sum of squares within 1% of "
+                         f"lesson02's (worst {worst:.3f} of the tolerance)")
 
 
 def mode_torchrun(args):
@@ -109,7 +125,7 @@ def mode_torchrun(args):
         j = last_json(p.stdout)
         expect(j["world_size"] == 2 and j["launcher"] == "torchrun", "2 ranks via torchrun")
         expect(j["replica_divergence"] == 0, "the two replicas are bit for bit the same")
-        compare_losses(j["losses"], want, f"--sync {sync}")
+        compare_losses(j, want, f"--sync {sync}")
 
 
 def mode_mpirun(args):
@@ -120,7 +136,7 @@ def mode_mpirun(args):
     expect(p.returncode == 0, f"mpirun exits 0 (got {p.returncode})")
     j = last_json(p.stdout)
     expect(j["world_size"] == 2 and j["launcher"] == "mpirun", "2 ranks via mpirun")
-    compare_losses(j["losses"], want, "mpirun, bucketed")
+    compare_losses(j, want, "mpirun, bucketed")
 
 
 def mode_resume(args):
