@@ -194,11 +194,11 @@ TORCH_MODULE(VocabParallelEmbedding);
 /// @brief The mean cross-entropy over N positions, from logits split by vocabulary, without
 ///   ever gathering the (N, V) logits (Megatron's vocab-parallel cross-entropy).
 ///
-/// With z the full logits and t the targets, loss_i = log(sum_v exp(z_iv - m_i)) - (z_it - m_i)
-/// for any m_i; take m_i = max_v z_iv for a stable exp. Three allreduces over @p tp, each of N
-/// numbers, not N*V: the max (ReduceOp::MAX; a constant for autograd: the loss does not depend
-/// on it, so detach it), the sum of exp (through g), and the target's logit, which lives on
-/// exactly one rank (through g: the other ranks contribute 0).
+/// What must hold (L08Modules.VocabParallelCrossEntropyMatchesTheFullOne): on every TP rank, the
+/// value of F::cross_entropy on the full (N, V) logits and, through backward, this rank's slice
+/// of its gradient, within one fp32 op; finite for logits in the thousands, where fp32's exp
+/// overflows; and only vectors of N numbers cross the TP group, never the N x V logits.
+/// README section 5 gives the identity to start from, and hints.
 /// @param logits_local (N, V/tp): this rank's vocabulary columns [vocab_begin, vocab_begin+V/tp)
 /// @param targets (N) int64 in [0, V), the same on every TP rank
 /// @param vocab_begin the first vocabulary id of this rank's columns

@@ -131,10 +131,12 @@ std::vector<Op> gpipe_schedule(int stages, int64_t micro_batches, int stage) {
 
 std::vector<Op> one_f_one_b_schedule(int stages, int64_t micro_batches, int stage) {
   std::vector<Op> ops;
-  // TODO(L09): w = min(p - s - 1, m) warm-up forwards; then m - w pairs F(w + i) B(i);
-  //   then the last w backwards
-  DTC_TODO("L09", "w = min(p - s - 1, m) warm-up forwards; then m - w pairs F(w + i) B(i); "
-                  "then the last w backwards");
+  // TODO(L09): warm-up forwards, then forward-backward pairs, then the backwards left,
+  //   with the shortest warm-up that never waits on a gradient (Figure 4; README section 6 has
+  //   hints; L09Schedule.* checks the papers' orders)
+  DTC_TODO("L09", "warm-up forwards, then forward-backward pairs, then the backwards left, "
+                  "with the shortest warm-up that never waits on a gradient (Figure 4; README section 6 has "
+                  "hints; L09Schedule.* checks the papers' orders)");
   return ops;
 }
 
@@ -202,4 +204,4 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum 52f2b72cec41b048
+// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum 1d76854eff4ea0fa

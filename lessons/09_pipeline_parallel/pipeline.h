@@ -111,12 +111,12 @@ const char* schedule_name(ScheduleKind kind);
 std::vector<Op> gpipe_schedule(int stages, int64_t micro_batches, int stage);
 
 /// 1F1B (PipeDream-Flush, Narayanan et al. 2021, Figure 4; Megatron-LM's
-/// forward_backward_pipelining_without_interleaving). With w = min(p - s - 1, m) warm-up
-/// forwards:
-///   warm-up    F0 .. F(w-1)
-///   steady     F(w) B0  F(w+1) B1  ...  F(m-1) B(m-1-w)      (one forward, one backward)
-///   cool-down  B(m-w) .. B(m-1)
-/// The last stage has no warm-up (F0 B0 F1 B1 ...); stage 0 runs p - 1 forwards first.
+/// forward_backward_pipelining_without_interleaving) for stage @p stage of @p stages: each
+/// micro-batch's forward and backward exactly once, forwards and backwards each in micro-batch
+/// order; a warm-up of forwards, then one forward and one backward in turn, then the backwards
+/// left. The warm-up is as short as it can be without the stage ever waiting for a gradient
+/// that the stages after it cannot have sent yet, so a stage never holds more micro-batches
+/// than it must (README section 3 has Figure 4's orders; section 6, hints).
 std::vector<Op> one_f_one_b_schedule(int stages, int64_t micro_batches, int stage);
 
 /// The schedule @p kind for (stages, micro_batches, stage). Given.

@@ -149,8 +149,9 @@ std::vector<Op> gpipe_schedule(int stages, int64_t micro_batches, int stage) {
 
 std::vector<Op> one_f_one_b_schedule(int stages, int64_t micro_batches, int stage) {
   std::vector<Op> ops;
-  // BEGIN SOLUTION: w = min(p - s - 1, m) warm-up forwards; then m - w pairs F(w + i) B(i);
-  //   then the last w backwards
+  // BEGIN SOLUTION: warm-up forwards, then forward-backward pairs, then the backwards left,
+  //   with the shortest warm-up that never waits on a gradient (Figure 4; README section 6 has
+  //   hints; L09Schedule.* checks the papers' orders)
   const int64_t warmup = std::min<int64_t>(stages - stage - 1, micro_batches);
   for (int64_t i = 0; i < warmup; ++i) ops.push_back({Op::kForward, i});
   for (int64_t i = 0; i < micro_batches - warmup; ++i) {
