@@ -323,14 +323,14 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   // backward can be run one block at a time (and its gradients reduced right after).
   std::vector<torch::Tensor> inputs(blocks), outputs(blocks);
   torch::Tensor x = x0.detach();
-  // TODO(L07): for each block i: stage 2: inputs[i] = x.detach().requires_grad_(),
-  //   outputs[i] = block(inputs[i]), x = outputs[i].detach(). Stage 3: gather unit 1 + i (with
-  //   --prefetch, start the next unit's gather before computing), bind_unit, run the block under
-  //   NoGradGuard (nothing saved), keep only its input in inputs[i], release_unit
-  DTC_TODO("L07", "for each block i: stage 2: inputs[i] = x.detach().requires_grad_(), "
-                  "outputs[i] = block(inputs[i]), x = outputs[i].detach(). Stage 3: gather unit 1 + i (with "
-                  "--prefetch, start the next unit's gather before computing), bind_unit, run the block under "
-                  "NoGradGuard (nothing saved), keep only its input in inputs[i], release_unit");
+  // TODO(L07): the blocks' forward, one block at a time, keeping in inputs / outputs what
+  //   backward will need: stage 2, each block's graph from a detached input; stage 3, only each
+  //   block's input, and a block's gathered parameters only while it runs (with --prefetch, the
+  //   next gather overlaps the block). Tests: L07Stages.*, L07Memory.*; hints: README section 8
+  DTC_TODO("L07", "the blocks' forward, one block at a time, keeping in inputs / outputs what "
+                  "backward will need: stage 2, each block's graph from a detached input; stage 3, only each "
+                  "block's input, and a block's gathered parameters only while it runs (with --prefetch, the "
+                  "next gather overlaps the block). Tests: L07Stages.*, L07Memory.*; hints: README section 8");
 
   auto last = x.detach().requires_grad_();
   auto loss = head_loss(model_, last, batch.targets);
@@ -344,16 +344,14 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   // as soon as its block is done (the Work runs while the next block computes) and freed.
   Pending reducing;
   size_t reducing_unit = 0;
-  // TODO(L07): for each block i from the last: bind a zeroed (padded) gradient buffer to
-  //   unit 1 + i (bind_grads); stage 2: outputs[i].backward(g); stage 3: gather (prefetch the
-  //   previous unit), bind_unit, recompute block(inputs[i] detached, requiring grad), backward
-  //   it with g, release_unit. Then g = the input's grad, unbind_grads, finish the previous
-  //   reduce-scatter (reduce_unit_gradient) and start this unit's
-  DTC_TODO("L07", "for each block i from the last: bind a zeroed (padded) gradient buffer to "
-                  "unit 1 + i (bind_grads); stage 2: outputs[i].backward(g); stage 3: gather (prefetch the "
-                  "previous unit), bind_unit, recompute block(inputs[i] detached, requiring grad), backward "
-                  "it with g, release_unit. Then g = the input's grad, unbind_grads, finish the previous "
-                  "reduce-scatter (reduce_unit_gradient) and start this unit's");
+  // TODO(L07): the blocks' backward, last block first, each into a gradient buffer of its
+  //   own that is reduce-scattered while the next block runs backward, then freed (stage 3
+  //   gathers each block again and recomputes it from its input). Tests: L07Stages.*,
+  //   L07Memory.*; hints: README section 8
+  DTC_TODO("L07", "the blocks' backward, last block first, each into a gradient buffer of its "
+                  "own that is reduce-scattered while the next block runs backward, then freed (stage 3 "
+                  "gathers each block again and recomputes it from its input). Tests: L07Stages.*, "
+                  "L07Memory.*; hints: README section 8");
   x0.backward(g);  // the embeddings' gradients, added to the head's in outer_grads (tied wte)
   x0 = torch::Tensor();
   g = torch::Tensor();
@@ -531,4 +529,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 6bad0ee8d7f5232b
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum e3754b14ba741871

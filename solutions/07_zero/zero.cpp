@@ -358,10 +358,10 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   // backward can be run one block at a time (and its gradients reduced right after).
   std::vector<torch::Tensor> inputs(blocks), outputs(blocks);
   torch::Tensor x = x0.detach();
-  // BEGIN SOLUTION: for each block i: stage 2: inputs[i] = x.detach().requires_grad_(),
-  //   outputs[i] = block(inputs[i]), x = outputs[i].detach(). Stage 3: gather unit 1 + i (with
-  //   --prefetch, start the next unit's gather before computing), bind_unit, run the block under
-  //   NoGradGuard (nothing saved), keep only its input in inputs[i], release_unit
+  // BEGIN SOLUTION: the blocks' forward, one block at a time, keeping in inputs / outputs what
+  //   backward will need: stage 2, each block's graph from a detached input; stage 3, only each
+  //   block's input, and a block's gathered parameters only while it runs (with --prefetch, the
+  //   next gather overlaps the block). Tests: L07Stages.*, L07Memory.*; hints: README section 8
   Pending next;
   if (stage3 && blocks > 0) next = gather(1);
   for (size_t i = 0; i < blocks; ++i) {
@@ -399,11 +399,10 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   // as soon as its block is done (the Work runs while the next block computes) and freed.
   Pending reducing;
   size_t reducing_unit = 0;
-  // BEGIN SOLUTION: for each block i from the last: bind a zeroed (padded) gradient buffer to
-  //   unit 1 + i (bind_grads); stage 2: outputs[i].backward(g); stage 3: gather (prefetch the
-  //   previous unit), bind_unit, recompute block(inputs[i] detached, requiring grad), backward
-  //   it with g, release_unit. Then g = the input's grad, unbind_grads, finish the previous
-  //   reduce-scatter (reduce_unit_gradient) and start this unit's
+  // BEGIN SOLUTION: the blocks' backward, last block first, each into a gradient buffer of its
+  //   own that is reduce-scattered while the next block runs backward, then freed (stage 3
+  //   gathers each block again and recomputes it from its input). Tests: L07Stages.*,
+  //   L07Memory.*; hints: README section 8
   if (stage3 && blocks > 0) next = gather(blocks);
   for (size_t i = blocks; i-- > 0;) {
     Unit& unit = layout_.units[1 + i];
