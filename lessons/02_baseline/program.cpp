@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -49,22 +50,36 @@ LedgerPrediction predict_memory(const GptConfig& m, int64_t batch) {
 // Measuring one step
 // ---------------------------------------------------------------------------------------------
 
+int64_t device_bytes_now(const torch::Device& device) {
+  if (device.is_cuda()) return cuda_memory_stats(std::max<int>(device.index(), 0)).allocated;
+  return cpu_memory().current;
+}
+
 MeasuredMemory measure_step(Gpt& model, torch::optim::AdamW& optimizer, const Batch& batch,
-                            float& loss_value) {
+                            float& loss_value, const torch::Device& device) {
+  const int gpu = std::max<int>(device.index(), 0);
+  auto now = [&] { return device_bytes_now(device); };
+  auto peak = [&] {
+    return device.is_cuda() ? cuda_memory_stats(gpu).peak_allocated : cpu_memory().peak;
+  };
   MeasuredMemory m;
   zero_grad_to_none(optimizer);
-  const int64_t before = cpu_memory().current;
-  reset_cpu_peak();
+  const int64_t before = now();
+  if (device.is_cuda()) {
+    reset_cuda_peak_memory(gpu);
+  } else {
+    reset_cpu_peak();
+  }
   torch::Tensor loss = forward_loss(model, batch);
-  m.activations = cpu_memory().current - before;  // the graph's saved tensors (and the loss)
-  loss.backward();                                // frees the graph as it goes
-  m.step_peak = cpu_memory().peak - before;
+  m.activations = now() - before;  // the graph's saved tensors (and the loss)
+  loss.backward();                 // frees the graph as it goes
+  m.step_peak = peak() - before;
   loss_value = loss.item<float>();
-  loss = torch::Tensor();                   // drop the 4-byte loss
-  m.grads = cpu_memory().current - before;  // what backward left: the gradients
-  const int64_t before_step = cpu_memory().current;
+  loss = torch::Tensor();    // drop the 4-byte loss
+  m.grads = now() - before;  // what backward left: the gradients
+  const int64_t before_step = now();
   optimizer.step();
-  m.optimizer = cpu_memory().current - before_step;  // AdamW's state, made on its first step
+  m.optimizer = now() - before_step;  // AdamW's state, made on its first step
   return m;
 }
 
@@ -169,9 +184,9 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
 
   const torch::Device device = default_device();
   install_counting_allocator();
-  const int64_t before_model = cpu_memory().current;
+  const int64_t before_model = device_bytes_now(device);
   Gpt model = make_model(c, device);
-  const int64_t model_bytes = cpu_memory().current - before_model;
+  const int64_t model_bytes = device_bytes_now(device) - before_model;
   auto optimizer = make_optimizer(model, c);
   int64_t first = 0;
   if (!o.resume.empty()) first = load_checkpoint(o.resume, model, *optimizer);
@@ -182,7 +197,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
         fmt::format("the checkpoint is already at step {}, and --steps is {}", first, steps),
         fmt::format("--steps counts from the start: pass more than {}", first));
   }
-  const bool measure = device.is_cpu() && first == 0;
+  const bool measure = (device.is_cpu() || device.is_cuda()) && first == 0;
   const LedgerPrediction predicted = predict_memory(c.model, c.batch);
   const int64_t tokens_per_step = c.batch * c.model.ctx;
   const int64_t params = count_parameters(*model);
@@ -212,7 +227,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
     const Batch batch = data.batch(c.seed, step, c.batch, c.model.ctx).to(device);
     float loss = 0;
     if (step == first && measure) {
-      measured = measure_step(model, *optimizer, batch, loss);
+      measured = measure_step(model, *optimizer, batch, loss, device);
       measured.params = model_bytes;
       from_tensors = state_bytes(model, *optimizer);
     } else {

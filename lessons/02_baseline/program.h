@@ -41,12 +41,17 @@ struct MeasuredMemory {
 };
 
 /// Runs the first training step in its pieces (zero_grad_to_none, forward_loss, backward,
-/// step) and measures each with the counting allocator. The model must be on the CPU, fresh
-/// (no optimizer state yet), and the allocator installed before the model was built;
-/// MeasuredMemory::params is left for the caller, who saw the model being built.
+/// step) and measures each: on the CPU with the counting allocator (installed before the model
+/// was built), on a CUDA device with the caching allocator's own statistics (bytes of live
+/// tensors, rounded up to its 512-byte blocks). The model must be fresh (no optimizer state
+/// yet); MeasuredMemory::params is left for the caller, who saw the model being built.
 /// @param loss receives the step's loss.
 MeasuredMemory measure_step(Gpt& model, torch::optim::AdamW& optimizer, const Batch& batch,
-                            float& loss);
+                            float& loss, const torch::Device& device = torch::kCPU);
+
+/// Bytes of live tensors on @p device now: the counting allocator's on the CPU, the CUDA
+/// caching allocator's on a GPU.
+int64_t device_bytes_now(const torch::Device& device);
 
 /// Trains @p config's model from its initial weights for @p steps steps on the built-in corpus,
 /// on the CPU, with your train_step().
