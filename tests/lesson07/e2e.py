@@ -98,6 +98,15 @@ def main():
     for s in stages[1:]:
         check(all(close(a, b, 1e-4) for a, b in zip(s["losses"], losses[0])),
               f"stage {s['stage']} losses equal DDP's")
+        # The parameters too (dtc/digest.h): each one's sum of squares within 1e-4, its sum
+        # within 1e-4 of sqrt(numel x sumsq), after the same 2 steps.
+        d, d0 = s.get("param_digest") or [], stages[0].get("param_digest") or []
+        ok = len(d) == len(d0) > 0 and all(
+            a["name"] == b["name"] and a["numel"] == b["numel"] and
+            abs(a["sumsq"] - b["sumsq"]) <= 1e-4 * b["sumsq"] + 1e-6 and
+            abs(a["sum"] - b["sum"]) <= 1e-4 * (b["numel"] * b["sumsq"]) ** 0.5 + 1e-6
+            for a, b in zip(d, d0))
+        check(ok, f"stage {s['stage']} parameters (param_digest, {len(d)} tensors) equal DDP's")
 
     # 2. PyTorch's losses
     ref = json.loads((ROOT / "tests/reference/lesson02_reference.json").read_text())
