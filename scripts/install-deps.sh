@@ -68,8 +68,9 @@ apt_install() {
 
 # The torch wheel is a CUDA build. Compiling against it needs the CUDA runtime's headers, which
 # the wheel's nvidia-cuda-runtime brings, except the few nvcc keeps (crt/host_config.h, in
-# nvidia-cuda-crt, 130 kB; and CCCL's, in nvidia-cuda-cccl): without a CUDA toolkit on the machine, those come from PyPI too, at
-# the runtime's own major.minor version (cmake/DtcTorch.cmake then describes the runtime from the wheel).
+# nvidia-cuda-crt, 130 kB; and CCCL's, in nvidia-cuda-cccl): without a CUDA toolkit on the
+# machine, those come from PyPI too, at the runtime's own major.minor version
+# (cmake/DtcTorch.cmake then describes the runtime from the wheel).
 venv_ready() {
   "$DTC_VENV/bin/python" - "$DTC_TORCH_VERSION" <<'PY' 2>/dev/null
 import importlib.metadata as m, pathlib, sys, torch

@@ -20,11 +20,14 @@ import argparse
 import collections
 import json
 import os
+import pathlib
 import shlex
-import socket
 import subprocess
 import sys
 import uuid
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
+from e2e_common import free_port  # noqa: E402
 
 TIMEOUT_S = 90
 SKIP = 77
@@ -32,13 +35,6 @@ SKIP = 77
 
 class Failure(Exception):
     pass
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env() -> dict:

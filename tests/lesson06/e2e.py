@@ -22,13 +22,16 @@ Registered in lessons/06_ddp/lesson.cmake (ctest -L lesson06 -R e2e).
 import argparse
 import json
 import os
+import pathlib
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
+from e2e_common import digest_ratios, free_port  # noqa: E402
 
 TIMEOUT_S = 100
 RTOL, ATOL = 1e-3, 1e-5
@@ -37,12 +40,6 @@ COMMON = ["--steps", "20", "--seed", "1", "--json"]
 
 class Failure(Exception):
     pass
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env() -> dict:
@@ -97,22 +94,17 @@ def baseline_losses(args):
 def compare_losses(got, want, what):
     """The losses, and the parameters' digest (dtc/digest.h): each parameter's sum of squares
     within 1%, and its sum within 1% of sqrt(numel x sumsq). After 20 AdamW steps the
-    summation-order differences have grown where gradients are near eps: measured here, the
-    worst parameter (a bias) is 0.35% off in its sum of squares. The digest is a check for gross
+    summation-order differences have grown where gradients are near eps: measured in this
+    test, the worst parameter uses 0.55 of that tolerance. The digest is a check for gross
     errors (a replica that did not step, another initialisation); the unit tests compare every
     element after a few steps."""
     expect(len(got["losses"]) == len(want["losses"]), f"{what}: {len(want['losses'])} losses")
     worst = max(abs(g - w) / (ATOL + RTOL * abs(w)) for g, w in zip(got["losses"], want["losses"]))
     expect(worst <= 1.0, f"{what}: every loss within rtol {RTOL} + atol {ATOL} of lesson02's "
                          f"(worst {worst:.3f} of the tolerance)")
-    dg, dw = got.get("param_digest", []), want.get("param_digest", [])
-    expect(len(dg) == len(dw) > 0 and all(g["name"] == w["name"] and g["numel"] == w["numel"]
-                                          for g, w in zip(dg, dw)),
-           f"{what}: param_digest names and sizes are lesson02's")
-    rel = 1e-2
-    worst = max((max(abs(g["sumsq"] - w["sumsq"]) / (ATOL + rel * w["sumsq"]),
-                     abs(g["sum"] - w["sum"]) / (ATOL + rel * (w["numel"] * w["sumsq"]) ** 0.5))
-                 for g, w in zip(dg, dw)), default=float("inf"))
+    ratios = digest_ratios(got.get("param_digest"), want.get("param_digest"), 1e-2, ATOL)
+    expect(bool(ratios), f"{what}: param_digest names and sizes are lesson02's")
+    worst = max(r for _, r, _, _ in ratios)
     expect(worst <= 1.0, f"{what}: every parameter's sum and sum of squares within 1% of "
                          f"lesson02's (worst {worst:.3f} of the tolerance)")
 

@@ -170,7 +170,6 @@ TEST(L07LedgerGiven, StageFormulas) {
 class L07Stages : public testing::TestWithParam<int> {};
 
 TEST_P(L07Stages, MatchTheBaselineOnTwoAndThreeRanks) {
-  torch::set_num_threads(1);
   for (int world : {2, 3}) {
     SCOPED_TRACE(testing::Message() << "stage " << GetParam() << ", world " << world);
     const auto got = train(tiny(true), GetParam(), world, 6, 10);
@@ -179,7 +178,6 @@ TEST_P(L07Stages, MatchTheBaselineOnTwoAndThreeRanks) {
 }
 
 TEST_P(L07Stages, UntiedMatchesTheBaseline) {
-  torch::set_num_threads(1);
   SCOPED_TRACE(testing::Message() << "stage " << GetParam());
   const auto got = train(tiny(false), GetParam(), 2, 4, 4, /*prefetch=*/GetParam() == 3);
   expect_matches_baseline(got, tiny(false), 4, 4);
@@ -191,7 +189,6 @@ TEST_P(L07Stages, UntiedMatchesTheBaseline) {
 // second gather). Against the ZeRO paper's 2 Psi / 3 Psi, they differ by the padding and that one
 // unit only.
 TEST_P(L07Stages, BytesPerStepByTheRingCount) {
-  torch::set_num_threads(1);
   const int stage = GetParam();
   for (int world : {2, 3}) {
     SCOPED_TRACE(testing::Message() << "stage " << stage << ", world " << world);
@@ -292,7 +289,6 @@ TEST(L07Memory, Stage2KeepsOnlyGradientShards) {
 
 // PyTorch's own training of the same model on the same batches (lesson 02's reference case).
 TEST(L07PyTorch, ShardedStagesGivePyTorchsLosses) {
-  torch::set_num_threads(1);
   std::ifstream in(source_path("tests/reference/lesson02_reference.json"));
   ASSERT_TRUE(in.good());
   const auto ref = nlohmann::json::parse(in).at("cases").at("tiny_tied");
@@ -314,7 +310,6 @@ TEST(L07PyTorch, ShardedStagesGivePyTorchsLosses) {
 // chunk sizes, other padding), train 5 more: the parameters of 10 uninterrupted baseline steps.
 // Then consolidate on rank 0 and compare the file with the baseline, parameter by parameter.
 TEST(L07Checkpoint, SavedByTwoLoadedByThreeAndConsolidated) {
-  torch::set_num_threads(1);
   const GptConfig config = tiny(true);
   const auto dir =
       std::filesystem::temp_directory_path() / ("l07_ckpt_" + std::to_string(::getpid()));

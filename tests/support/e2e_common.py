@@ -1,0 +1,27 @@
+"""Shared by the end-to-end scripts (tests/support/e2e_run.py, tests/lessonNN/e2e.py)."""
+import socket
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the kernel's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def digest_ratios(got, want, rel, atol):
+    """Compares two "param_digest" lists (dtc/digest.h) parameter by parameter: for each, the
+    larger of |sumsq - sumsq'| / (rel sumsq' + atol) and |sum - sum'| / (rel sqrt(numel
+    sumsq') + atol), the sum measured against its own scale. At most 1 where they agree.
+    Returns [(name, ratio, got, want)], or None when the names or sizes differ."""
+    got, want = got or [], want or []
+    if len(got) != len(want) or any(g["name"] != w["name"] or g["numel"] != w["numel"]
+                                    for g, w in zip(got, want)):
+        return None
+    out = []
+    for g, w in zip(got, want):
+        scale = (w["numel"] * w["sumsq"]) ** 0.5
+        ratio = max(abs(g["sumsq"] - w["sumsq"]) / (rel * w["sumsq"] + atol),
+                    abs(g["sum"] - w["sum"]) / (rel * scale + atol))
+        out.append((w["name"], ratio, g, w))
+    return out
