@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <mutex>
 
 #include "dtc/compare.h"
 #include "dtc/compat.h"
 #include "dtc/data.h"
+#include "dtc/digest.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
 #include "plain_baseline.h"
@@ -43,19 +45,46 @@ void expect_matches(const std::string& ref_name, int dp, int tp) {
   const std::vector<float>& pytorch = ref.losses;
   const auto steps = static_cast<int64_t>(pytorch.size());
   // The single-process baseline (lesson 02's training step), in plain LibTorch.
-  const auto baseline = test::plain_baseline(c.model, c.seed, c.batch, steps, ref.adamw).losses;
+  const test::BaselineRun base = test::plain_baseline(c.model, c.seed, c.batch, steps, ref.adamw);
+  const auto& baseline = base.losses;
   const Grid grid = make_grid(dp * tp, dp, tp);
   std::mutex mu;
   std::vector<std::vector<float>> got(static_cast<size_t>(grid.world));
+  nlohmann::json digest;  // the TP model's parameters, shards summed over the grid (rank 0's)
   run_ranks(
       grid.world,
       [&](RankContext& ctx) {
         const Groups g = make_groups(ctx.store, grid, ctx.rank, BackendKind::kGloo, kTimeout);
-        auto losses = train_tp(c, *g.tp, *g.dp, steps);
+        nlohmann::json d;
+        auto losses = train_tp(c, *g.tp, *g.dp, steps, torch::kCPU, {}, &d);
         std::lock_guard<std::mutex> lock(mu);
         got[static_cast<size_t>(ctx.rank)] = losses;
+        if (ctx.rank == 0) digest = d;
       },
       kTimeout);
+  // Parameters, not only losses: each full parameter's sum of squares and sum against the
+  // baseline's after the same steps (dtc/digest.h), within kFp32Steps' rtol (the sum against
+  // its own scale, sqrt(numel x sumsq)).
+  std::vector<std::string> names;
+  std::vector<NamedPiece> pieces;
+  size_t k = 0;
+  for (const auto& item : Gpt(c.model)->named_parameters()) {
+    names.push_back(item.key());
+    pieces.emplace_back(item.key(), base.params[k++]);
+  }
+  const nlohmann::json want = param_digest(names, pieces);
+  ASSERT_EQ(digest.size(), want.size()) << "param_digest of the TP model: every parameter";
+  for (size_t i = 0; i < want.size(); ++i) {
+    const auto& a = digest[i];
+    const auto& b = want[i];
+    SCOPED_TRACE(b["name"].get<std::string>());
+    EXPECT_EQ(a["numel"], b["numel"]);
+    const double sumsq = b["sumsq"].get<double>();
+    const double scale = std::sqrt(b["numel"].get<double>() * sumsq);
+    EXPECT_NEAR(a["sumsq"].get<double>(), sumsq, kFp32Steps.rtol * sumsq + kFp32Steps.atol);
+    EXPECT_NEAR(a["sum"].get<double>(), b["sum"].get<double>(),
+                kFp32Steps.rtol * scale + kFp32Steps.atol);
+  }
   for (int r = 0; r < grid.world; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     ASSERT_EQ(got[static_cast<size_t>(r)].size(), pytorch.size());
