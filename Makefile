@@ -71,15 +71,17 @@ build-light: configure-light
 lesson%: configure
 	cmake --build $(BUILD) --target lesson$* lesson$*_tests
 
+# The unit tests first, in one process (scripts/run-unit-tests.sh; ISOLATE=1: one process per
+# test, through ctest); the end-to-end runs of the program (label e2e) only once they pass.
 test-lesson%-solution: configure
-	cmake --build $(BUILD) --target lesson$*_solution_tests
-	ctest --test-dir $(BUILD) -L '^lesson$*-solution$$' $(CTEST_FLAGS)
+	cmake --build $(BUILD) --target lesson$*_solution lesson$*_solution_tests
+	@bash scripts/run-unit-tests.sh $(BUILD) $* solution
+	ctest --test-dir $(BUILD) -L '^lesson$*-solution$$' -L '^e2e$$' --no-tests=ignore $(CTEST_FLAGS)
 
-# The unit tests first; the end-to-end runs of your program (label e2e) only once they pass.
 test-lesson%: configure
 	cmake --build $(BUILD) --target lesson$* lesson$*_tests
-	ctest --test-dir $(BUILD) -L '^lesson$*-learner$$' -LE '^e2e$$' $(CTEST_FLAGS)
-	ctest --test-dir $(BUILD) -L '^lesson$*-learner$$' -L '^e2e$$' $(CTEST_FLAGS)
+	@bash scripts/run-unit-tests.sh $(BUILD) $* learner
+	ctest --test-dir $(BUILD) -L '^lesson$*-learner$$' -L '^e2e$$' --no-tests=ignore $(CTEST_FLAGS)
 
 # SOLUTION=1 runs the reference solution's program instead of your exercise.
 run-lesson%: configure
