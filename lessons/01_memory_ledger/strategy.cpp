@@ -177,42 +177,50 @@ double recompute_flops_factor(const ModelConfig& model, int64_t seq, Recompute r
 // ---------------------------------------------------------------------------------------------
 
 double collective_bytes(Collective c, double bytes, int64_t n) {
-  // TODO(L01): multiply the array's bytes by nccl-tests' bus-bandwidth factor;
-  //   a group of one sends nothing (send/recv always sends its array)
-  DTC_TODO("L01", "multiply the array's bytes by nccl-tests' bus-bandwidth factor; "
-                  "a group of one sends nothing (send/recv always sends its array)");
+  // TODO(L01): return what each of n ranks sends: the array's bytes times its collective's
+  //   bus-bandwidth factor (strategy.h); a group of one sends nothing, but send/recv always
+  //   sends its array. Tests: L01Collectives.*
+  DTC_TODO("L01", "return what each of n ranks sends: the array's bytes times its collective's "
+                  "bus-bandwidth factor (strategy.h); a group of one sends nothing, but send/recv always "
+                  "sends its array. Tests: L01Collectives.*");
 }
 
 double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix) {
-  // TODO(L01): cost each strategy's collectives with collective_bytes(), as the header
-  //   lists them: gradient syncs once a step, activations per layer and micro-batch
-  DTC_TODO("L01", "cost each strategy's collectives with collective_bytes(), as the header "
-                  "lists them: gradient syncs once a step, activations per layer and micro-batch");
+  // TODO(L01): return README's "one formula per strategy" for s in this mix, every term a
+  //   collective_bytes() (a group of degree 1 sends nothing). Tests: L01Traffic.*; hints:
+  //   README part 2, "The exercise"
+  DTC_TODO("L01", "return README's \"one formula per strategy\" for s in this mix, every term a "
+                  "collective_bytes() (a group of degree 1 sends nothing). Tests: L01Traffic.*; hints: "
+                  "README part 2, \"The exercise\"");
 }
 
 bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node) {
-  // TODO(L01): find the group's size and stride in the rank order tp, cp, pp, dp; it stays
-  //   in a node when size * stride fits in the node and divides it
-  DTC_TODO("L01", "find the group's size and stride in the rank order tp, cp, pp, dp; it stays "
-                  "in a node when size * stride fits in the node and divides it");
+  // TODO(L01): return whether the group of s spans more than one node under the rank order
+  //   tp, cp, pp, dp; the data-parallel flavours cross when their dp or cp group does.
+  //   Tests: L01Links.*; hints: README part 2, "The exercise"
+  DTC_TODO("L01", "return whether the group of s spans more than one node under the rank order "
+                  "tp, cp, pp, dp; the data-parallel flavours cross when their dp or cp group does. "
+                  "Tests: L01Links.*; hints: README part 2, \"The exercise\"");
 }
 
 Ledger mix_ledger(const PlanRequest& req, const Mix& mix) {
-  // TODO(L01): build the TrainingSetup of the mix (ZeRO over dp * cp, sequence parallel
-  //   with tp), call compute_ledger(), divide the activations by cp, and add ZeRO-3's
-  //   gathered layer
-  DTC_TODO("L01", "build the TrainingSetup of the mix (ZeRO over dp * cp, sequence parallel "
-                  "with tp), call compute_ledger(), divide the activations by cp, and add ZeRO-3's "
-                  "gathered layer");
+  // TODO(L01): return part 1's ledger of this mix as strategy.h specifies it: ZeRO over
+  //   dp * cp, sequence parallel with tp, activations per cp, ZeRO-3's gathered layer on top.
+  //   Tests: L01MixLedger.*; hints: README part 2, "The exercise"
+  DTC_TODO("L01", "return part 1's ledger of this mix as strategy.h specifies it: ZeRO over "
+                  "dp * cp, sequence parallel with tp, activations per cp, ZeRO-3's gathered layer on top. "
+                  "Tests: L01MixLedger.*; hints: README part 2, \"The exercise\"");
 }
 
 Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
   Evaluation e;
   e.mix = mix;
-  // TODO(L01): the ledger and whether it fits; one GroupTraffic per group of degree > 1
-  //   on its link; compute time (with recomputation), the bubble, and the step time
-  DTC_TODO("L01", "the ledger and whether it fits; one GroupTraffic per group of degree > 1 "
-                  "on its link; compute time (with recomputation), the bubble, and the step time");
+  // TODO(L01): fill every other field of e as Evaluation documents it (traffic: one entry
+  //   per group of degree > 1, in the order dp, tp, pp, cp; step = compute x (1 + bubble) +
+  //   comm). Tests: L01Evaluate.*; hints: README part 2, "The exercise"
+  DTC_TODO("L01", "fill every other field of e as Evaluation documents it (traffic: one entry "
+                  "per group of degree > 1, in the order dp, tp, pp, cp; step = compute x (1 + bubble) + "
+                  "comm). Tests: L01Evaluate.*; hints: README part 2, \"The exercise\"");
   return e;
 }
 
@@ -469,12 +477,12 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
 
 Plan choose_mix(const PlanRequest& req) {
   Plan p;
-  // TODO(L01): walk the families in the tree's order; in each, evaluate() every candidate
-  //   and keep the fastest that fits and feeds every replica; ZeRO must also hide its traffic
-  //   behind compute; fill eval, family and reasons (explain())
-  DTC_TODO("L01", "walk the families in the tree's order; in each, evaluate() every candidate "
-                  "and keep the fastest that fits and feeds every replica; ZeRO must also hide its traffic "
-                  "behind compute; fill eval, family and reasons (explain())");
+  // TODO(L01): fill p.eval, p.family and p.reasons with the decision tree's pick
+  //   (strategy.h): the fastest fitting, fed mix of the first family that has one, ZeRO only if
+  //   it hides its traffic. Tests: L01Plan.*; hints: README part 2, "The exercise"
+  DTC_TODO("L01", "fill p.eval, p.family and p.reasons with the decision tree's pick "
+                  "(strategy.h): the fastest fitting, fed mix of the first family that has one, ZeRO only if "
+                  "it hides its traffic. Tests: L01Plan.*; hints: README part 2, \"The exercise\"");
   return p;
 }
 
@@ -599,4 +607,4 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum b959b8eca98bcc42
+// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum 4737316d828ce4d6

@@ -23,50 +23,54 @@ namespace dtc::l03 {
 // return a Work; ->wait() blocks until this rank's part is done (and throws on a timeout).
 
 at::Tensor tour_broadcast(Comm& comm, int root, int64_t n) {
-  // TODO(L03): fill full({n}, rank + 1), broadcast it from root (BroadcastOptions
-  //   rootRank), wait, return it
-  DTC_TODO("L03", "fill full({n}, rank + 1), broadcast it from root (BroadcastOptions "
-                  "rootRank), wait, return it");
+  // TODO(L03): rank r offers full({n}, r + 1); every rank returns root's tensor,
+  //   full({n}, root + 1) (L03Tour.Broadcast; the calls: README "The calls you need")
+  DTC_TODO("L03", "rank r offers full({n}, r + 1); every rank returns root's tensor, "
+                  "full({n}, root + 1) (L03Tour.Broadcast; the calls: README \"The calls you need\")");
 }
 
 at::Tensor tour_allreduce(Comm& comm, int64_t n) {
-  // TODO(L03): fill full({n}, rank + 1), allreduce it (SUM is the default), return it
-  DTC_TODO("L03", "fill full({n}, rank + 1), allreduce it (SUM is the default), return it");
+  // TODO(L03): rank r contributes full({n}, r + 1); every rank returns the elementwise sum,
+  //   full({n}, W (W + 1) / 2) (L03Tour.Allreduce)
+  DTC_TODO("L03", "rank r contributes full({n}, r + 1); every rank returns the elementwise sum, "
+                  "full({n}, W (W + 1) / 2) (L03Tour.Allreduce)");
 }
 
 at::Tensor tour_allgather(Comm& comm, int64_t n) {
-  // TODO(L03): allgather full({n}, rank) into W output tensors (a vector of vectors), then
-  //   torch::stack them into (W, n)
-  DTC_TODO("L03", "allgather full({n}, rank) into W output tensors (a vector of vectors), then "
-                  "torch::stack them into (W, n)");
+  // TODO(L03): rank r contributes full({n}, r); every rank returns a (W, n) tensor whose
+  //   row i is rank i's contribution (L03Tour.Allgather)
+  DTC_TODO("L03", "rank r contributes full({n}, r); every rank returns a (W, n) tensor whose "
+                  "row i is rank i's contribution (L03Tour.Allgather)");
 }
 
 at::Tensor tour_reduce(Comm& comm, int root, int64_t n) {
-  // TODO(L03): fill full({n}, rank + 1), reduce it to root (ReduceOptions rootRank); return
-  //   it on root and at::Tensor() elsewhere
-  DTC_TODO("L03", "fill full({n}, rank + 1), reduce it to root (ReduceOptions rootRank); return "
-                  "it on root and at::Tensor() elsewhere");
+  // TODO(L03): rank r contributes full({n}, r + 1); root returns the sum,
+  //   full({n}, W (W + 1) / 2), every other rank at::Tensor() (L03Tour.Reduce)
+  DTC_TODO("L03", "rank r contributes full({n}, r + 1); root returns the sum, "
+                  "full({n}, W (W + 1) / 2), every other rank at::Tensor() (L03Tour.Reduce)");
 }
 
 at::Tensor tour_alltoall(Comm& comm, int64_t chunk) {
-  // TODO(L03): build the (W * chunk) input whose chunk j is 100 r + j, and alltoall_base it
-  //   into an output of the same size (empty split-size vectors: equal splits)
-  DTC_TODO("L03", "build the (W * chunk) input whose chunk j is 100 r + j, and alltoall_base it "
-                  "into an output of the same size (empty split-size vectors: equal splits)");
+  // TODO(L03): rank r's (W * chunk) input holds 100 r + j in chunk j, meant for rank j;
+  //   return what arrives: chunk j from rank j, 100 j + r (L03Tour.Alltoall)
+  DTC_TODO("L03", "rank r's (W * chunk) input holds 100 r + j in chunk j, meant for rank j; "
+                  "return what arrives: chunk j from rank j, 100 j + r (L03Tour.Alltoall)");
 }
 
 at::Tensor tour_send_recv(Comm& comm, int64_t n) {
-  // TODO(L03): post send(full({n}, r)) to (r + 1) % W and recv from (r - 1 + W) % W, then
-  //   wait on both (post both first: two ranks that each wait on a send could deadlock)
-  DTC_TODO("L03", "post send(full({n}, r)) to (r + 1) % W and recv from (r - 1 + W) % W, then "
-                  "wait on both (post both first: two ranks that each wait on a send could deadlock)");
+  // TODO(L03): rank r passes full({n}, r) to its right neighbour and returns what its left
+  //   one passed, full({n}, (r - 1) mod W); no rank may block another (L03Tour.SendRecvRing)
+  DTC_TODO("L03", "rank r passes full({n}, r) to its right neighbour and returns what its left "
+                  "one passed, full({n}, (r - 1) mod W); no rank may block another (L03Tour.SendRecvRing)");
 }
 
 int tour_barrier(Comm& comm, c10d::Store& store, const std::string& prefix) {
-  // TODO(L03): set "<prefix>arrived/<r>", make sure the store has it (a TCPStore set does
-  //   not wait for the server), barrier, then count the W keys with store.check
-  DTC_TODO("L03", "set \"<prefix>arrived/<r>\", make sure the store has it (a TCPStore set does "
-                  "not wait for the server), barrier, then count the W keys with store.check");
+  // TODO(L03): each rank writes "<prefix>arrived/<r>", then, past a barrier, counts the W
+  //   keys: every rank must count W, also when one arrives late and over a TCPStore
+  //   (L03Tour.Barrier; hints: README section 5)
+  DTC_TODO("L03", "each rank writes \"<prefix>arrived/<r>\", then, past a barrier, counts the W "
+                  "keys: every rank must count W, also when one arrives late and over a TCPStore "
+                  "(L03Tour.Barrier; hints: README section 5)");
 }
 
 // =============================================================================================
@@ -108,10 +112,10 @@ GridCoord grid_coords(const RankGrid& grid, int rank) {
   if (rank < 0 || rank >= grid.world) {
     throw std::out_of_range(fmt::format("rank {} is outside the grid of {}", rank, grid.world));
   }
-  // TODO(L03): tp is the fastest-varying coordinate, pp the slowest:
-  //   tp = rank % TP, dp = (rank / TP) % DP, pp = rank / (TP * DP)
-  DTC_TODO("L03", "tp is the fastest-varying coordinate, pp the slowest: "
-                  "tp = rank % TP, dp = (rank / TP) % DP, pp = rank / (TP * DP)");
+  // TODO(L03): rank's coordinates in Megatron order (tp varies fastest, pp slowest), so
+  //   that grid_rank(grid, result) == rank (L03Grid.*; hints: README section 6)
+  DTC_TODO("L03", "rank's coordinates in Megatron order (tp varies fastest, pp slowest), so "
+                  "that grid_rank(grid, result) == rank (L03Grid.*; hints: README section 6)");
 }
 
 int grid_rank(const RankGrid& grid, const GridCoord& coord) {
@@ -122,32 +126,36 @@ int grid_rank(const RankGrid& grid, const GridCoord& coord) {
                     "dp {} x tp {} x pp {}",
                     coord.dp, coord.tp, coord.pp, grid.dp, grid.tp, grid.pp));
   }
-  // TODO(L03): return tp + TP * (dp + DP * pp)
-  DTC_TODO("L03", "return tp + TP * (dp + DP * pp)");
+  // TODO(L03): the inverse of grid_coords: the rank at coord, tp fastest, pp slowest
+  //   (L03Grid.*; hints: README section 6)
+  DTC_TODO("L03", "the inverse of grid_coords: the rank at coord, tp fastest, pp slowest "
+                  "(L03Grid.*; hints: README section 6)");
 }
 
 std::vector<int> group_ranks(const RankGrid& grid, int rank, Axis axis) {
-  // TODO(L03): take rank's coordinates, vary the one of `axis` over 0 .. degree-1 and map
-  //   each back with grid_rank (increasing along any one axis: already sorted)
-  DTC_TODO("L03", "take rank's coordinates, vary the one of `axis` over 0 .. degree-1 and map "
-                  "each back with grid_rank (increasing along any one axis: already sorted)");
+  // TODO(L03): the ranks that share rank's two other coordinates, ascending: one per value
+  //   of axis's coordinate, rank among them (L03Grid.*; hints: README section 6)
+  DTC_TODO("L03", "the ranks that share rank's two other coordinates, ascending: one per value "
+                  "of axis's coordinate, rank among them (L03Grid.*; hints: README section 6)");
 }
 
 std::vector<std::vector<int>> all_groups(const RankGrid& grid, Axis axis) {
-  // TODO(L03): walk the ranks in order; each rank not yet in a group starts its group
-  //   (group_ranks), so the groups come out ordered by their smallest member
-  DTC_TODO("L03", "walk the ranks in order; each rank not yet in a group starts its group "
-                  "(group_ranks), so the groups come out ordered by their smallest member");
+  // TODO(L03): every group along axis once, each sorted, ordered by its smallest member;
+  //   together they hold every rank exactly once (L03Grid.*; hints: README section 6)
+  DTC_TODO("L03", "every group along axis once, each sorted, ordered by its smallest member; "
+                  "together they hold every rank exactly once (L03Grid.*; hints: README section 6)");
 }
 
 GridGroups build_grid_groups(const c10::intrusive_ptr<c10d::Store>& store, const RankGrid& grid,
                              int rank, std::chrono::milliseconds timeout) {
   GridGroups g;
   g.coord = grid_coords(grid, rank);
-  // TODO(L03): for each axis, new_subgroup(store, "<axis>/<members joined by '-'>",
-  //   group_ranks(grid, rank, axis), rank, BackendKind::kGloo, timeout)
-  DTC_TODO("L03", "for each axis, new_subgroup(store, \"<axis>/<members joined by '-'>\", "
-                  "group_ranks(grid, rank, axis), rank, BackendKind::kGloo, timeout)");
+  // TODO(L03): g.dp, g.tp, g.pp: a gloo subgroup each (dtc::new_subgroup) over rank's group
+  //   on that axis, named so that all its members, and no other group, use the same name
+  //   (L03GridGroups.*; hints: README section 6)
+  DTC_TODO("L03", "g.dp, g.tp, g.pp: a gloo subgroup each (dtc::new_subgroup) over rank's group "
+                  "on that axis, named so that all its members, and no other group, use the same name "
+                  "(L03GridGroups.*; hints: README section 6)");
   return g;
 }
 
@@ -159,10 +167,10 @@ std::vector<Chunk> ring_chunks(int64_t n, int world) {
   if (n < 0 || world < 1) {
     throw std::invalid_argument(fmt::format("ring_chunks: n = {}, world = {}", n, world));
   }
-  // TODO(L03): chunk i holds n / W elements, plus one more for the first n % W chunks;
-  //   offsets run back to back from 0
-  DTC_TODO("L03", "chunk i holds n / W elements, plus one more for the first n % W chunks; "
-                  "offsets run back to back from 0");
+  // TODO(L03): W chunks back to back from offset 0 with numpy.array_split's sizes: they sum
+  //   to n, differ by at most one, larger first (L03Ring.ChunksFollowArraySplit; README section 7)
+  DTC_TODO("L03", "W chunks back to back from offset 0 with numpy.array_split's sizes: they sum "
+                  "to n, differ by at most one, larger first (L03Ring.ChunksFollowArraySplit; README section 7)");
 }
 
 namespace {
@@ -186,28 +194,32 @@ constexpr int kAllGatherTag = 2000;
 at::Tensor ring_reduce_scatter(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_reduce_scatter");
   const std::vector<Chunk> chunks = ring_chunks(flat.numel(), comm.getSize());  // chunk i: rank i's
-  // TODO(L03): W - 1 steps: send chunk (r - s - 1) mod W to r + 1, receive chunk
-  //   (r - s - 2) mod W from r - 1 into a scratch buffer, wait on both, add it in. Skip the
-  //   messages of empty chunks (both sides know the sizes). Return flat's chunk r.
-  DTC_TODO("L03", "W - 1 steps: send chunk (r - s - 1) mod W to r + 1, receive chunk "
-                  "(r - s - 2) mod W from r - 1 into a scratch buffer, wait on both, add it in. Skip the "
-                  "messages of empty chunks (both sides know the sizes). Return flat's chunk r.");
+  // TODO(L03): in W - 1 steps that send only to r + 1 and receive only from r - 1, make
+  //   chunk r of flat the sum of every rank's chunk r and return a view of it; an empty chunk is
+  //   never a message (L03Ring.*; hints: README section 7)
+  DTC_TODO("L03", "in W - 1 steps that send only to r + 1 and receive only from r - 1, make "
+                  "chunk r of flat the sum of every rank's chunk r and return a view of it; an empty chunk is "
+                  "never a message (L03Ring.*; hints: README section 7)");
 }
 
 void ring_all_gather(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_all_gather");
   const std::vector<Chunk> chunks = ring_chunks(flat.numel(), comm.getSize());  // chunk i: rank i's
-  // TODO(L03): W - 1 steps: send chunk (r - s) mod W to r + 1, receive chunk
-  //   (r - s - 1) mod W from r - 1 straight into flat (a narrow() view is contiguous)
-  DTC_TODO("L03", "W - 1 steps: send chunk (r - s) mod W to r + 1, receive chunk "
-                  "(r - s - 1) mod W from r - 1 straight into flat (a narrow() view is contiguous)");
+  // TODO(L03): in W - 1 steps (send only to r + 1, receive only from r - 1), every chunk i
+  //   of flat comes to hold rank i's chunk i; at the start only chunk r is read
+  //   (L03Ring.AllGatherClosedForm; hints: README section 7)
+  DTC_TODO("L03", "in W - 1 steps (send only to r + 1, receive only from r - 1), every chunk i "
+                  "of flat comes to hold rank i's chunk i; at the start only chunk r is read "
+                  "(L03Ring.AllGatherClosedForm; hints: README section 7)");
 }
 
 void ring_allreduce(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_allreduce");
-  // TODO(L03): ring_reduce_scatter, then ring_all_gather, on the same flat tensor
-  DTC_TODO("L03", "ring_reduce_scatter, then ring_all_gather, on the same flat tensor");
+  // TODO(L03): flat becomes, on every rank, the elementwise sum over the ranks, from the
+  //   two ring functions above (L03Ring.Allreduce*; hints: README section 7)
+  DTC_TODO("L03", "flat becomes, on every rank, the elementwise sum over the ranks, from the "
+                  "two ring functions above (L03Ring.Allreduce*; hints: README section 7)");
 }
 
 }  // namespace dtc::l03
-// exercise generated from solutions/03_collectives/collectives.cpp by scripts/exercises.py; checksum 2902ed3b079fa4ed
+// exercise generated from solutions/03_collectives/collectives.cpp by scripts/exercises.py; checksum 692caeb70b843e79

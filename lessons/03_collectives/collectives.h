@@ -176,9 +176,10 @@ struct Chunk {
 /// @throws std::invalid_argument for n < 0 or world < 1
 std::vector<Chunk> ring_chunks(int64_t n, int world);
 
-/// @brief Ring reduce-scatter (SUM), in place. W - 1 steps; at step s rank r sends chunk
-///   (r - s - 1) mod W to rank r + 1 and receives chunk (r - s - 2) mod W from rank r - 1, adding
-///   it into its own copy. Each step moves n / W elements per rank, whatever W is.
+/// @brief Ring reduce-scatter (SUM), in place. W - 1 steps; at each step rank r sends one chunk
+///   to rank r + 1 (and to no other rank) and receives one from rank r - 1, adding it into its own
+///   copy. Each step moves n / W elements per rank, whatever W is; chunk r ends complete on rank
+///   r (which chunk to send at step s: README section 7's hints).
 /// @param comm the communicator (any W >= 1)
 /// @param flat 1-D contiguous float32, the same length on every rank
 /// @return a view of chunk r of @p flat, which now holds the sum of every rank's chunk r; the
@@ -187,8 +188,8 @@ std::vector<Chunk> ring_chunks(int64_t n, int world);
 at::Tensor ring_reduce_scatter(Comm& comm, const at::Tensor& flat);
 
 /// @brief Ring all-gather, in place: rank r contributes chunk r of @p flat; afterwards every
-///   rank's @p flat holds every rank's chunk. W - 1 steps; at step s rank r sends chunk
-///   (r - s) mod W to rank r + 1 and receives chunk (r - s - 1) mod W from rank r - 1.
+///   rank's @p flat holds every rank's chunk. W - 1 steps; at each step rank r sends one complete
+///   chunk to rank r + 1 and receives one from rank r - 1, straight into its place.
 /// @param flat 1-D contiguous float32, the same length on every rank; only chunk r is read
 /// @throws std::invalid_argument for a tensor that is not 1-D, contiguous float32
 void ring_all_gather(Comm& comm, const at::Tensor& flat);

@@ -29,20 +29,24 @@ namespace {
 }  // namespace
 
 Launcher detect_launcher(const EnvLookup& env) {
-  // TODO(L04): RANK means torchrun, OMPI_COMM_WORLD_RANK means mpirun; with neither, any
-  //   of WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK is a stray variable: throw
-  DTC_TODO("L04", "RANK means torchrun, OMPI_COMM_WORLD_RANK means mpirun; with neither, any "
-                  "of WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK is a stray variable: throw");
+  // TODO(L04): the launcher whose variables are set (torchrun's win over mpirun's); with
+  //   neither, a stray torchrun variable is a UsageError naming it, in the header's order
+  //   (L04Detect.*; hints: README section 9)
+  DTC_TODO("L04", "the launcher whose variables are set (torchrun's win over mpirun's); with "
+                  "neither, a stray torchrun variable is a UsageError naming it, in the header's order "
+                  "(L04Detect.*; hints: README section 9)");
 }
 
 LaunchInfo parse_torchrun(const EnvLookup& env) {
   LaunchInfo info;
   info.launcher = Launcher::kTorchrun;
   const std::string why = "RANK is set (torchrun sets them together)";
-  // TODO(L04): read the six required variables with env_required_int (MASTER_ADDR is a
-  //   string), then the optional ones with their defaults (header)
-  DTC_TODO("L04", "read the six required variables with env_required_int (MASTER_ADDR is a "
-                  "string), then the optional ones with their defaults (header)");
+  // TODO(L04): every field from torchrun's variables: the six required ones must be set,
+  //   the others take the header's defaults, and LOCAL_WORLD_SIZE=0 must reach validate(), not
+  //   a division by zero (L04ParseTorchrun.*; hints: README section 9)
+  DTC_TODO("L04", "every field from torchrun's variables: the six required ones must be set, "
+                  "the others take the header's defaults, and LOCAL_WORLD_SIZE=0 must reach validate(), not "
+                  "a division by zero (L04ParseTorchrun.*; hints: README section 9)");
   return info;
 }
 
@@ -50,10 +54,12 @@ LaunchInfo parse_mpi(const EnvLookup& env) {
   LaunchInfo info;
   info.launcher = Launcher::kMpi;
   const std::string why = "OMPI_COMM_WORLD_RANK is set (mpirun sets them together)";
-  // TODO(L04): read the four OMPI_COMM_WORLD_* variables, derive the node from rank / local
-  //   size, and take MASTER_ADDR / MASTER_PORT when set (else 127.0.0.1:29500)
-  DTC_TODO("L04", "read the four OMPI_COMM_WORLD_* variables, derive the node from rank / local "
-                  "size, and take MASTER_ADDR / MASTER_PORT when set (else 127.0.0.1:29500)");
+  // TODO(L04): every field from mpirun's four variables: the node and the node count come
+  //   from the ranks (header: not from NODE_RANK), the store address as the header says
+  //   (L04ParseMpi.*; hints: README section 9)
+  DTC_TODO("L04", "every field from mpirun's four variables: the node and the node count come "
+                  "from the ranks (header: not from NODE_RANK), the store address as the header says "
+                  "(L04ParseMpi.*; hints: README section 9)");
   return info;
 }
 
@@ -62,33 +68,37 @@ void validate(const LaunchInfo& info) {
   const std::string world = var_name(info.launcher, Var::kWorldSize);
   const std::string local_rank = var_name(info.launcher, Var::kLocalRank);
   const std::string local_world = var_name(info.launcher, Var::kLocalWorldSize);
-  // TODO(L04): check the nine rules of the header, in order, each with a UsageError that
-  //   names the variable at fault (check_range above writes the range message)
-  DTC_TODO("L04", "check the nine rules of the header, in order, each with a UsageError that "
-                  "names the variable at fault (check_range above writes the range message)");
+  // TODO(L04): the first of the header's nine rules that fails throws a UsageError whose
+  //   subject is the variable at fault, as info.launcher spells it; if none fails, return
+  //   (L04Validate.*; hints: README section 9)
+  DTC_TODO("L04", "the first of the header's nine rules that fails throws a UsageError whose "
+                  "subject is the variable at fault, as info.launcher spells it; if none fails, return "
+                  "(L04Validate.*; hints: README section 9)");
 }
 
 LaunchInfo read_launch(const EnvLookup& env) {
-  // TODO(L04): detect the launcher, parse its variables, validate; with no launcher,
-  //   a single rank that still honours MASTER_ADDR / MASTER_PORT
-  DTC_TODO("L04", "detect the launcher, parse its variables, validate; with no launcher, "
-                  "a single rank that still honours MASTER_ADDR / MASTER_PORT");
+  // TODO(L04): the validated LaunchInfo of whichever launcher started this process; with
+  //   none, rank 0 of 1 that still honours MASTER_ADDR / MASTER_PORT (L04ReadLaunch.*)
+  DTC_TODO("L04", "the validated LaunchInfo of whichever launcher started this process; with "
+                  "none, rank 0 of 1 that still honours MASTER_ADDR / MASTER_PORT (L04ReadLaunch.*)");
 }
 
 torch::Device pick_device(const LaunchInfo& info, int cuda_devices) {
-  // TODO(L04): CPU without CUDA; else cuda:<local_rank>, or a UsageError when this node
-  //   runs more ranks than it has GPUs
-  DTC_TODO("L04", "CPU without CUDA; else cuda:<local_rank>, or a UsageError when this node "
-                  "runs more ranks than it has GPUs");
+  // TODO(L04): the CPU when no CUDA device is visible, else the GPU that this rank's place
+  //   on the node owns; a rank without a GPU is the header's UsageError (L04PickDevice.*)
+  DTC_TODO("L04", "the CPU when no CUDA device is visible, else the GPU that this rank's place "
+                  "on the node owns; a rank without a GPU is the header's UsageError (L04PickDevice.*)");
 }
 
 void require_ranks(const LaunchInfo& info, int min_ranks, const std::vector<std::string>& argv,
                    const std::string& torchrun) {
-  // TODO(L04): when world_size < min_ranks, throw the UsageError of the header, whose hint
-  //   is the exact torchrun command (shell_join the program's own argv)
-  DTC_TODO("L04", "when world_size < min_ranks, throw the UsageError of the header, whose hint "
-                  "is the exact torchrun command (shell_join the program's own argv)");
+  // TODO(L04): with fewer than min_ranks ranks, the header's UsageError, whose hint is a
+  //   torchrun command that, pasted into a shell, starts this same command line on enough ranks
+  //   (L04RequireRanks.*; hints: README section 9)
+  DTC_TODO("L04", "with fewer than min_ranks ranks, the header's UsageError, whose hint is a "
+                  "torchrun command that, pasted into a shell, starts this same command line on enough ranks "
+                  "(L04RequireRanks.*; hints: README section 9)");
 }
 
 }  // namespace dtc::l04
-// exercise generated from solutions/04_launch/launch_env.cpp by scripts/exercises.py; checksum e0e4e0516e1be7ca
+// exercise generated from solutions/04_launch/launch_env.cpp by scripts/exercises.py; checksum 4f899937892e28c5

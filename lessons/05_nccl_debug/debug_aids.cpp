@@ -44,21 +44,23 @@ template <class KeyOf>
 
 void barrier_with_report(c10d::Store& store, const std::string& name, int rank, int world,
                          std::chrono::milliseconds timeout) {
-  // TODO(L05): set barrier_key(name, rank), then poll store.check() for every rank's key
-  //   until all are there or the timeout passes; else throw MissingRanksError with the absent ranks
-  DTC_TODO("L05", "set barrier_key(name, rank), then poll store.check() for every rank's key "
-                  "until all are there or the timeout passes; else throw MissingRanksError with the absent ranks");
+  // TODO(L05): announce this rank and return once all world ranks have; by the timeout, throw
+  //   MissingRanksError naming exactly the absent ones, never blocking past it; a rank outside
+  //   [0, world) is std::invalid_argument (L05Barrier.*; hints: README section 5)
+  DTC_TODO("L05", "announce this rank and return once all world ranks have; by the timeout, throw "
+                  "MissingRanksError naming exactly the absent ones, never blocking past it; a rank outside "
+                  "[0, world) is std::invalid_argument (L05Barrier.*; hints: README section 5)");
 }
 
 void check_fingerprint(c10d::Store& store, int rank, int world, const Fingerprint& mine,
                        std::chrono::milliseconds timeout) {
-  // TODO(L05): publish mine.encode() under fingerprint_key(mine.seq, rank), poll for every
-  //   rank's key, then group the decoded fingerprints by call: one group is fine, more is a
-  //   CollectiveMismatchError; absent ranks after the timeout are a MissingRanksError
-  DTC_TODO("L05", "publish mine.encode() under fingerprint_key(mine.seq, rank), poll for every "
-                  "rank's key, then group the decoded fingerprints by call: one group is fine, more is a "
-                  "CollectiveMismatchError; absent ranks after the timeout are a MissingRanksError");
+  // TODO(L05): publish mine; return only when all world ranks published the same call as
+  //   their collective mine.seq, else throw MissingRanksError (absent at the timeout) or
+  //   CollectiveMismatchError (ranks grouped by call) (L05Fingerprint.*; hints: README section 5)
+  DTC_TODO("L05", "publish mine; return only when all world ranks published the same call as "
+                  "their collective mine.seq, else throw MissingRanksError (absent at the timeout) or "
+                  "CollectiveMismatchError (ranks grouped by call) (L05Fingerprint.*; hints: README section 5)");
 }
 
 }  // namespace dtc::l05
-// exercise generated from solutions/05_nccl_debug/debug_aids.cpp by scripts/exercises.py; checksum 19cb0b3ea72edca9
+// exercise generated from solutions/05_nccl_debug/debug_aids.cpp by scripts/exercises.py; checksum 660b78c9dca4a3c9

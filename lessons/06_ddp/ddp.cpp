@@ -22,10 +22,10 @@ namespace dtc::l06 {
 // ---------------------------------------------------------------------------------------------
 
 void broadcast_parameters(torch::nn::Module& module, Comm& comm) {
-  // TODO(L06): broadcast every parameter's .data(), then every buffer, from rank 0 (root
-  //   rank 0 is the default of c10d::BroadcastOptions), waiting for each
-  DTC_TODO("L06", "broadcast every parameter's .data(), then every buffer, from rank 0 (root "
-                  "rank 0 is the default of c10d::BroadcastOptions), waiting for each");
+  // TODO(L06): every parameter, then every buffer, must end equal to rank 0's, written in
+  //   place and outside autograd (L06Broadcast.*; hints: README step 2, "The calls you need")
+  DTC_TODO("L06", "every parameter, then every buffer, must end equal to rank 0's, written in "
+                  "place and outside autograd (L06Broadcast.*; hints: README step 2, \"The calls you need\")");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -33,17 +33,17 @@ void broadcast_parameters(torch::nn::Module& module, Comm& comm) {
 // ---------------------------------------------------------------------------------------------
 
 void allreduce_gradients_naive(const std::vector<torch::Tensor>& params, Comm& comm) {
-  // TODO(L06): for each parameter with a defined grad: allreduce(SUM) the grad in place,
-  //   wait, divide by the world size
-  DTC_TODO("L06", "for each parameter with a defined grad: allreduce(SUM) the grad in place, "
-                  "wait, divide by the world size");
+  // TODO(L06): one collective per parameter with a defined grad; on return each such grad is
+  //   the mean over ranks: grads 1, 2, ..., W give (W + 1) / 2 (L06Naive.*; hints: README step 3)
+  DTC_TODO("L06", "one collective per parameter with a defined grad; on return each such grad is "
+                  "the mean over ranks: grads 1, 2, ..., W give (W + 1) / 2 (L06Naive.*; hints: README step 3)");
 }
 
 void allreduce_gradients_flat(const std::vector<torch::Tensor>& params, Comm& comm) {
-  // TODO(L06): cat every defined grad (flattened) into one buffer, allreduce(SUM) it once,
-  //   divide by the world size, and copy each slice back into its grad
-  DTC_TODO("L06", "cat every defined grad (flattened) into one buffer, allreduce(SUM) it once, "
-                  "divide by the world size, and copy each slice back into its grad");
+  // TODO(L06): the naive version's means with ONE collective for all defined grads; each
+  //   p.grad() keeps its shape (L06Flat.*; hints: README step 4)
+  DTC_TODO("L06", "the naive version's means with ONE collective for all defined grads; each "
+                  "p.grad() keeps its shape (L06Flat.*; hints: README step 4)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -58,10 +58,10 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<torch::Tensor>
                      "pass a positive size, e.g. --bucket-kb 1024 (PyTorch's default is 25 MB)");
   }
   std::vector<std::vector<size_t>> buckets;
-  // TODO(L06): walk the parameters from last to first; append each index to the current
-  //   bucket, and close the bucket once its bytes reach bucket_bytes
-  DTC_TODO("L06", "walk the parameters from last to first; append each index to the current "
-                  "bucket, and close the bucket once its bytes reach bucket_bytes");
+  // TODO(L06): ddp.h's buckets: the first one holds the LAST parameters, each is closed once
+  //   its bytes reach bucket_bytes, no parameter is split (L06Buckets.*; hints: README step 5)
+  DTC_TODO("L06", "ddp.h's buckets: the first one holds the LAST parameters, each is closed once "
+                  "its bytes reach bucket_bytes, no parameter is split (L06Buckets.*; hints: README step 5)");
   return buckets;
 }
 
@@ -78,12 +78,12 @@ Reducer::Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> com
     pending_[b] = static_cast<int64_t>(buckets_[b].size());
   }
   work_.assign(buckets_.size(), {});
-  // TODO(L06): for each bucket, record every parameter's bucket and offset, and make a flat
-  //   zero buffer (total numel,) with the parameters' dtype and device; then register one hook
-  //   per parameter that calls on_grad(i, grad), keeping its id in hook_ids_
-  DTC_TODO("L06", "for each bucket, record every parameter's bucket and offset, and make a flat "
-                  "zero buffer (total numel,) with the parameters' dtype and device; then register one hook "
-                  "per parameter that calls on_grad(i, grad), keeping its id in hook_ids_");
+  // TODO(L06): parameter i needs a slot (bucket_of_, offset_of_) in its bucket's flat zero
+  //   buffer (the parameters' dtype and device) and one hook that calls on_grad(i, grad), its id
+  //   kept for the destructor (L06Bucketed.*; hints: README step 5)
+  DTC_TODO("L06", "parameter i needs a slot (bucket_of_, offset_of_) in its bucket's flat zero "
+                  "buffer (the parameters' dtype and device) and one hook that calls on_grad(i, grad), its id "
+                  "kept for the destructor (L06Bucketed.*; hints: README step 5)");
 }
 
 Reducer::~Reducer() {
@@ -96,22 +96,22 @@ void Reducer::launch(size_t b) {
 }
 
 void Reducer::on_grad(size_t index, const torch::Tensor& grad) {
-  // TODO(L06): unless no_sync: copy grad (+ p.grad() when defined) into the parameter's
-  //   slice of its bucket, mark it ready, and when its bucket is complete launch every complete
-  //   bucket from next_to_launch_ on, in order, counting them in launched_in_backward_
-  DTC_TODO("L06", "unless no_sync: copy grad (+ p.grad() when defined) into the parameter's "
-                  "slice of its bucket, mark it ready, and when its bucket is complete launch every complete "
-                  "bucket from next_to_launch_ on, in order, counting them in launched_in_backward_");
+  // TODO(L06): under sync, p's slot holds what p.grad() is about to hold, and each bucket
+  //   launches once complete, never before an earlier one; count them in launched_in_backward_
+  //   (L06Bucketed.*, L06NoSync.*; hints: README step 5)
+  DTC_TODO("L06", "under sync, p's slot holds what p.grad() is about to hold, and each bucket "
+                  "launches once complete, never before an earlier one; count them in launched_in_backward_ "
+                  "(L06Bucketed.*, L06NoSync.*; hints: README step 5)");
 }
 
 void Reducer::finish() {
   if (!sync_) return;
-  // TODO(L06): launch the buckets not launched yet (missing grads: p.grad() or zeros);
-  //   then per bucket wait, divide by the world size, and copy each slice into p.grad();
-  //   finally reset ready_, pending_, work_ and next_to_launch_
-  DTC_TODO("L06", "launch the buckets not launched yet (missing grads: p.grad() or zeros); "
-                  "then per bucket wait, divide by the world size, and copy each slice into p.grad(); "
-                  "finally reset ready_, pending_, work_ and next_to_launch_");
+  // TODO(L06): on return every p.grad() is the mean over ranks, also where no hook fired
+  //   (that rank adds its p.grad() or zeros), and the next backward starts afresh
+  //   (L06Bucketed.*; hints: README step 5)
+  DTC_TODO("L06", "on return every p.grad() is the mean over ranks, also where no hook fired "
+                  "(that rank adds its p.grad() or zeros), and the next backward starts afresh "
+                  "(L06Bucketed.*; hints: README step 5)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -146,16 +146,20 @@ DistributedSampler::DistributedSampler(int64_t size, int num_replicas, int rank,
 }
 
 int64_t DistributedSampler::num_samples() const {
-  // TODO(L06): ceil((size - W) / W) with drop_last and a remainder, else ceil(size / W)
-  DTC_TODO("L06", "ceil((size - W) / W) with drop_last and a remainder, else ceil(size / W)");
+  // TODO(L06): PyTorch's per-rank count (ddp.h): equal on every rank, the remainder dropped
+  //   with drop_last, padded up otherwise (L06Sampler.*; hints: README section 5)
+  DTC_TODO("L06", "PyTorch's per-rank count (ddp.h): equal on every rank, the remainder dropped "
+                  "with drop_last, padded up otherwise (L06Sampler.*; hints: README section 5)");
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
   std::vector<int64_t> mine;
-  // TODO(L06): permutation of seed + epoch (or 0..size-1), padded by repeating its start
-  //   (or cut with drop_last) to num_samples * W, then every W-th index from this rank's
-  DTC_TODO("L06", "permutation of seed + epoch (or 0..size-1), padded by repeating its start "
-                  "(or cut with drop_last) to num_samples * W, then every W-th index from this rank's");
+  // TODO(L06): exactly PyTorch's DistributedSampler indices for this rank and epoch: the
+  //   ranks take disjoint positions of one order, num_samples() each (L06Sampler.*; hints:
+  //   README section 5)
+  DTC_TODO("L06", "exactly PyTorch's DistributedSampler indices for this rank and epoch: the "
+                  "ranks take disjoint positions of one order, num_samples() each (L06Sampler.*; hints: "
+                  "README section 5)");
   return mine;
 }
 
@@ -165,19 +169,19 @@ std::vector<int64_t> DistributedSampler::indices() const {
 
 void save_checkpoint(const std::string& path, int rank, torch::nn::Module& module,
                      torch::optim::Optimizer& optimizer, int64_t steps_done) {
-  // TODO(L06): rank 0 only: archive "model", "optimizer" and "steps_done", save it to
-  //   path + ".tmp", then std::rename it to path (throw when the rename fails)
-  DTC_TODO("L06", "rank 0 only: archive \"model\", \"optimizer\" and \"steps_done\", save it to "
-                  "path + \".tmp\", then std::rename it to path (throw when the rename fails)");
+  // TODO(L06): rank 0 alone writes path, atomically (never half a file, no path.tmp left),
+  //   with "model", "optimizer" and "steps_done" (L06Checkpoint.*; hints: README section 4)
+  DTC_TODO("L06", "rank 0 alone writes path, atomically (never half a file, no path.tmp left), "
+                  "with \"model\", \"optimizer\" and \"steps_done\" (L06Checkpoint.*; hints: README section 4)");
 }
 
 int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
                         torch::optim::Optimizer& optimizer) {
-  // TODO(L06): load_from(path); read "model" into the module, "optimizer" into the
-  //   optimizer, and return "steps_done"
-  DTC_TODO("L06", "load_from(path); read \"model\" into the module, \"optimizer\" into the "
-                  "optimizer, and return \"steps_done\"");
+  // TODO(L06): restore what save_checkpoint wrote and return steps_done: a resumed run equals
+  //   the uninterrupted one bit for bit (L06Checkpoint.*; hints: README section 4)
+  DTC_TODO("L06", "restore what save_checkpoint wrote and return steps_done: a resumed run equals "
+                  "the uninterrupted one bit for bit (L06Checkpoint.*; hints: README section 4)");
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum fd3a546d79438f1d
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum b3a4aa0d3ac762cb

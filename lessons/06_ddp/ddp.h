@@ -60,8 +60,9 @@ void allreduce_gradients_flat(const std::vector<torch::Tensor>& params, Comm& co
 ///
 /// Walk @p params in REVERSE order (backward produces the last layer's gradients first) and
 /// append each parameter's index to the current bucket; a bucket is closed as soon as its bytes
-/// (sum of numel * element_size) reach @p bucket_bytes or more. A parameter is never split, so a
-/// single parameter larger than the cap is a bucket of its own. The last bucket may be smaller.
+/// (sum of numel * element_size) reach @p bucket_bytes or more. A parameter is never split: one
+/// larger than the cap joins the open bucket and closes it (parameters of 400 and 16 bytes,
+/// cap 100 -> {{1, 0}}). The last bucket may be smaller.
 /// @return the buckets, first to fill first: e.g. 4 parameters of 100 bytes, cap 200 ->
 ///   {{3, 2}, {1, 0}}.
 /// @throws dtc::UsageError("--bucket-kb") when @p bucket_bytes < 1.

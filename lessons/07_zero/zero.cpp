@@ -24,8 +24,10 @@ namespace dtc::l07 {
 int64_t padded_size(int64_t numel, int world) {
   if (world < 1) throw std::invalid_argument("padded_size: world must be at least 1");
   if (numel < 0) throw std::invalid_argument("padded_size: numel must not be negative");
-  // TODO(L07): round numel up to the next multiple of world (ceil(numel / W) * W)
-  DTC_TODO("L07", "round numel up to the next multiple of world (ceil(numel / W) * W)");
+  // TODO(L07): the smallest multiple of world that is not below numel; 0 stays 0
+  //   (L07Layout.PaddedSizeClosedForm)
+  DTC_TODO("L07", "the smallest multiple of world that is not below numel; 0 stays 0 "
+                  "(L07Layout.PaddedSizeClosedForm)");
 }
 
 FlatLayout make_layout(Gpt& model, int world) {
@@ -75,18 +77,22 @@ Pending CountingComm::reduce_scatter_start(const torch::Tensor& flat) {
               "reduce_scatter: a flat buffer of a multiple of W elements, got ", flat.sizes());
   Pending pending;
   pending.chunk = flat.numel() / w;
-  // TODO(L07): alltoall_base flat (contiguous) into a new buffer of the same size (empty
-  //   split vectors: equal chunks), keep its Work; count (W-1) * chunk * 4 bytes
-  DTC_TODO("L07", "alltoall_base flat (contiguous) into a new buffer of the same size (empty "
-                  "split vectors: equal chunks), keep its Work; count (W-1) * chunk * 4 bytes");
+  // TODO(L07): start, without waiting, one collective after which pending.buffer, seen as
+  //   (W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * chunk * 4
+  //   bytes (L07Comm.ReduceScatter*; calls and hints: README section 8)
+  DTC_TODO("L07", "start, without waiting, one collective after which pending.buffer, seen as "
+                  "(W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * chunk * 4 "
+                  "bytes (L07Comm.ReduceScatter*; calls and hints: README section 8)");
   return pending;
 }
 
 torch::Tensor CountingComm::reduce_scatter_finish(Pending& pending) {
-  // TODO(L07): wait, then view the buffer as (W, chunk) (row j came from rank j) and sum
-  //   over dim 0
-  DTC_TODO("L07", "wait, then view the buffer as (W, chunk) (row j came from rank j) and sum "
-                  "over dim 0");
+  // TODO(L07): once the collective is done, return chunk r summed over the W ranks, (chunk)
+  //   (empty when chunk is 0), and leave pending empty so that its buffer is freed
+  //   (L07Comm.ReduceScatter*; hints: README section 8)
+  DTC_TODO("L07", "once the collective is done, return chunk r summed over the W ranks, (chunk) "
+                  "(empty when chunk is 0), and leave pending empty so that its buffer is freed "
+                  "(L07Comm.ReduceScatter*; hints: README section 8)");
 }
 
 torch::Tensor CountingComm::reduce_scatter(const torch::Tensor& flat) {
@@ -97,10 +103,12 @@ torch::Tensor CountingComm::reduce_scatter(const torch::Tensor& flat) {
 Pending CountingComm::all_gather_start(const torch::Tensor& chunk) {
   Pending pending;
   pending.chunk = chunk.numel();
-  // TODO(L07): allgather (list form) the contiguous chunk into W outputs that are views
-  //   (narrow) of a new (W * chunk) buffer; keep its Work; count (W-1) * chunk * 4 bytes
-  DTC_TODO("L07", "allgather (list form) the contiguous chunk into W outputs that are views "
-                  "(narrow) of a new (W * chunk) buffer; keep its Work; count (W-1) * chunk * 4 bytes");
+  // TODO(L07): start, without waiting, one collective that writes rank j's chunk straight
+  //   into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * chunk * 4
+  //   bytes (L07Comm.AllGather*; calls and hints: README section 8)
+  DTC_TODO("L07", "start, without waiting, one collective that writes rank j's chunk straight "
+                  "into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * chunk * 4 "
+                  "bytes (L07Comm.AllGather*; calls and hints: README section 8)");
   return pending;
 }
 
@@ -117,8 +125,10 @@ torch::Tensor CountingComm::all_gather(const torch::Tensor& chunk) {
 }
 
 void CountingComm::all_reduce(torch::Tensor& flat) {
-  // TODO(L07): allreduce flat in place (SUM), wait; count 2 (W-1) * (numel / W) * 4 bytes
-  DTC_TODO("L07", "allreduce flat in place (SUM), wait; count 2 (W-1) * (numel / W) * 4 bytes");
+  // TODO(L07): on return flat holds, in place, its sum over the ranks; add the ring's
+  //   2 (W-1) * (numel / W) * 4 bytes (L07Comm.AllReduce*; calls: README section 8)
+  DTC_TODO("L07", "on return flat holds, in place, its sum over the ranks; add the ring's "
+                  "2 (W-1) * (numel / W) * 4 bytes (L07Comm.AllReduce*; calls: README section 8)");
 }
 
 // =============================================================================================
@@ -128,10 +138,12 @@ void CountingComm::all_reduce(torch::Tensor& flat) {
 void adamw_update(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp_avg,
                   torch::Tensor exp_avg_sq, int64_t step, const AdamWOptions& o) {
   torch::NoGradGuard no_grad;
-  // TODO(L07): decay param, update both moments, then param -= lr / bc1 * m / denom, in
-  //   torch::optim::AdamW's order (see the header), all in place
-  DTC_TODO("L07", "decay param, update both moments, then param -= lr / bc1 * m / denom, in "
-                  "torch::optim::AdamW's order (see the header), all in place");
+  // TODO(L07): one torch::optim::AdamW step (the header's four lines, in their order), in
+  //   place on param and both moments and elementwise, so that shards update like the whole
+  //   (L07AdamW.*; hints: README section 8)
+  DTC_TODO("L07", "one torch::optim::AdamW step (the header's four lines, in their order), in "
+                  "place on param and both moments and elementwise, so that shards update like the whole "
+                  "(L07AdamW.*; hints: README section 8)");
 }
 
 // =============================================================================================
@@ -284,12 +296,12 @@ float ZeroEngine::forward_backward_replicated(const Batch& batch) {
   loss.backward();
   const float value = loss.item<float>();
   torch::NoGradGuard no_grad;
-  // TODO(L07): stage 0: allreduce the whole flat_grads_ and divide by W. Stage 1: per
-  //   unit, reduce-scatter its padded range of flat_grads_ and write sum / W into this rank's
-  //   chunk of it (chunk_of_full); the rest of the buffer is not needed any more
-  DTC_TODO("L07", "stage 0: allreduce the whole flat_grads_ and divide by W. Stage 1: per "
-                  "unit, reduce-scatter its padded range of flat_grads_ and write sum / W into this rank's "
-                  "chunk of it (chunk_of_full); the rest of the buffer is not needed any more");
+  // TODO(L07): the mean gradient over ranks, where this stage reads it: stage 0 all of
+  //   flat_grads_ (one allreduce); stage 1 this rank's chunk of each unit, sending only what
+  //   reduce-scatters send (L07Stages.*; hints: README sections 4 and 8)
+  DTC_TODO("L07", "the mean gradient over ranks, where this stage reads it: stage 0 all of "
+                  "flat_grads_ (one allreduce); stage 1 this rank's chunk of each unit, sending only what "
+                  "reduce-scatters send (L07Stages.*; hints: README sections 4 and 8)");
   return value;
 }
 
@@ -369,14 +381,12 @@ void ZeroEngine::optimizer_step() {
   torch::NoGradGuard no_grad;
   ensure_moments();
   ++step_;
-  // TODO(L07): stage 0: adamw_update on the whole flat buffers. Stage 1: per unit, update
-  //   this rank's chunk of flat_params_ from its chunk of flat_grads_ with the unit's chunk of
-  //   the moments; stage 2: the same from grad_shard_; stages 1-2 then all-gather each unit's
-  //   chunk back into flat_params_. Stage 3: adamw_update on param_shard_ from grad_shard_
-  DTC_TODO("L07", "stage 0: adamw_update on the whole flat buffers. Stage 1: per unit, update "
-                  "this rank's chunk of flat_params_ from its chunk of flat_grads_ with the unit's chunk of "
-                  "the moments; stage 2: the same from grad_shard_; stages 1-2 then all-gather each unit's "
-                  "chunk back into flat_params_. Stage 3: adamw_update on param_shard_ from grad_shard_");
+  // TODO(L07): adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its
+  //   chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated
+  //   parameter in flat_params_ again (L07Stages.*; hints: README sections 4 and 8)
+  DTC_TODO("L07", "adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its "
+                  "chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated "
+                  "parameter in flat_params_ again (L07Stages.*; hints: README sections 4 and 8)");
 }
 
 torch::Tensor ZeroEngine::full_parameters() {
@@ -504,12 +514,12 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
     step = st.item<int64_t>();
   }
   torch::Tensor full_params, full_exp_avg, full_exp_avg_sq;  // Psi elements each, unpadded
-  // TODO(L07): for each unit (in order), rebuild its full padded range from the N files'
-  //   chunks (N-rank layout: padded_size(numel, N) / N elements per file, at the running sum of
-  //   earlier units' chunks), drop the padding, and concatenate the units
-  DTC_TODO("L07", "for each unit (in order), rebuild its full padded range from the N files' "
-                  "chunks (N-rank layout: padded_size(numel, N) / N elements per file, at the running sum of "
-                  "earlier units' chunks), drop the padding, and concatenate the units");
+  // TODO(L07): the full_* tensors: Psi elements each, unit after unit, unpadded, rebuilt
+  //   from files laid out for the N ranks that saved them, not for this run's
+  //   (L07Checkpoint.*; hints: README sections 6 and 8)
+  DTC_TODO("L07", "the full_* tensors: Psi elements each, unit after unit, unpadded, rebuilt "
+                  "from files laid out for the N ranks that saved them, not for this run's "
+                  "(L07Checkpoint.*; hints: README sections 6 and 8)");
   engine.load_full_state(full_params, full_exp_avg, full_exp_avg_sq, step);
 }
 
@@ -529,4 +539,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum e3754b14ba741871
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 9eb877954e1c4a43

@@ -89,14 +89,16 @@ int64_t comm_handle(Comm& comm) { return static_cast<int64_t>(reinterpret_cast<i
 struct CopyToTp : public torch::autograd::Function<CopyToTp> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    // TODO(L08): forward is the identity: return x itself (autograd records the new edge)
-    DTC_TODO("L08", "forward is the identity: return x itself (autograd records the new edge)");
+    // TODO(L08): f's forward is the identity: the output equals x, with no communication
+    //   (L08Ops.*; README section 3)
+    DTC_TODO("L08", "f's forward is the identity: the output equals x, with no communication "
+                    "(L08Ops.*; README section 3)");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    // TODO(L08): sum the incoming gradient over the TP group (allreduce_ on a copy) and
-    //   return it; the int64 argument gets an undefined tensor
-    DTC_TODO("L08", "sum the incoming gradient over the TP group (allreduce_ on a copy) and "
-                    "return it; the int64 argument gets an undefined tensor");
+    // TODO(L08): dL/dx is the incoming gradient summed over the TP group, autograd's own
+    //   buffer left as it was; one entry per forward argument (L08Ops.*; README section 3 hints)
+    DTC_TODO("L08", "dL/dx is the incoming gradient summed over the TP group, autograd's own "
+                    "buffer left as it was; one entry per forward argument (L08Ops.*; README section 3 hints)");
   }
 };
 
@@ -104,12 +106,16 @@ struct CopyToTp : public torch::autograd::Function<CopyToTp> {
 struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    // TODO(L08): sum a copy of x over the TP group (allreduce_) and return it
-    DTC_TODO("L08", "sum a copy of x over the TP group (allreduce_) and return it");
+    // TODO(L08): every rank gets the sum of x over the TP group, and the caller's x is left
+    //   as it was (L08Ops.*; README section 3 hints)
+    DTC_TODO("L08", "every rank gets the sum of x over the TP group, and the caller's x is left "
+                    "as it was (L08Ops.*; README section 3 hints)");
   }
   static variable_list backward(AutogradContext* /*ctx*/, variable_list grad_outputs) {
-    // TODO(L08): backward is the identity: pass the gradient through unchanged
-    DTC_TODO("L08", "backward is the identity: pass the gradient through unchanged");
+    // TODO(L08): g's backward is the identity: dL/dx = dL/dy; one entry per forward
+    //   argument (L08Ops.*; README section 3 hints)
+    DTC_TODO("L08", "g's backward is the identity: dL/dx = dL/dy; one entry per forward "
+                    "argument (L08Ops.*; README section 3 hints)");
   }
 };
 
@@ -139,10 +145,12 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::Tensor& w, const
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  // TODO(L08): f (copy_to_tp) on x, then the local Linear with this rank's weight and bias
-  //   (F::linear): (..., in) -> (..., out/tp)
-  DTC_TODO("L08", "f (copy_to_tp) on x, then the local Linear with this rank's weight and bias "
-                  "(F::linear): (..., in) -> (..., out/tp)");
+  // TODO(L08): (..., in), replicated -> this rank's out/tp features of x W^T + b, and x's
+  //   gradient summed over the TP group in backward (L08Modules.ColumnAndRowParallelLinear;
+  //   README section 2 hints)
+  DTC_TODO("L08", "(..., in), replicated -> this rank's out/tp features of x W^T + b, and x's "
+                  "gradient summed over the TP group in backward (L08Modules.ColumnAndRowParallelLinear; "
+                  "README section 2 hints)");
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full, Comm& comm)
@@ -152,10 +160,12 @@ RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full, Comm
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
-  // TODO(L08): the local product without bias (..., out) is a partial sum: g
-  //   (reduce_from_tp) adds the ranks' parts; then add the bias once
-  DTC_TODO("L08", "the local product without bias (..., out) is a partial sum: g "
-                  "(reduce_from_tp) adds the ranks' parts; then add the bias once");
+  // TODO(L08): this rank's in/tp input features -> the unsplit Linear's output (..., out) on
+  //   every rank, its bias counted once (L08Modules.ColumnAndRowParallelLinear; README section 2
+  //   hints)
+  DTC_TODO("L08", "this rank's in/tp input features -> the unsplit Linear's output (..., out) on "
+                  "every rank, its bias counted once (L08Modules.ColumnAndRowParallelLinear; README section 2 "
+                  "hints)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -168,30 +178,32 @@ TpMlpImpl::TpMlpImpl(const Mlp& full, Comm& tp) {
 }
 
 torch::Tensor TpMlpImpl::forward(const torch::Tensor& x) {
-  // TODO(L08): c_proj(gelu(c_fc(x))), as the unsplit MLP: GELU is elementwise, so it runs
-  //   on the local (B, T, 4h/tp) slice with no communication
-  DTC_TODO("L08", "c_proj(gelu(c_fc(x))), as the unsplit MLP: GELU is elementwise, so it runs "
-                  "on the local (B, T, 4h/tp) slice with no communication");
+  // TODO(L08): the unsplit MLP's output (B, T, h) on every rank, with no communication
+  //   between the two Linears (L08Modules.MlpMatchesTheUnsplitMlp; README section 2 hints)
+  DTC_TODO("L08", "the unsplit MLP's output (B, T, h) on every rank, with no communication "
+                  "between the two Linears (L08Modules.MlpMatchesTheUnsplitMlp; README section 2 hints)");
 }
 
 TpAttentionImpl::TpAttentionImpl(const CausalSelfAttention& full, int64_t heads, Comm& tp) {
   local_heads = heads / tp.getSize();
   torch::Tensor w, b;  // this rank's c_attn weight (3h/tp, h) and bias (3h/tp)
-  // TODO(L08): split full->c_attn's weight (3h, h) and bias (3h) into their q, k, v blocks
-  //   (chunk(3, 0)), take slice tp.getRank() of tp.getSize() of each block (shard), and stack
-  //   them back (cat) into w and b
-  DTC_TODO("L08", "split full->c_attn's weight (3h, h) and bias (3h) into their q, k, v blocks "
-                  "(chunk(3, 0)), take slice tp.getRank() of tp.getSize() of each block (shard), and stack "
-                  "them back (cat) into w and b");
+  // TODO(L08): w (3h/tp, h) and b (3h/tp) hold this rank's heads of q, then of k, then of v,
+  //   so that c_attn(x) is [q_r | k_r | v_r] (L08Modules.AttentionMatchesTheUnsplitAttention;
+  //   README section 4 hints)
+  DTC_TODO("L08", "w (3h/tp, h) and b (3h/tp) hold this rank's heads of q, then of k, then of v, "
+                  "so that c_attn(x) is [q_r | k_r | v_r] (L08Modules.AttentionMatchesTheUnsplitAttention; "
+                  "README section 4 hints)");
   c_attn = register_module("c_attn", ColumnParallelLinear(w, b, tp));
   c_proj = register_module("c_proj", RowParallelLinear(full->c_proj, tp));
 }
 
 torch::Tensor TpAttentionImpl::forward(const torch::Tensor& x) {
-  // TODO(L08): qkv = c_attn(x) (B, T, 3h/tp); causal attention over local_heads heads of
-  //   size d = h/a, exactly as CausalSelfAttentionImpl::forward; c_proj of (B, T, h/tp)
-  DTC_TODO("L08", "qkv = c_attn(x) (B, T, 3h/tp); causal attention over local_heads heads of "
-                  "size d = h/a, exactly as CausalSelfAttentionImpl::forward; c_proj of (B, T, h/tp)");
+  // TODO(L08): the unsplit attention's output (B, T, h) on every rank, computed from this
+  //   rank's local_heads heads only (L08Modules.AttentionMatchesTheUnsplitAttention; README
+  //   section 4 hints)
+  DTC_TODO("L08", "the unsplit attention's output (B, T, h) on every rank, computed from this "
+                  "rank's local_heads heads only (L08Modules.AttentionMatchesTheUnsplitAttention; README "
+                  "section 4 hints)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -206,10 +218,12 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embeddin
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
-  // TODO(L08): mask = tokens in [vocab_begin, vocab_end); look up (tokens - vocab_begin),
-  //   with masked-out tokens at index 0, zero their rows, then g (reduce_from_tp)
-  DTC_TODO("L08", "mask = tokens in [vocab_begin, vocab_end); look up (tokens - vocab_begin), "
-                  "with masked-out tokens at index 0, zero their rows, then g (reduce_from_tp)");
+  // TODO(L08): tokens (B, T) -> the full table's rows (B, T, h) on every rank, each row from
+  //   the one rank that owns its token; no rank indexes outside its own rows
+  //   (L08Modules.VocabParallelEmbeddingMatchesTheFullTable; README section 5 hints)
+  DTC_TODO("L08", "tokens (B, T) -> the full table's rows (B, T, h) on every rank, each row from "
+                  "the one rank that owns its token; no rank indexes outside its own rows "
+                  "(L08Modules.VocabParallelEmbeddingMatchesTheFullTable; README section 5 hints)");
 }
 
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local,
@@ -271,10 +285,12 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
   auto x = wte(tokens) + wpe(pos);  // (B, T, h), replicated
   for (const auto& block : *h) x = block->as<TpBlock>()->forward(x);
   x = ln_f(x);
-  // TODO(L08): the output head, column-parallel over the vocabulary: f (copy_to_tp) on x,
-  //   then x @ W^T with W = wte->weight (tied) or lm_head (untied), (V/tp, h) -> (B, T, V/tp)
-  DTC_TODO("L08", "the output head, column-parallel over the vocabulary: f (copy_to_tp) on x, "
-                  "then x @ W^T with W = wte->weight (tied) or lm_head (untied), (V/tp, h) -> (B, T, V/tp)");
+  // TODO(L08): this rank's logits (B, T, V/tp) from the tied wte->weight or the untied
+  //   lm_head, with the full gradient flowing back into ln_f (L08Modules.WholeModelLogitsMatch,
+  //   L08Training.*; README section 5 hints)
+  DTC_TODO("L08", "this rank's logits (B, T, V/tp) from the tied wte->weight or the untied "
+                  "lm_head, with the full gradient flowing back into ln_f (L08Modules.WholeModelLogitsMatch, "
+                  "L08Training.*; README section 5 hints)");
 }
 
 torch::Tensor TpGptImpl::loss(const Batch& batch) {
@@ -284,4 +300,4 @@ torch::Tensor TpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l08
-// exercise generated from solutions/08_tensor_parallel/tensor_parallel.cpp by scripts/exercises.py; checksum fe19c9ba293a7fc8
+// exercise generated from solutions/08_tensor_parallel/tensor_parallel.cpp by scripts/exercises.py; checksum c6e219d6e78ab42a

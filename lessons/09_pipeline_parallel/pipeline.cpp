@@ -23,10 +23,12 @@ namespace dtc::l09 {
 
 StageLayers stage_layers(int64_t layers, int stages, int stage) {
   StageLayers s;
-  // TODO(L09): give every stage layers / stages blocks and the first layers % stages
-  //   stages one more, contiguous from block 0; embed on stage 0, head on the last stage
-  DTC_TODO("L09", "give every stage layers / stages blocks and the first layers % stages "
-                  "stages one more, contiguous from block 0; embed on stage 0, head on the last stage");
+  // TODO(L09): stage's blocks [first, last) by the header's rule (as even as possible, the
+  //   remainder to the first stages), in closed form, and its embed and head flags
+  //   (L09Split.*; README section 6 hints)
+  DTC_TODO("L09", "stage's blocks [first, last) by the header's rule (as even as possible, the "
+                  "remainder to the first stages), in closed form, and its embed and head flags "
+                  "(L09Split.*; README section 6 hints)");
   return s;
 }
 
@@ -47,10 +49,12 @@ Stage make_stage(const Gpt& full, int stages, int stage) {
   s.config = config;
   s.stage = stage;
   s.stages = stages;
-  // TODO(L09): set s.layers with stage_layers(); take those blocks from full->h
-  //   (Block(full->h->ptr<BlockImpl>(i))), and wte, wpe on stage 0, ln_f, lm_head on the last stage
-  DTC_TODO("L09", "set s.layers with stage_layers(); take those blocks from full->h "
-                  "(Block(full->h->ptr<BlockImpl>(i))), and wte, wpe on stage 0, ln_f, lm_head on the last stage");
+  // TODO(L09): s.layers, and the very modules of full that this stage owns (shared, never
+  //   copied): its blocks, the embeddings on stage 0, ln_f and lm_head on the last stage
+  //   (L09Split.*; README section 6 hints)
+  DTC_TODO("L09", "s.layers, and the very modules of full that this stage owns (shared, never "
+                  "copied): its blocks, the embeddings on stage 0, ln_f and lm_head on the last stage "
+                  "(L09Split.*; README section 6 hints)");
   return s;
 }
 
@@ -124,8 +128,10 @@ std::vector<Op> gpipe_schedule(int stages, int64_t micro_batches, int stage) {
   (void)stages;
   (void)stage;
   std::vector<Op> ops;
-  // TODO(L09): every forward F0 .. F(m-1), then every backward B0 .. B(m-1)
-  DTC_TODO("L09", "every forward F0 .. F(m-1), then every backward B0 .. B(m-1)");
+  // TODO(L09): every forward F0 .. F(m-1), then every backward B0 .. B(m-1), on every
+  //   stage (L09Schedule.*)
+  DTC_TODO("L09", "every forward F0 .. F(m-1), then every backward B0 .. B(m-1), on every "
+                  "stage (L09Schedule.*)");
   return ops;
 }
 
@@ -169,16 +175,18 @@ int64_t max_in_flight(const std::vector<Op>& ops) {
 
 c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tensor, int dst,
                                            int tag) {
-  // TODO(L09): put the tensor (contiguous) in a vector and return comm.send(..., dst, tag)
-  DTC_TODO("L09", "put the tensor (contiguous) in a vector and return comm.send(..., dst, tag)");
+  // TODO(L09): start sending the tensor's values to dst with tag, and return the Work
+  //   without waiting for it (L09P2p.*; README section 6 lists the calls)
+  DTC_TODO("L09", "start sending the tensor's values to dst with tag, and return the Work "
+                  "without waiting for it (L09P2p.*; README section 6 lists the calls)");
 }
 
 torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
                           const torch::Device& device) {
-  // TODO(L09): make an empty float tensor of the shape on the device, comm.recv it from
-  //   src with tag, wait(), and return it
-  DTC_TODO("L09", "make an empty float tensor of the shape on the device, comm.recv it from "
-                  "src with tag, wait(), and return it");
+  // TODO(L09): a fresh float tensor of the shape, on the device, holding the message from
+  //   src with tag, returned only once it has arrived (L09P2p.*; README section 6 lists the calls)
+  DTC_TODO("L09", "a fresh float tensor of the shape, on the device, holding the message from "
+                  "src with tag, returned only once it has arrived (L09P2p.*; README section 6 lists the calls)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -191,17 +199,15 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepStats stats;
   const auto start = Clock::now();
-  // TODO(L09): for each op, forward (recv activations or take tokens, forward, loss / m or
-  //   send) or backward (backward from the loss or from the received gradient, send the input's
-  //   gradient); keep inputs and outputs per micro-batch until their backward; wait for every
-  //   send at the end; time the compute and count micro-batches in flight
-  DTC_TODO("L09", "for each op, forward (recv activations or take tokens, forward, loss / m or "
-                  "send) or backward (backward from the loss or from the received gradient, send the input's "
-                  "gradient); keep inputs and outputs per micro-batch until their backward; wait for every "
-                  "send at the end; time the compute and count micro-batches in flight");
+  // TODO(L09): run ops in order so that the stage's parameters get the whole batch's mean
+  //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
+  //   returning, and stats filled (L09Pipeline.*, L09Memory.*; README section 6 hints)
+  DTC_TODO("L09", "run ops in order so that the stage's parameters get the whole batch's mean "
+                  "gradient, each micro-batch's tensors freed after its backward, every send waited for before "
+                  "returning, and stats filled (L09Pipeline.*, L09Memory.*; README section 6 hints)");
   stats.total_s = seconds(Clock::now() - start);
   return stats;
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum 1d76854eff4ea0fa
+// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum 6054410f1818a3d7

@@ -133,8 +133,9 @@ void validate(const TrainingSetup& s, const ModelConfig* m) {
 // ---------------------------------------------------------------------------------------------
 
 int64_t count_params(const ModelConfig& m) {
-  // BEGIN SOLUTION: count one block (attention, MLP, norms, GPT's biases), times layers,
-  //   then add the embeddings and the final norm
+  // BEGIN SOLUTION: return the exact count of section 4's table, every weight, bias and norm
+  //   vector (llama-7b: 6,738,415,616; gpt2: 124,439,808). Tests: L01Params.*; hints: README
+  //   section 8
   const int64_t h = m.hidden;
   const int64_t kv = m.kv_dim();
   const int64_t attention = 2 * h * h + 2 * h * kv;  // Q and output: h x h; K and V: h x kv
@@ -153,8 +154,9 @@ int64_t count_params(const ModelConfig& m) {
 }
 
 BytesPerParam bytes_per_param(Precision precision, Optimizer optimizer, bool fp32_grad_accum) {
-  // BEGIN SOLUTION: weights and gradients take 4 bytes in fp32, 2 in mixed;
-  //   optimizer = the fp32 master copy (mixed only) + the optimizer's own states
+  // BEGIN SOLUTION: return section 2's table, with the fp32 master copy filed under optimizer
+  //   states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20). Tests: L01Bytes.*;
+  //   hints: README section 8
   double states = 0;  // the optimizer's own buffers
   switch (optimizer) {
     case Optimizer::kSgd: states = 0; break;
@@ -178,8 +180,9 @@ BytesPerParam bytes_per_param(Precision precision, Optimizer optimizer, bool fp3
 
 StateBytes zero_state_bytes(double params, const BytesPerParam& per_param, int zero_stage,
                             int64_t dp) {
-  // BEGIN SOLUTION: stage >= 1 divides the optimizer states by dp,
-  //   stage >= 2 the gradients too, stage 3 the parameters too
+  // BEGIN SOLUTION: return each state's bytes for params parameters, divided evenly by dp in
+  //   every stage that shards it (ZeRO Figure 1: 7.5B over 64 ranks -> 120, 31.4, 16.6, 1.9 GB).
+  //   Tests: L01Zero.*; hints: README section 8
   const double n = static_cast<double>(dp);
   StateBytes s;
   s.params = params * per_param.params / (zero_stage >= 3 ? n : 1.0);
@@ -190,8 +193,9 @@ StateBytes zero_state_bytes(double params, const BytesPerParam& per_param, int z
 }
 
 double activation_bytes_per_layer(const ModelConfig& m, const TrainingSetup& setup) {
-  // BEGIN SOLUTION: add up README's stored tensors in three groups (replicated, split by tp,
-  //   attention scores), then apply tp, sequence parallelism and recomputation
+  // BEGIN SOLUTION: return the bytes of section 5's stored tensors for this block and set-up;
+  //   a GPT block with F = 4h must give every row of Korthikanti's Table 2 (sbh(34 + 5as/h)
+  //   unsplit). Tests: L01Activations.*; hints: README section 8
   const double s = static_cast<double>(setup.seq);
   const double b = static_cast<double>(setup.micro_batch);
   const double h = static_cast<double>(m.hidden);
@@ -228,8 +232,9 @@ double activation_bytes_per_layer(const ModelConfig& m, const TrainingSetup& set
 Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelConfig* model) {
   Ledger out;
   out.params = params;
-  // BEGIN SOLUTION: split the parameters by tp * pp, shard the states with ZeRO over dp,
-  //   and add the activations of every layer when the shape is known
+  // BEGIN SOLUTION: fill the rest of out as Ledger documents it: one device's share of a
+  //   replica split by tp * pp, its states sharded by ZeRO, and all L layers' activations when
+  //   the model is known. Tests: L01Ledger.*; hints: README section 8
   out.params_per_replica = static_cast<double>(params) / static_cast<double>(setup.tp * setup.pp);
   out.per_param = bytes_per_param(setup.precision, setup.optimizer, setup.fp32_grad_accum);
   out.state = zero_state_bytes(out.params_per_replica, out.per_param, setup.zero_stage, setup.dp);
@@ -249,7 +254,8 @@ double train_time_seconds(double params, double tokens, double peak_flops, doubl
         "{:g}, {:g}, {:g}, {}, {:g})",
         params, tokens, peak_flops, gpus, mfu));
   }
-  // BEGIN SOLUTION: training costs 6 N D FLOPs; divide by what the GPUs really deliver
+  // BEGIN SOLUTION: return the seconds that 6 N D FLOPs take at mfu of every GPU's peak
+  //   (llama2-70b, 1e12 tokens, 1024 GPUs at 40% of 989 TFLOP/s: 11.8 days). Tests: L01Time.*
   return 6.0 * params * tokens / (static_cast<double>(gpus) * peak_flops * mfu);
   // END SOLUTION
 }

@@ -177,8 +177,9 @@ double recompute_flops_factor(const ModelConfig& model, int64_t seq, Recompute r
 // ---------------------------------------------------------------------------------------------
 
 double collective_bytes(Collective c, double bytes, int64_t n) {
-  // BEGIN SOLUTION: multiply the array's bytes by nccl-tests' bus-bandwidth factor;
-  //   a group of one sends nothing (send/recv always sends its array)
+  // BEGIN SOLUTION: return what each of n ranks sends: the array's bytes times its collective's
+  //   bus-bandwidth factor (strategy.h); a group of one sends nothing, but send/recv always
+  //   sends its array. Tests: L01Collectives.*
   const double k = static_cast<double>(n);
   switch (c) {
     case Collective::kAllReduce: return n <= 1 ? 0.0 : 2.0 * (k - 1) / k * bytes;
@@ -191,8 +192,9 @@ double collective_bytes(Collective c, double bytes, int64_t n) {
 }
 
 double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix) {
-  // BEGIN SOLUTION: cost each strategy's collectives with collective_bytes(), as the header
-  //   lists them: gradient syncs once a step, activations per layer and micro-batch
+  // BEGIN SOLUTION: return README's "one formula per strategy" for s in this mix, every term a
+  //   collective_bytes() (a group of degree 1 sends nothing). Tests: L01Traffic.*; hints:
+  //   README part 2, "The exercise"
   const ModelConfig& model = req.model;
   const double params = static_cast<double>(count_params(model));
   const double replica = params / static_cast<double>(mix.tp * mix.pp);  // P_r
@@ -239,8 +241,9 @@ double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix) {
 }
 
 bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node) {
-  // BEGIN SOLUTION: find the group's size and stride in the rank order tp, cp, pp, dp; it stays
-  //   in a node when size * stride fits in the node and divides it
+  // BEGIN SOLUTION: return whether the group of s spans more than one node under the rank order
+  //   tp, cp, pp, dp; the data-parallel flavours cross when their dp or cp group does.
+  //   Tests: L01Links.*; hints: README part 2, "The exercise"
   const auto crosses = [&](int64_t n, int64_t stride) {
     if (n <= 1) return false;
     const int64_t span = n * stride;
@@ -256,9 +259,9 @@ bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node) {
 }
 
 Ledger mix_ledger(const PlanRequest& req, const Mix& mix) {
-  // BEGIN SOLUTION: build the TrainingSetup of the mix (ZeRO over dp * cp, sequence parallel
-  //   with tp), call compute_ledger(), divide the activations by cp, and add ZeRO-3's
-  //   gathered layer
+  // BEGIN SOLUTION: return part 1's ledger of this mix as strategy.h specifies it: ZeRO over
+  //   dp * cp, sequence parallel with tp, activations per cp, ZeRO-3's gathered layer on top.
+  //   Tests: L01MixLedger.*; hints: README part 2, "The exercise"
   TrainingSetup s = req.setup;
   s.dp = mix.dp * mix.cp;
   s.tp = mix.tp;
@@ -283,8 +286,9 @@ Ledger mix_ledger(const PlanRequest& req, const Mix& mix) {
 Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
   Evaluation e;
   e.mix = mix;
-  // BEGIN SOLUTION: the ledger and whether it fits; one GroupTraffic per group of degree > 1
-  //   on its link; compute time (with recomputation), the bubble, and the step time
+  // BEGIN SOLUTION: fill every other field of e as Evaluation documents it (traffic: one entry
+  //   per group of degree > 1, in the order dp, tp, pp, cp; step = compute x (1 + bubble) +
+  //   comm). Tests: L01Evaluate.*; hints: README part 2, "The exercise"
   e.ledger = mix_ledger(req, mix);
   e.capacity_bytes = kUsableMemory * req.cluster.gpu_mem_gb * kGB;
   e.fits = e.ledger.total_bytes() <= e.capacity_bytes;
@@ -569,9 +573,9 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
 
 Plan choose_mix(const PlanRequest& req) {
   Plan p;
-  // BEGIN SOLUTION: walk the families in the tree's order; in each, evaluate() every candidate
-  //   and keep the fastest that fits and feeds every replica; ZeRO must also hide its traffic
-  //   behind compute; fill eval, family and reasons (explain())
+  // BEGIN SOLUTION: fill p.eval, p.family and p.reasons with the decision tree's pick
+  //   (strategy.h): the fastest fitting, fed mix of the first family that has one, ZeRO only if
+  //   it hides its traffic. Tests: L01Plan.*; hints: README part 2, "The exercise"
   const auto best = [&](Family f) -> std::optional<Evaluation> {
     std::optional<Evaluation> out;
     for (const Mix& mix : candidates(req, f)) {

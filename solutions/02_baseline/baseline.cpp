@@ -34,8 +34,9 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfi
 // ---------------------------------------------------------------------------------------------
 
 torch::Tensor forward_loss(Gpt& model, const Batch& batch) {
-  // BEGIN SOLUTION: run the model on batch.inputs, then return the mean cross-entropy of the
-  //   logits (B*T, V) against batch.targets (B*T)
+  // BEGIN SOLUTION: return the mean next-token cross-entropy over all B * T positions, a 0-dim
+  //   tensor that backward() can start from; it must equal PyTorch's on the same batch.
+  //   Tests: L02Step.ForwardLossMatchesPyTorch; README section 5
   auto logits = model->forward(batch.inputs);  // (B, T, V)
   return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
                                               batch.targets.view({-1}));
@@ -43,7 +44,9 @@ torch::Tensor forward_loss(Gpt& model, const Batch& batch) {
 }
 
 float train_step(Gpt& model, torch::optim::Optimizer& optimizer, const Batch& batch) {
-  // BEGIN SOLUTION: zero_grad_to_none, forward_loss, backward, optimizer.step(); return the loss
+  // BEGIN SOLUTION: one optimizer step driven by this batch's gradients alone (none of the
+  //   previous step's may add in); return the loss from before the update. Tests: L02Step.*;
+  //   README section 5
   zero_grad_to_none(optimizer);
   auto loss = forward_loss(model, batch);
   loss.backward();
@@ -58,8 +61,9 @@ float train_step(Gpt& model, torch::optim::Optimizer& optimizer, const Batch& ba
 
 StateBytes state_bytes(Gpt& model, torch::optim::AdamW& optimizer) {
   StateBytes bytes;
-  // BEGIN SOLUTION: add numel() * element_size() of every parameter, every defined gradient, and
-  //   every AdamWParamState's exp_avg, exp_avg_sq (and max_exp_avg_sq when defined)
+  // BEGIN SOLUTION: count the bytes the tensors really hold: after one fp32 step 4, 4 and 8 per
+  //   parameter; before it, 4, 0 and 0 (no gradient, no AdamW state yet). Tests: L02Memory.*;
+  //   hints: README section 6
   auto size = [](const torch::Tensor& t) -> int64_t {
     return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
   };
@@ -81,8 +85,9 @@ StateBytes state_bytes(Gpt& model, torch::optim::AdamW& optimizer) {
 
 void save_checkpoint(const std::string& path, Gpt& model, torch::optim::AdamW& optimizer,
                      int64_t steps_done) {
-  // BEGIN SOLUTION: save the model and the optimizer into nested archives "model" and
-  //   "optimizer", write "steps_done" as a tensor, and save_to(path)
+  // BEGIN SOLUTION: write one file at path holding the weights, AdamW's whole state and
+  //   steps_done, under the keys baseline.h names, so that a resumed run matches a straight one
+  //   bit for bit. Tests: L02Checkpoint.*; hints: README section 7
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive;
   model->save(model_archive);
@@ -96,8 +101,8 @@ void save_checkpoint(const std::string& path, Gpt& model, torch::optim::AdamW& o
 }
 
 int64_t load_checkpoint(const std::string& path, Gpt& model, torch::optim::AdamW& optimizer) {
-  // BEGIN SOLUTION: load_from(path), read the nested "model" and "optimizer" archives into the
-  //   model and the optimizer, and return "steps_done"
+  // BEGIN SOLUTION: restore what save_checkpoint() wrote into this model and optimizer, and
+  //   return its steps_done. Tests: L02Checkpoint.*, L02Program.*; hints: README section 7
   torch::serialize::InputArchive archive;
   archive.load_from(path);
   torch::serialize::InputArchive model_archive;

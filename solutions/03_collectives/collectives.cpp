@@ -23,8 +23,8 @@ namespace dtc::l03 {
 // return a Work; ->wait() blocks until this rank's part is done (and throws on a timeout).
 
 at::Tensor tour_broadcast(Comm& comm, int root, int64_t n) {
-  // BEGIN SOLUTION: fill full({n}, rank + 1), broadcast it from root (BroadcastOptions
-  //   rootRank), wait, return it
+  // BEGIN SOLUTION: rank r offers full({n}, r + 1); every rank returns root's tensor,
+  //   full({n}, root + 1) (L03Tour.Broadcast; the calls: README "The calls you need")
   std::vector<at::Tensor> t{torch::full({n}, static_cast<float>(comm.getRank() + 1))};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -34,7 +34,8 @@ at::Tensor tour_broadcast(Comm& comm, int root, int64_t n) {
 }
 
 at::Tensor tour_allreduce(Comm& comm, int64_t n) {
-  // BEGIN SOLUTION: fill full({n}, rank + 1), allreduce it (SUM is the default), return it
+  // BEGIN SOLUTION: rank r contributes full({n}, r + 1); every rank returns the elementwise sum,
+  //   full({n}, W (W + 1) / 2) (L03Tour.Allreduce)
   std::vector<at::Tensor> t{torch::full({n}, static_cast<float>(comm.getRank() + 1))};
   comm.allreduce(t)->wait();  // in place: every rank now holds 1 + 2 + ... + W
   return t[0];
@@ -42,8 +43,8 @@ at::Tensor tour_allreduce(Comm& comm, int64_t n) {
 }
 
 at::Tensor tour_allgather(Comm& comm, int64_t n) {
-  // BEGIN SOLUTION: allgather full({n}, rank) into W output tensors (a vector of vectors), then
-  //   torch::stack them into (W, n)
+  // BEGIN SOLUTION: rank r contributes full({n}, r); every rank returns a (W, n) tensor whose
+  //   row i is rank i's contribution (L03Tour.Allgather)
   const int world = comm.getSize();
   std::vector<at::Tensor> in{torch::full({n}, static_cast<float>(comm.getRank()))};
   std::vector<std::vector<at::Tensor>> out(1);  // [device][rank]: one device, W outputs
@@ -54,8 +55,8 @@ at::Tensor tour_allgather(Comm& comm, int64_t n) {
 }
 
 at::Tensor tour_reduce(Comm& comm, int root, int64_t n) {
-  // BEGIN SOLUTION: fill full({n}, rank + 1), reduce it to root (ReduceOptions rootRank); return
-  //   it on root and at::Tensor() elsewhere
+  // BEGIN SOLUTION: rank r contributes full({n}, r + 1); root returns the sum,
+  //   full({n}, W (W + 1) / 2), every other rank at::Tensor() (L03Tour.Reduce)
   std::vector<at::Tensor> t{torch::full({n}, static_cast<float>(comm.getRank() + 1))};
   c10d::ReduceOptions opts;
   opts.rootRank = root;
@@ -66,8 +67,8 @@ at::Tensor tour_reduce(Comm& comm, int root, int64_t n) {
 }
 
 at::Tensor tour_alltoall(Comm& comm, int64_t chunk) {
-  // BEGIN SOLUTION: build the (W * chunk) input whose chunk j is 100 r + j, and alltoall_base it
-  //   into an output of the same size (empty split-size vectors: equal splits)
+  // BEGIN SOLUTION: rank r's (W * chunk) input holds 100 r + j in chunk j, meant for rank j;
+  //   return what arrives: chunk j from rank j, 100 j + r (L03Tour.Alltoall)
   const int world = comm.getSize();
   const int rank = comm.getRank();
   auto in = torch::empty({world * chunk});
@@ -80,8 +81,8 @@ at::Tensor tour_alltoall(Comm& comm, int64_t chunk) {
 }
 
 at::Tensor tour_send_recv(Comm& comm, int64_t n) {
-  // BEGIN SOLUTION: post send(full({n}, r)) to (r + 1) % W and recv from (r - 1 + W) % W, then
-  //   wait on both (post both first: two ranks that each wait on a send could deadlock)
+  // BEGIN SOLUTION: rank r passes full({n}, r) to its right neighbour and returns what its left
+  //   one passed, full({n}, (r - 1) mod W); no rank may block another (L03Tour.SendRecvRing)
   const int world = comm.getSize();
   const int rank = comm.getRank();
   std::vector<at::Tensor> out{torch::full({n}, static_cast<float>(rank))};
@@ -95,8 +96,9 @@ at::Tensor tour_send_recv(Comm& comm, int64_t n) {
 }
 
 int tour_barrier(Comm& comm, c10d::Store& store, const std::string& prefix) {
-  // BEGIN SOLUTION: set "<prefix>arrived/<r>", make sure the store has it (a TCPStore set does
-  //   not wait for the server), barrier, then count the W keys with store.check
+  // BEGIN SOLUTION: each rank writes "<prefix>arrived/<r>", then, past a barrier, counts the W
+  //   keys: every rank must count W, also when one arrives late and over a TCPStore
+  //   (L03Tour.Barrier; hints: README section 5)
   const int world = comm.getSize();
   const std::string mine = fmt::format("{}arrived/{}", prefix, comm.getRank());
   store.set(mine, std::vector<uint8_t>{1});
@@ -149,8 +151,8 @@ GridCoord grid_coords(const RankGrid& grid, int rank) {
   if (rank < 0 || rank >= grid.world) {
     throw std::out_of_range(fmt::format("rank {} is outside the grid of {}", rank, grid.world));
   }
-  // BEGIN SOLUTION: tp is the fastest-varying coordinate, pp the slowest:
-  //   tp = rank % TP, dp = (rank / TP) % DP, pp = rank / (TP * DP)
+  // BEGIN SOLUTION: rank's coordinates in Megatron order (tp varies fastest, pp slowest), so
+  //   that grid_rank(grid, result) == rank (L03Grid.*; hints: README section 6)
   GridCoord c;
   c.tp = rank % grid.tp;
   c.dp = (rank / grid.tp) % grid.dp;
@@ -167,14 +169,15 @@ int grid_rank(const RankGrid& grid, const GridCoord& coord) {
                     "dp {} x tp {} x pp {}",
                     coord.dp, coord.tp, coord.pp, grid.dp, grid.tp, grid.pp));
   }
-  // BEGIN SOLUTION: return tp + TP * (dp + DP * pp)
+  // BEGIN SOLUTION: the inverse of grid_coords: the rank at coord, tp fastest, pp slowest
+  //   (L03Grid.*; hints: README section 6)
   return coord.tp + grid.tp * (coord.dp + grid.dp * coord.pp);
   // END SOLUTION
 }
 
 std::vector<int> group_ranks(const RankGrid& grid, int rank, Axis axis) {
-  // BEGIN SOLUTION: take rank's coordinates, vary the one of `axis` over 0 .. degree-1 and map
-  //   each back with grid_rank (increasing along any one axis: already sorted)
+  // BEGIN SOLUTION: the ranks that share rank's two other coordinates, ascending: one per value
+  //   of axis's coordinate, rank among them (L03Grid.*; hints: README section 6)
   const GridCoord me = grid_coords(grid, rank);
   const int degree = axis == Axis::kDp ? grid.dp : axis == Axis::kTp ? grid.tp : grid.pp;
   std::vector<int> members;
@@ -188,8 +191,8 @@ std::vector<int> group_ranks(const RankGrid& grid, int rank, Axis axis) {
 }
 
 std::vector<std::vector<int>> all_groups(const RankGrid& grid, Axis axis) {
-  // BEGIN SOLUTION: walk the ranks in order; each rank not yet in a group starts its group
-  //   (group_ranks), so the groups come out ordered by their smallest member
+  // BEGIN SOLUTION: every group along axis once, each sorted, ordered by its smallest member;
+  //   together they hold every rank exactly once (L03Grid.*; hints: README section 6)
   std::vector<std::vector<int>> groups;
   std::vector<char> placed(grid.world, 0);
   for (int r = 0; r < grid.world; ++r) {
@@ -205,8 +208,9 @@ GridGroups build_grid_groups(const c10::intrusive_ptr<c10d::Store>& store, const
                              int rank, std::chrono::milliseconds timeout) {
   GridGroups g;
   g.coord = grid_coords(grid, rank);
-  // BEGIN SOLUTION: for each axis, new_subgroup(store, "<axis>/<members joined by '-'>",
-  //   group_ranks(grid, rank, axis), rank, BackendKind::kGloo, timeout)
+  // BEGIN SOLUTION: g.dp, g.tp, g.pp: a gloo subgroup each (dtc::new_subgroup) over rank's group
+  //   on that axis, named so that all its members, and no other group, use the same name
+  //   (L03GridGroups.*; hints: README section 6)
   for (Axis axis : {Axis::kDp, Axis::kTp, Axis::kPp}) {
     const std::vector<int> members = group_ranks(grid, rank, axis);
     // The name is the group's identity: all its members compute the same one, no other group
@@ -227,8 +231,8 @@ std::vector<Chunk> ring_chunks(int64_t n, int world) {
   if (n < 0 || world < 1) {
     throw std::invalid_argument(fmt::format("ring_chunks: n = {}, world = {}", n, world));
   }
-  // BEGIN SOLUTION: chunk i holds n / W elements, plus one more for the first n % W chunks;
-  //   offsets run back to back from 0
+  // BEGIN SOLUTION: W chunks back to back from offset 0 with numpy.array_split's sizes: they sum
+  //   to n, differ by at most one, larger first (L03Ring.ChunksFollowArraySplit; README section 7)
   std::vector<Chunk> chunks(world);
   int64_t offset = 0;
   for (int i = 0; i < world; ++i) {
@@ -261,9 +265,9 @@ constexpr int kAllGatherTag = 2000;
 at::Tensor ring_reduce_scatter(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_reduce_scatter");
   const std::vector<Chunk> chunks = ring_chunks(flat.numel(), comm.getSize());  // chunk i: rank i's
-  // BEGIN SOLUTION: W - 1 steps: send chunk (r - s - 1) mod W to r + 1, receive chunk
-  //   (r - s - 2) mod W from r - 1 into a scratch buffer, wait on both, add it in. Skip the
-  //   messages of empty chunks (both sides know the sizes). Return flat's chunk r.
+  // BEGIN SOLUTION: in W - 1 steps that send only to r + 1 and receive only from r - 1, make
+  //   chunk r of flat the sum of every rank's chunk r and return a view of it; an empty chunk is
+  //   never a message (L03Ring.*; hints: README section 7)
   const int world = comm.getSize();
   const int rank = comm.getRank();
   const int next = ring_mod(rank + 1, world);
@@ -290,8 +294,9 @@ at::Tensor ring_reduce_scatter(Comm& comm, const at::Tensor& flat) {
 void ring_all_gather(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_all_gather");
   const std::vector<Chunk> chunks = ring_chunks(flat.numel(), comm.getSize());  // chunk i: rank i's
-  // BEGIN SOLUTION: W - 1 steps: send chunk (r - s) mod W to r + 1, receive chunk
-  //   (r - s - 1) mod W from r - 1 straight into flat (a narrow() view is contiguous)
+  // BEGIN SOLUTION: in W - 1 steps (send only to r + 1, receive only from r - 1), every chunk i
+  //   of flat comes to hold rank i's chunk i; at the start only chunk r is read
+  //   (L03Ring.AllGatherClosedForm; hints: README section 7)
   const int world = comm.getSize();
   const int rank = comm.getRank();
   const int next = ring_mod(rank + 1, world);
@@ -312,7 +317,8 @@ void ring_all_gather(Comm& comm, const at::Tensor& flat) {
 
 void ring_allreduce(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_allreduce");
-  // BEGIN SOLUTION: ring_reduce_scatter, then ring_all_gather, on the same flat tensor
+  // BEGIN SOLUTION: flat becomes, on every rank, the elementwise sum over the ranks, from the
+  //   two ring functions above (L03Ring.Allreduce*; hints: README section 7)
   ring_reduce_scatter(comm, flat);  // chunk r of flat is complete on rank r
   ring_all_gather(comm, flat);      // ... and now every chunk is, everywhere
   // END SOLUTION

@@ -29,8 +29,9 @@ namespace {
 }  // namespace
 
 Launcher detect_launcher(const EnvLookup& env) {
-  // BEGIN SOLUTION: RANK means torchrun, OMPI_COMM_WORLD_RANK means mpirun; with neither, any
-  //   of WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK is a stray variable: throw
+  // BEGIN SOLUTION: the launcher whose variables are set (torchrun's win over mpirun's); with
+  //   neither, a stray torchrun variable is a UsageError naming it, in the header's order
+  //   (L04Detect.*; hints: README section 9)
   if (env("RANK")) return Launcher::kTorchrun;  // first: `mpirun torchrun ...` is torchrun
   if (env("OMPI_COMM_WORLD_RANK")) return Launcher::kMpi;
   for (const char* stray : {"WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}) {
@@ -48,8 +49,9 @@ LaunchInfo parse_torchrun(const EnvLookup& env) {
   LaunchInfo info;
   info.launcher = Launcher::kTorchrun;
   const std::string why = "RANK is set (torchrun sets them together)";
-  // BEGIN SOLUTION: read the six required variables with env_required_int (MASTER_ADDR is a
-  //   string), then the optional ones with their defaults (header)
+  // BEGIN SOLUTION: every field from torchrun's variables: the six required ones must be set,
+  //   the others take the header's defaults, and LOCAL_WORLD_SIZE=0 must reach validate(), not
+  //   a division by zero (L04ParseTorchrun.*; hints: README section 9)
   info.rank = env_required_int(env, "RANK", why);
   info.world_size = env_required_int(env, "WORLD_SIZE", why);
   info.local_rank = env_required_int(env, "LOCAL_RANK", why);
@@ -79,8 +81,9 @@ LaunchInfo parse_mpi(const EnvLookup& env) {
   LaunchInfo info;
   info.launcher = Launcher::kMpi;
   const std::string why = "OMPI_COMM_WORLD_RANK is set (mpirun sets them together)";
-  // BEGIN SOLUTION: read the four OMPI_COMM_WORLD_* variables, derive the node from rank / local
-  //   size, and take MASTER_ADDR / MASTER_PORT when set (else 127.0.0.1:29500)
+  // BEGIN SOLUTION: every field from mpirun's four variables: the node and the node count come
+  //   from the ranks (header: not from NODE_RANK), the store address as the header says
+  //   (L04ParseMpi.*; hints: README section 9)
   info.rank = env_required_int(env, "OMPI_COMM_WORLD_RANK", why);
   info.world_size = env_required_int(env, "OMPI_COMM_WORLD_SIZE", why);
   info.local_rank = env_required_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", why);
@@ -101,8 +104,9 @@ void validate(const LaunchInfo& info) {
   const std::string world = var_name(info.launcher, Var::kWorldSize);
   const std::string local_rank = var_name(info.launcher, Var::kLocalRank);
   const std::string local_world = var_name(info.launcher, Var::kLocalWorldSize);
-  // BEGIN SOLUTION: check the nine rules of the header, in order, each with a UsageError that
-  //   names the variable at fault (check_range above writes the range message)
+  // BEGIN SOLUTION: the first of the header's nine rules that fails throws a UsageError whose
+  //   subject is the variable at fault, as info.launcher spells it; if none fails, return
+  //   (L04Validate.*; hints: README section 9)
   if (info.world_size < 1) {
     throw UsageError(world, fmt::format("{} is not a positive number of ranks", info.world_size),
                      fmt::format("{} is the number of processes in the job (nodes x ranks per "
@@ -143,8 +147,8 @@ void validate(const LaunchInfo& info) {
 }
 
 LaunchInfo read_launch(const EnvLookup& env) {
-  // BEGIN SOLUTION: detect the launcher, parse its variables, validate; with no launcher,
-  //   a single rank that still honours MASTER_ADDR / MASTER_PORT
+  // BEGIN SOLUTION: the validated LaunchInfo of whichever launcher started this process; with
+  //   none, rank 0 of 1 that still honours MASTER_ADDR / MASTER_PORT (L04ReadLaunch.*)
   LaunchInfo info;
   switch (detect_launcher(env)) {
     case Launcher::kTorchrun: info = parse_torchrun(env); break;
@@ -160,8 +164,8 @@ LaunchInfo read_launch(const EnvLookup& env) {
 }
 
 torch::Device pick_device(const LaunchInfo& info, int cuda_devices) {
-  // BEGIN SOLUTION: CPU without CUDA; else cuda:<local_rank>, or a UsageError when this node
-  //   runs more ranks than it has GPUs
+  // BEGIN SOLUTION: the CPU when no CUDA device is visible, else the GPU that this rank's place
+  //   on the node owns; a rank without a GPU is the header's UsageError (L04PickDevice.*)
   if (cuda_devices <= 0) return torch::Device(torch::kCPU);
   if (info.local_rank >= cuda_devices) {
     throw UsageError("LOCAL_RANK",
@@ -171,15 +175,16 @@ torch::Device pick_device(const LaunchInfo& info, int cuda_devices) {
                                  "CUDA_VISIBLE_DEVICES",
                                  cuda_devices, cuda_devices));
   }
-  // DeviceIndex is a small integer type (int8_t, int16_t in newer LibTorch): cast explicitly.
+  // DeviceIndex is a small integer type (int8_t in both LibTorch generations): cast explicitly.
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(info.local_rank));
   // END SOLUTION
 }
 
 void require_ranks(const LaunchInfo& info, int min_ranks, const std::vector<std::string>& argv,
                    const std::string& torchrun) {
-  // BEGIN SOLUTION: when world_size < min_ranks, throw the UsageError of the header, whose hint
-  //   is the exact torchrun command (shell_join the program's own argv)
+  // BEGIN SOLUTION: with fewer than min_ranks ranks, the header's UsageError, whose hint is a
+  //   torchrun command that, pasted into a shell, starts this same command line on enough ranks
+  //   (L04RequireRanks.*; hints: README section 9)
   if (info.world_size >= min_ranks) return;
   const std::string program = argv.empty() ? std::string("the program") : argv.front();
   throw UsageError(

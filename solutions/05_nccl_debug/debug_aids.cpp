@@ -44,8 +44,9 @@ template <class KeyOf>
 
 void barrier_with_report(c10d::Store& store, const std::string& name, int rank, int world,
                          std::chrono::milliseconds timeout) {
-  // BEGIN SOLUTION: set barrier_key(name, rank), then poll store.check() for every rank's key
-  //   until all are there or the timeout passes; else throw MissingRanksError with the absent ranks
+  // BEGIN SOLUTION: announce this rank and return once all world ranks have; by the timeout, throw
+  //   MissingRanksError naming exactly the absent ones, never blocking past it; a rank outside
+  //   [0, world) is std::invalid_argument (L05Barrier.*; hints: README section 5)
   if (world < 1 || rank < 0 || rank >= world) {
     throw std::invalid_argument("barrier '" + name + "': rank " + std::to_string(rank) +
                                 " is not in [0, " + std::to_string(world) + ")");
@@ -66,9 +67,9 @@ void barrier_with_report(c10d::Store& store, const std::string& name, int rank, 
 
 void check_fingerprint(c10d::Store& store, int rank, int world, const Fingerprint& mine,
                        std::chrono::milliseconds timeout) {
-  // BEGIN SOLUTION: publish mine.encode() under fingerprint_key(mine.seq, rank), poll for every
-  //   rank's key, then group the decoded fingerprints by call: one group is fine, more is a
-  //   CollectiveMismatchError; absent ranks after the timeout are a MissingRanksError
+  // BEGIN SOLUTION: publish mine; return only when all world ranks published the same call as
+  //   their collective mine.seq, else throw MissingRanksError (absent at the timeout) or
+  //   CollectiveMismatchError (ranks grouped by call) (L05Fingerprint.*; hints: README section 5)
   const auto deadline = Clock::now() + timeout;
   store.set(fingerprint_key(mine.seq, rank), bytes(mine.encode()));
   auto missing = wait_all(

@@ -22,8 +22,8 @@ namespace dtc::l06 {
 // ---------------------------------------------------------------------------------------------
 
 void broadcast_parameters(torch::nn::Module& module, Comm& comm) {
-  // BEGIN SOLUTION: broadcast every parameter's .data(), then every buffer, from rank 0 (root
-  //   rank 0 is the default of c10d::BroadcastOptions), waiting for each
+  // BEGIN SOLUTION: every parameter, then every buffer, must end equal to rank 0's, written in
+  //   place and outside autograd (L06Broadcast.*; hints: README step 2, "The calls you need")
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> tensors;
   for (const auto& p : module.parameters()) tensors.push_back(p.data());
@@ -40,8 +40,8 @@ void broadcast_parameters(torch::nn::Module& module, Comm& comm) {
 // ---------------------------------------------------------------------------------------------
 
 void allreduce_gradients_naive(const std::vector<torch::Tensor>& params, Comm& comm) {
-  // BEGIN SOLUTION: for each parameter with a defined grad: allreduce(SUM) the grad in place,
-  //   wait, divide by the world size
+  // BEGIN SOLUTION: one collective per parameter with a defined grad; on return each such grad is
+  //   the mean over ranks: grads 1, 2, ..., W give (W + 1) / 2 (L06Naive.*; hints: README step 3)
   const double world = comm.getSize();
   for (const auto& p : params) {
     if (!p.grad().defined()) continue;
@@ -53,8 +53,8 @@ void allreduce_gradients_naive(const std::vector<torch::Tensor>& params, Comm& c
 }
 
 void allreduce_gradients_flat(const std::vector<torch::Tensor>& params, Comm& comm) {
-  // BEGIN SOLUTION: cat every defined grad (flattened) into one buffer, allreduce(SUM) it once,
-  //   divide by the world size, and copy each slice back into its grad
+  // BEGIN SOLUTION: the naive version's means with ONE collective for all defined grads; each
+  //   p.grad() keeps its shape (L06Flat.*; hints: README step 4)
   std::vector<torch::Tensor> grads;
   for (const auto& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
@@ -85,8 +85,8 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<torch::Tensor>
                      "pass a positive size, e.g. --bucket-kb 1024 (PyTorch's default is 25 MB)");
   }
   std::vector<std::vector<size_t>> buckets;
-  // BEGIN SOLUTION: walk the parameters from last to first; append each index to the current
-  //   bucket, and close the bucket once its bytes reach bucket_bytes
+  // BEGIN SOLUTION: ddp.h's buckets: the first one holds the LAST parameters, each is closed once
+  //   its bytes reach bucket_bytes, no parameter is split (L06Buckets.*; hints: README step 5)
   std::vector<size_t> current;
   int64_t bytes = 0;
   for (size_t i = params.size(); i-- > 0;) {
@@ -116,9 +116,9 @@ Reducer::Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> com
     pending_[b] = static_cast<int64_t>(buckets_[b].size());
   }
   work_.assign(buckets_.size(), {});
-  // BEGIN SOLUTION: for each bucket, record every parameter's bucket and offset, and make a flat
-  //   zero buffer (total numel,) with the parameters' dtype and device; then register one hook
-  //   per parameter that calls on_grad(i, grad), keeping its id in hook_ids_
+  // BEGIN SOLUTION: parameter i needs a slot (bucket_of_, offset_of_) in its bucket's flat zero
+  //   buffer (the parameters' dtype and device) and one hook that calls on_grad(i, grad), its id
+  //   kept for the destructor (L06Bucketed.*; hints: README step 5)
   for (size_t b = 0; b < buckets_.size(); ++b) {
     int64_t numel = 0;
     for (size_t i : buckets_[b]) {
@@ -148,9 +148,9 @@ void Reducer::launch(size_t b) {
 }
 
 void Reducer::on_grad(size_t index, const torch::Tensor& grad) {
-  // BEGIN SOLUTION: unless no_sync: copy grad (+ p.grad() when defined) into the parameter's
-  //   slice of its bucket, mark it ready, and when its bucket is complete launch every complete
-  //   bucket from next_to_launch_ on, in order, counting them in launched_in_backward_
+  // BEGIN SOLUTION: under sync, p's slot holds what p.grad() is about to hold, and each bucket
+  //   launches once complete, never before an earlier one; count them in launched_in_backward_
+  //   (L06Bucketed.*, L06NoSync.*; hints: README step 5)
   if (!sync_) return;
   torch::NoGradGuard no_grad;
   const size_t b = bucket_of_[index];
@@ -174,9 +174,9 @@ void Reducer::on_grad(size_t index, const torch::Tensor& grad) {
 
 void Reducer::finish() {
   if (!sync_) return;
-  // BEGIN SOLUTION: launch the buckets not launched yet (missing grads: p.grad() or zeros);
-  //   then per bucket wait, divide by the world size, and copy each slice into p.grad();
-  //   finally reset ready_, pending_, work_ and next_to_launch_
+  // BEGIN SOLUTION: on return every p.grad() is the mean over ranks, also where no hook fired
+  //   (that rank adds its p.grad() or zeros), and the next backward starts afresh
+  //   (L06Bucketed.*; hints: README step 5)
   torch::NoGradGuard no_grad;
   for (size_t b = next_to_launch_; b < buckets_.size(); ++b) {
     for (size_t i : buckets_[b]) {
@@ -246,7 +246,8 @@ DistributedSampler::DistributedSampler(int64_t size, int num_replicas, int rank,
 }
 
 int64_t DistributedSampler::num_samples() const {
-  // BEGIN SOLUTION: ceil((size - W) / W) with drop_last and a remainder, else ceil(size / W)
+  // BEGIN SOLUTION: PyTorch's per-rank count (ddp.h): equal on every rank, the remainder dropped
+  //   with drop_last, padded up otherwise (L06Sampler.*; hints: README section 5)
   const int64_t w = num_replicas_;
   if (drop_last_ && size_ % w != 0) return (size_ - w + w - 1) / w;
   return (size_ + w - 1) / w;
@@ -255,8 +256,9 @@ int64_t DistributedSampler::num_samples() const {
 
 std::vector<int64_t> DistributedSampler::indices() const {
   std::vector<int64_t> mine;
-  // BEGIN SOLUTION: permutation of seed + epoch (or 0..size-1), padded by repeating its start
-  //   (or cut with drop_last) to num_samples * W, then every W-th index from this rank's
+  // BEGIN SOLUTION: exactly PyTorch's DistributedSampler indices for this rank and epoch: the
+  //   ranks take disjoint positions of one order, num_samples() each (L06Sampler.*; hints:
+  //   README section 5)
   std::vector<int64_t> order;
   if (shuffle_) {
     order = randperm(size_, seed_ + static_cast<uint64_t>(epoch_));
@@ -283,8 +285,8 @@ std::vector<int64_t> DistributedSampler::indices() const {
 
 void save_checkpoint(const std::string& path, int rank, torch::nn::Module& module,
                      torch::optim::Optimizer& optimizer, int64_t steps_done) {
-  // BEGIN SOLUTION: rank 0 only: archive "model", "optimizer" and "steps_done", save it to
-  //   path + ".tmp", then std::rename it to path (throw when the rename fails)
+  // BEGIN SOLUTION: rank 0 alone writes path, atomically (never half a file, no path.tmp left),
+  //   with "model", "optimizer" and "steps_done" (L06Checkpoint.*; hints: README section 4)
   if (rank != 0) return;  // every replica is identical: one writer is enough
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive;
@@ -304,8 +306,8 @@ void save_checkpoint(const std::string& path, int rank, torch::nn::Module& modul
 
 int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
                         torch::optim::Optimizer& optimizer) {
-  // BEGIN SOLUTION: load_from(path); read "model" into the module, "optimizer" into the
-  //   optimizer, and return "steps_done"
+  // BEGIN SOLUTION: restore what save_checkpoint wrote and return steps_done: a resumed run equals
+  //   the uninterrupted one bit for bit (L06Checkpoint.*; hints: README section 4)
   torch::serialize::InputArchive archive;
   archive.load_from(path);
   torch::serialize::InputArchive model_archive;

@@ -24,7 +24,8 @@ namespace dtc::l07 {
 int64_t padded_size(int64_t numel, int world) {
   if (world < 1) throw std::invalid_argument("padded_size: world must be at least 1");
   if (numel < 0) throw std::invalid_argument("padded_size: numel must not be negative");
-  // BEGIN SOLUTION: round numel up to the next multiple of world (ceil(numel / W) * W)
+  // BEGIN SOLUTION: the smallest multiple of world that is not below numel; 0 stays 0
+  //   (L07Layout.PaddedSizeClosedForm)
   return (numel + world - 1) / world * world;
   // END SOLUTION
 }
@@ -76,8 +77,9 @@ Pending CountingComm::reduce_scatter_start(const torch::Tensor& flat) {
               "reduce_scatter: a flat buffer of a multiple of W elements, got ", flat.sizes());
   Pending pending;
   pending.chunk = flat.numel() / w;
-  // BEGIN SOLUTION: alltoall_base flat (contiguous) into a new buffer of the same size (empty
-  //   split vectors: equal chunks), keep its Work; count (W-1) * chunk * 4 bytes
+  // BEGIN SOLUTION: start, without waiting, one collective after which pending.buffer, seen as
+  //   (W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * chunk * 4
+  //   bytes (L07Comm.ReduceScatter*; calls and hints: README section 8)
   auto input = flat.contiguous();
   pending.buffer = torch::empty_like(input);
   std::vector<int64_t> equal_splits;  // empty: W equal chunks
@@ -88,8 +90,9 @@ Pending CountingComm::reduce_scatter_start(const torch::Tensor& flat) {
 }
 
 torch::Tensor CountingComm::reduce_scatter_finish(Pending& pending) {
-  // BEGIN SOLUTION: wait, then view the buffer as (W, chunk) (row j came from rank j) and sum
-  //   over dim 0
+  // BEGIN SOLUTION: once the collective is done, return chunk r summed over the W ranks, (chunk)
+  //   (empty when chunk is 0), and leave pending empty so that its buffer is freed
+  //   (L07Comm.ReduceScatter*; hints: README section 8)
   pending.work->wait();
   const int64_t w = pending.buffer.numel() / std::max<int64_t>(pending.chunk, 1);
   auto sum = pending.chunk == 0 ? pending.buffer.narrow(0, 0, 0).clone()
@@ -107,8 +110,9 @@ torch::Tensor CountingComm::reduce_scatter(const torch::Tensor& flat) {
 Pending CountingComm::all_gather_start(const torch::Tensor& chunk) {
   Pending pending;
   pending.chunk = chunk.numel();
-  // BEGIN SOLUTION: allgather (list form) the contiguous chunk into W outputs that are views
-  //   (narrow) of a new (W * chunk) buffer; keep its Work; count (W-1) * chunk * 4 bytes
+  // BEGIN SOLUTION: start, without waiting, one collective that writes rank j's chunk straight
+  //   into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * chunk * 4
+  //   bytes (L07Comm.AllGather*; calls and hints: README section 8)
   const int w = world();
   pending.buffer = torch::empty({w * pending.chunk}, chunk.options());
   std::vector<std::vector<at::Tensor>> outputs(1);  // [device][rank]
@@ -135,7 +139,8 @@ torch::Tensor CountingComm::all_gather(const torch::Tensor& chunk) {
 }
 
 void CountingComm::all_reduce(torch::Tensor& flat) {
-  // BEGIN SOLUTION: allreduce flat in place (SUM), wait; count 2 (W-1) * (numel / W) * 4 bytes
+  // BEGIN SOLUTION: on return flat holds, in place, its sum over the ranks; add the ring's
+  //   2 (W-1) * (numel / W) * 4 bytes (L07Comm.AllReduce*; calls: README section 8)
   std::vector<at::Tensor> tensors{flat};
   comm_->allreduce(tensors)->wait();
   bytes_ += 2 * (world() - 1) * (flat.numel() / world()) * 4;  // reduce-scatter + all-gather
@@ -149,8 +154,9 @@ void CountingComm::all_reduce(torch::Tensor& flat) {
 void adamw_update(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp_avg,
                   torch::Tensor exp_avg_sq, int64_t step, const AdamWOptions& o) {
   torch::NoGradGuard no_grad;
-  // BEGIN SOLUTION: decay param, update both moments, then param -= lr / bc1 * m / denom, in
-  //   torch::optim::AdamW's order (see the header), all in place
+  // BEGIN SOLUTION: one torch::optim::AdamW step (the header's four lines, in their order), in
+  //   place on param and both moments and elementwise, so that shards update like the whole
+  //   (L07AdamW.*; hints: README section 8)
   param.mul_(1 - o.lr * o.weight_decay);
   exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
   exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
@@ -311,9 +317,9 @@ float ZeroEngine::forward_backward_replicated(const Batch& batch) {
   loss.backward();
   const float value = loss.item<float>();
   torch::NoGradGuard no_grad;
-  // BEGIN SOLUTION: stage 0: allreduce the whole flat_grads_ and divide by W. Stage 1: per
-  //   unit, reduce-scatter its padded range of flat_grads_ and write sum / W into this rank's
-  //   chunk of it (chunk_of_full); the rest of the buffer is not needed any more
+  // BEGIN SOLUTION: the mean gradient over ranks, where this stage reads it: stage 0 all of
+  //   flat_grads_ (one allreduce); stage 1 this rank's chunk of each unit, sending only what
+  //   reduce-scatters send (L07Stages.*; hints: README sections 4 and 8)
   const double world = comm_.world();
   if (options_.stage == 0) {
     comm_.all_reduce(flat_grads_);
@@ -452,10 +458,9 @@ void ZeroEngine::optimizer_step() {
   torch::NoGradGuard no_grad;
   ensure_moments();
   ++step_;
-  // BEGIN SOLUTION: stage 0: adamw_update on the whole flat buffers. Stage 1: per unit, update
-  //   this rank's chunk of flat_params_ from its chunk of flat_grads_ with the unit's chunk of
-  //   the moments; stage 2: the same from grad_shard_; stages 1-2 then all-gather each unit's
-  //   chunk back into flat_params_. Stage 3: adamw_update on param_shard_ from grad_shard_
+  // BEGIN SOLUTION: adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its
+  //   chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated
+  //   parameter in flat_params_ again (L07Stages.*; hints: README sections 4 and 8)
   const AdamWOptions& o = options_.adamw;
   if (options_.stage == 0) {
     adamw_update(flat_params_, flat_grads_, exp_avg_, exp_avg_sq_, step_, o);
@@ -603,9 +608,9 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
     step = st.item<int64_t>();
   }
   torch::Tensor full_params, full_exp_avg, full_exp_avg_sq;  // Psi elements each, unpadded
-  // BEGIN SOLUTION: for each unit (in order), rebuild its full padded range from the N files'
-  //   chunks (N-rank layout: padded_size(numel, N) / N elements per file, at the running sum of
-  //   earlier units' chunks), drop the padding, and concatenate the units
+  // BEGIN SOLUTION: the full_* tensors: Psi elements each, unit after unit, unpadded, rebuilt
+  //   from files laid out for the N ranks that saved them, not for this run's
+  //   (L07Checkpoint.*; hints: README sections 6 and 8)
   auto rebuild = [&](const std::vector<torch::Tensor>& shards) {
     std::vector<torch::Tensor> units;
     int64_t shard_offset = 0;

@@ -89,13 +89,14 @@ int64_t comm_handle(Comm& comm) { return static_cast<int64_t>(reinterpret_cast<i
 struct CopyToTp : public torch::autograd::Function<CopyToTp> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    // BEGIN SOLUTION: forward is the identity: return x itself (autograd records the new edge)
+    // BEGIN SOLUTION: f's forward is the identity: the output equals x, with no communication
+    //   (L08Ops.*; README section 3)
     return x;
     // END SOLUTION
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    // BEGIN SOLUTION: sum the incoming gradient over the TP group (allreduce_ on a copy) and
-    //   return it; the int64 argument gets an undefined tensor
+    // BEGIN SOLUTION: dL/dx is the incoming gradient summed over the TP group, autograd's own
+    //   buffer left as it was; one entry per forward argument (L08Ops.*; README section 3 hints)
     torch::Tensor grad = grad_outputs[0].clone();  // never reduce autograd's buffer in place
     allreduce_(grad, comm_of(ctx));
     return {grad, torch::Tensor()};
@@ -107,14 +108,16 @@ struct CopyToTp : public torch::autograd::Function<CopyToTp> {
 struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    // BEGIN SOLUTION: sum a copy of x over the TP group (allreduce_) and return it
+    // BEGIN SOLUTION: every rank gets the sum of x over the TP group, and the caller's x is left
+    //   as it was (L08Ops.*; README section 3 hints)
     torch::Tensor sum = x.clone();  // x belongs to the caller: never modify it
     allreduce_(sum, comm_of(ctx));
     return sum;
     // END SOLUTION
   }
   static variable_list backward(AutogradContext* /*ctx*/, variable_list grad_outputs) {
-    // BEGIN SOLUTION: backward is the identity: pass the gradient through unchanged
+    // BEGIN SOLUTION: g's backward is the identity: dL/dx = dL/dy; one entry per forward
+    //   argument (L08Ops.*; README section 3 hints)
     return {grad_outputs[0], torch::Tensor()};
     // END SOLUTION
   }
@@ -146,8 +149,9 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::Tensor& w, const
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  // BEGIN SOLUTION: f (copy_to_tp) on x, then the local Linear with this rank's weight and bias
-  //   (F::linear): (..., in) -> (..., out/tp)
+  // BEGIN SOLUTION: (..., in), replicated -> this rank's out/tp features of x W^T + b, and x's
+  //   gradient summed over the TP group in backward (L08Modules.ColumnAndRowParallelLinear;
+  //   README section 2 hints)
   return F::linear(copy_to_tp(x, *tp), weight, bias);
   // END SOLUTION
 }
@@ -159,8 +163,9 @@ RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full, Comm
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
-  // BEGIN SOLUTION: the local product without bias (..., out) is a partial sum: g
-  //   (reduce_from_tp) adds the ranks' parts; then add the bias once
+  // BEGIN SOLUTION: this rank's in/tp input features -> the unsplit Linear's output (..., out) on
+  //   every rank, its bias counted once (L08Modules.ColumnAndRowParallelLinear; README section 2
+  //   hints)
   torch::Tensor y = reduce_from_tp(F::linear(x, weight), *tp);
   return bias.defined() ? y + bias : y;
   // END SOLUTION
@@ -176,8 +181,8 @@ TpMlpImpl::TpMlpImpl(const Mlp& full, Comm& tp) {
 }
 
 torch::Tensor TpMlpImpl::forward(const torch::Tensor& x) {
-  // BEGIN SOLUTION: c_proj(gelu(c_fc(x))), as the unsplit MLP: GELU is elementwise, so it runs
-  //   on the local (B, T, 4h/tp) slice with no communication
+  // BEGIN SOLUTION: the unsplit MLP's output (B, T, h) on every rank, with no communication
+  //   between the two Linears (L08Modules.MlpMatchesTheUnsplitMlp; README section 2 hints)
   return c_proj(torch::gelu(c_fc(x)));
   // END SOLUTION
 }
@@ -185,9 +190,9 @@ torch::Tensor TpMlpImpl::forward(const torch::Tensor& x) {
 TpAttentionImpl::TpAttentionImpl(const CausalSelfAttention& full, int64_t heads, Comm& tp) {
   local_heads = heads / tp.getSize();
   torch::Tensor w, b;  // this rank's c_attn weight (3h/tp, h) and bias (3h/tp)
-  // BEGIN SOLUTION: split full->c_attn's weight (3h, h) and bias (3h) into their q, k, v blocks
-  //   (chunk(3, 0)), take slice tp.getRank() of tp.getSize() of each block (shard), and stack
-  //   them back (cat) into w and b
+  // BEGIN SOLUTION: w (3h/tp, h) and b (3h/tp) hold this rank's heads of q, then of k, then of v,
+  //   so that c_attn(x) is [q_r | k_r | v_r] (L08Modules.AttentionMatchesTheUnsplitAttention;
+  //   README section 4 hints)
   const int r = tp.getRank(), n = tp.getSize();
   auto wq_k_v = full->c_attn->weight.chunk(3, 0);  // 3 x (h, h)
   auto bq_k_v = full->c_attn->bias.chunk(3, 0);    // 3 x (h)
@@ -204,8 +209,9 @@ TpAttentionImpl::TpAttentionImpl(const CausalSelfAttention& full, int64_t heads,
 }
 
 torch::Tensor TpAttentionImpl::forward(const torch::Tensor& x) {
-  // BEGIN SOLUTION: qkv = c_attn(x) (B, T, 3h/tp); causal attention over local_heads heads of
-  //   size d = h/a, exactly as CausalSelfAttentionImpl::forward; c_proj of (B, T, h/tp)
+  // BEGIN SOLUTION: the unsplit attention's output (B, T, h) on every rank, computed from this
+  //   rank's local_heads heads only (L08Modules.AttentionMatchesTheUnsplitAttention; README
+  //   section 4 hints)
   const int64_t B = x.size(0), T = x.size(1);
   auto qkv = c_attn(x);                  // (B, T, 3C) with C = h/tp, this rank's heads only
   const int64_t C = qkv.size(2) / 3;     // h/tp
@@ -234,8 +240,9 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embeddin
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
-  // BEGIN SOLUTION: mask = tokens in [vocab_begin, vocab_end); look up (tokens - vocab_begin),
-  //   with masked-out tokens at index 0, zero their rows, then g (reduce_from_tp)
+  // BEGIN SOLUTION: tokens (B, T) -> the full table's rows (B, T, h) on every rank, each row from
+  //   the one rank that owns its token; no rank indexes outside its own rows
+  //   (L08Modules.VocabParallelEmbeddingMatchesTheFullTable; README section 5 hints)
   auto mine = (tokens >= vocab_begin).logical_and(tokens < vocab_end);  // (B, T) bool
   auto local = (tokens - vocab_begin).masked_fill(mine.logical_not(), 0);
   auto rows = F::embedding(local, weight);                         // (B, T, h)
@@ -315,8 +322,9 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
   auto x = wte(tokens) + wpe(pos);  // (B, T, h), replicated
   for (const auto& block : *h) x = block->as<TpBlock>()->forward(x);
   x = ln_f(x);
-  // BEGIN SOLUTION: the output head, column-parallel over the vocabulary: f (copy_to_tp) on x,
-  //   then x @ W^T with W = wte->weight (tied) or lm_head (untied), (V/tp, h) -> (B, T, V/tp)
+  // BEGIN SOLUTION: this rank's logits (B, T, V/tp) from the tied wte->weight or the untied
+  //   lm_head, with the full gradient flowing back into ln_f (L08Modules.WholeModelLogitsMatch,
+  //   L08Training.*; README section 5 hints)
   const torch::Tensor& w = config_.tied ? wte->weight : lm_head;
   return torch::matmul(copy_to_tp(x, *tp), w.t());
   // END SOLUTION

@@ -23,8 +23,9 @@ namespace dtc::l09 {
 
 StageLayers stage_layers(int64_t layers, int stages, int stage) {
   StageLayers s;
-  // BEGIN SOLUTION: give every stage layers / stages blocks and the first layers % stages
-  //   stages one more, contiguous from block 0; embed on stage 0, head on the last stage
+  // BEGIN SOLUTION: stage's blocks [first, last) by the header's rule (as even as possible, the
+  //   remainder to the first stages), in closed form, and its embed and head flags
+  //   (L09Split.*; README section 6 hints)
   const int64_t base = layers / stages;
   const int64_t extra = layers % stages;
   s.first = stage * base + std::min<int64_t>(stage, extra);
@@ -52,8 +53,9 @@ Stage make_stage(const Gpt& full, int stages, int stage) {
   s.config = config;
   s.stage = stage;
   s.stages = stages;
-  // BEGIN SOLUTION: set s.layers with stage_layers(); take those blocks from full->h
-  //   (Block(full->h->ptr<BlockImpl>(i))), and wte, wpe on stage 0, ln_f, lm_head on the last stage
+  // BEGIN SOLUTION: s.layers, and the very modules of full that this stage owns (shared, never
+  //   copied): its blocks, the embeddings on stage 0, ln_f and lm_head on the last stage
+  //   (L09Split.*; README section 6 hints)
   s.layers = stage_layers(config.layers, stages, stage);
   for (int64_t i = s.layers.first; i < s.layers.last; ++i) {
     s.blocks.push_back(Block(full->h->ptr<BlockImpl>(static_cast<size_t>(i))));
@@ -140,7 +142,8 @@ std::vector<Op> gpipe_schedule(int stages, int64_t micro_batches, int stage) {
   (void)stages;
   (void)stage;
   std::vector<Op> ops;
-  // BEGIN SOLUTION: every forward F0 .. F(m-1), then every backward B0 .. B(m-1)
+  // BEGIN SOLUTION: every forward F0 .. F(m-1), then every backward B0 .. B(m-1), on every
+  //   stage (L09Schedule.*)
   for (int64_t i = 0; i < micro_batches; ++i) ops.push_back({Op::kForward, i});
   for (int64_t i = 0; i < micro_batches; ++i) ops.push_back({Op::kBackward, i});
   // END SOLUTION
@@ -194,7 +197,8 @@ int64_t max_in_flight(const std::vector<Op>& ops) {
 
 c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tensor, int dst,
                                            int tag) {
-  // BEGIN SOLUTION: put the tensor (contiguous) in a vector and return comm.send(..., dst, tag)
+  // BEGIN SOLUTION: start sending the tensor's values to dst with tag, and return the Work
+  //   without waiting for it (L09P2p.*; README section 6 lists the calls)
   std::vector<at::Tensor> buffer{tensor.contiguous()};
   return comm.send(buffer, dst, tag);
   // END SOLUTION
@@ -202,8 +206,8 @@ c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tens
 
 torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
                           const torch::Device& device) {
-  // BEGIN SOLUTION: make an empty float tensor of the shape on the device, comm.recv it from
-  //   src with tag, wait(), and return it
+  // BEGIN SOLUTION: a fresh float tensor of the shape, on the device, holding the message from
+  //   src with tag, returned only once it has arrived (L09P2p.*; README section 6 lists the calls)
   std::vector<at::Tensor> buffer{torch::empty(shape, torch::dtype(torch::kFloat).device(device))};
   comm.recv(buffer, src, tag)->wait();
   return buffer[0];
@@ -220,10 +224,9 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepStats stats;
   const auto start = Clock::now();
-  // BEGIN SOLUTION: for each op, forward (recv activations or take tokens, forward, loss / m or
-  //   send) or backward (backward from the loss or from the received gradient, send the input's
-  //   gradient); keep inputs and outputs per micro-batch until their backward; wait for every
-  //   send at the end; time the compute and count micro-batches in flight
+  // BEGIN SOLUTION: run ops in order so that the stage's parameters get the whole batch's mean
+  //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
+  //   returning, and stats filled (L09Pipeline.*, L09Memory.*; README section 6 hints)
   const int s = stage.stage;
   const int64_t rows = batch.inputs.size(0) / micro_batches;  // b / m
   const int64_t T = batch.inputs.size(1);
