@@ -59,7 +59,7 @@ deps-light: $(DTC_CACHE)/deps-light.stamp
 $(BUILD)/build.ninja: | $(DEPS_PRIMARY)
 	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_TYPE_FLAG) $(BUNDLE_FLAG) -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)"
 $(LIGHT_BUILD)/build.ninja: | $(DEPS_LIGHT)
-	cmake -S . -B $(LIGHT_BUILD) -G Ninja $(CMAKE_TYPE_FLAG)
+	cmake -S . -B $(LIGHT_BUILD) -G Ninja $(CMAKE_TYPE_FLAG) -DCMAKE_CXX_COMPILER=c++
 configure: $(BUILD)/build.ninja
 configure-light: $(LIGHT_BUILD)/build.ninja
 build: configure
