@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <ostream>
 #include <sstream>
 
@@ -27,13 +29,44 @@ std::string without_backtrace(const std::string& what) {
 
 }  // namespace
 
+CLI::Validator positive_count(const std::string& example) {
+  return CLI::Validator(
+      [example](std::string& text) -> std::string {
+        int64_t value = 0;
+        if (CLI::detail::lexical_cast(text, value) && value >= 1) return {};
+        return fmt::format("'{}' is not a whole number >= 1: pass e.g. {}", text, example);
+      },
+      "N >= 1");
+}
+
+CLI::Validator finite_positive(const std::string& example) {
+  return CLI::Validator(
+      [example](std::string& text) -> std::string {
+        double value = 0;
+        if (CLI::detail::lexical_cast(text, value) && std::isfinite(value) && value > 0) {
+          return {};
+        }
+        return fmt::format("'{}' is not a finite number > 0: pass e.g. {}", text, example);
+      },
+      "X > 0");
+}
+
+CLI::Validator readable_file(const std::string& hint) {
+  return CLI::Validator(
+      [hint](std::string& path) -> std::string {
+        if (std::ifstream(path).good()) return {};
+        return fmt::format("cannot read '{}': {}", path, hint);
+      },
+      "FILE");
+}
+
 void add_train_flags(CLI::App& app, TrainFlags& flags) {
   app.add_option("--steps", flags.steps, "optimizer steps to run")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_count("--steps 20"))
       ->capture_default_str();
   app.add_option("--seed", flags.seed, "seed for weights and data")->capture_default_str();
   app.add_option("--global-batch", flags.global_batch, "sequences per step, all ranks together")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_count("--global-batch 8"))
       ->capture_default_str();
   app.add_flag("--json", flags.json, "print one JSON object on the last line of stdout");
   app.add_option("--backend", flags.backend, "collectives: gloo, or nccl on GPU nodes")

@@ -12,12 +12,10 @@
 #include <fstream>
 #include <ostream>
 
-#include "dtc/cli.h"
 #include "dtc/compat.h"
 #include "dtc/digest.h"
-#include "dtc/errors.h"
 #include "dtc/memory.h"
-#include "dtc/model_flags.h"
+#include "dtc/program.h"
 
 namespace dtc::l02 {
 
@@ -101,30 +99,11 @@ std::vector<float> train_losses(const TrainConfig& config, int64_t steps) {
 
 namespace {
 
-struct Options {
-  TrainFlags flags;
-  GptConfig model;
-  bool untied = false;
-  double lr = TrainConfig{}.lr;
+struct Options {  // lesson 02's own flags (the shared ones: dtc::TrainCli)
   std::string data;
   std::string save;
   std::string resume;
 };
-
-// 834304 -> "834,304"
-std::string with_commas(int64_t n) {
-  std::string digits = std::to_string(n);
-  for (int i = static_cast<int>(digits.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) {
-    digits.insert(static_cast<size_t>(i), ",");
-  }
-  return digits;
-}
-
-std::string clock_time(double seconds) {
-  const auto s = static_cast<int64_t>(std::lround(seconds));
-  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
-                   : fmt::format("{}:{:02}", s / 60, s % 60);
-}
 
 nlohmann::json bytes_json(int64_t params, int64_t grads, int64_t optimizer) {
   return {{"params", params}, {"grads", grads}, {"optimizer", optimizer}};
@@ -166,43 +145,30 @@ void print_memory(std::ostream& out, const LedgerPrediction& p, const MeasuredMe
              "  activation difference.\n");
 }
 
-int run(const Options& o, std::ostream& out, std::ostream& err) {
+int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream& err) {
+  // 1. configuration: the flags, checked before anything is built.
   TrainConfig c;
-  c.model = o.model;
-  c.model.tied = !o.untied;
-  c.batch = o.flags.global_batch;
-  c.seed = o.flags.seed;
-  c.lr = o.lr;
-  validate(c.model);
-  check_learning_rate(c.lr);
+  c.model = t.model_config();
+  c.batch = t.train.global_batch;
+  c.seed = t.train.seed;
+  c.lr = t.lr;
   const ByteDataset data = o.data.empty() ? ByteDataset::builtin() : ByteDataset::from_file(o.data);
   data.offset(c.seed, 0, 0, c.model.ctx);  // checks that sequences fit in the corpus
-  if (!o.resume.empty() && !std::ifstream(o.resume).good()) {
-    throw UsageError("--resume", fmt::format("cannot read '{}'", o.resume),
-                     "pass a checkpoint written by --save");
-  }
 
+  // 2. build: one device, the model (its bytes counted by the allocator), AdamW.
   const torch::Device device = default_device();
   install_counting_allocator();
   const int64_t before_model = device_bytes_now(device);
   Gpt model = make_model(c, device);
   const int64_t model_bytes = device_bytes_now(device) - before_model;
   auto optimizer = make_optimizer(model, c);
-  int64_t first = 0;
-  if (!o.resume.empty()) first = load_checkpoint(o.resume, model, *optimizer);
-  const int64_t steps = o.flags.steps;
-  if (first >= steps) {
-    throw UsageError(
-        "--steps",
-        fmt::format("the checkpoint is already at step {}, and --steps is {}", first, steps),
-        fmt::format("--steps counts from the start: pass more than {}", first));
-  }
+  const int64_t first = o.resume.empty() ? 0 : load_checkpoint(o.resume, model, *optimizer);
+  const int64_t steps = t.train.steps;
+  check_resume_step(first, steps);
   const bool measure = (device.is_cpu() || device.is_cuda()) && first == 0;
-  const LedgerPrediction predicted = predict_memory(c.model, c.batch);
   const int64_t tokens_per_step = c.batch * c.model.ctx;
   const int64_t params = count_parameters(*model);
-
-  if (!o.flags.json) {
+  if (!t.train.json) {
     fmt::print(out,
                "Lesson 02: the single-device baseline\n"
                "  model   GPT, {} layers, hidden {}, {} heads, seq {}, vocab {} (bytes), {} head: "
@@ -217,13 +183,12 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
     out.flush();
   }
 
-  std::vector<float> losses;
+  // 3. the loop: the first step of a fresh run is measured, byte by byte.
+  StepLog log(err, /*talk=*/true, first, steps, tokens_per_step);
   MeasuredMemory measured;
   StateBytes from_tensors;
-  const int64_t every = std::max<int64_t>(1, (steps - first) / 10);
-  const auto start = std::chrono::steady_clock::now();
-  double elapsed = 0;
   for (int64_t step = first; step < steps; ++step) {
+    log.begin_step();
     const Batch batch = data.batch(c.seed, step, c.batch, c.model.ctx).to(device);
     float loss = 0;
     if (step == first && measure) {
@@ -233,54 +198,37 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
     } else {
       loss = train_step(model, *optimizer, batch);
     }
-    losses.push_back(loss);
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const int64_t done = step - first + 1;
-    if (done == 1 || (step + 1) % every == 0 || step + 1 == steps) {
-      const double rate = static_cast<double>(done * tokens_per_step) / elapsed;
-      fmt::print(
-          err, "step {:>{}}/{}  loss {:.4f}  {:>7.1f}k tokens/s  ETA {}\n", step + 1,
-          std::to_string(steps).size(), steps, loss, rate / 1000.0,
-          clock_time(elapsed / static_cast<double>(done) * static_cast<double>(steps - step - 1)));
-      err.flush();
-    }
+    log.end_step(step, loss);
   }
   if (!measure) from_tensors = state_bytes(model, *optimizer);
-  const double tokens_per_s =
-      static_cast<double>(static_cast<int64_t>(losses.size()) * tokens_per_step) / elapsed;
   if (!o.save.empty()) save_checkpoint(o.save, model, *optimizer, steps);
 
-  if (o.flags.json) {
-    nlohmann::json j;
-    j["losses"] = losses;
+  // 4. the report.
+  const LedgerPrediction predicted = predict_memory(c.model, c.batch);
+  if (t.train.json) {
+    nlohmann::json j = run_json(log, steps, device);
     j["param_digest"] = param_digest(*model);  // after the last step (dtc/digest.h)
-    j["tokens_per_s"] = tokens_per_s;
     j["first_step"] = first;
-    j["steps"] = steps;
     j["params"] = params;
-    j["device"] = device.str();
-    j["config"] = {{"layers", c.model.layers}, {"hidden", c.model.hidden}, {"heads", c.model.heads},
-                   {"seq", c.model.ctx},       {"vocab", c.model.vocab},   {"tied", c.model.tied},
-                   {"batch", c.batch},         {"seed", c.seed},           {"lr", c.lr}};
-    nlohmann::json mem;
+    j["config"] = config_json(c.model, c.batch, c.seed, c.lr);
+    nlohmann::json& mem = j["memory"];
     mem["predicted"] =
         bytes_json(predicted.param_bytes, predicted.grad_bytes, predicted.optimizer_bytes);
     mem["predicted"]["activations"] = predicted.activation_bytes;
     mem["from_tensors"] =
         bytes_json(from_tensors.params, from_tensors.grads, from_tensors.optimizer);
+    mem["measured"] = nullptr;
     if (measure) {
       mem["measured"] = bytes_json(measured.params, measured.grads, measured.optimizer);
       mem["measured"]["activations"] = measured.activations;
       mem["measured"]["step_peak"] = measured.step_peak;
-    } else {
-      mem["measured"] = nullptr;
     }
-    j["memory"] = mem;
     print_json_line(out, j);
     return kExitOk;
   }
+  const auto& losses = log.losses();
   fmt::print(out, "\n  trained steps {}..{}: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.1f} s\n",
-             first, steps - 1, losses.front(), losses.back(), tokens_per_s, elapsed);
+             first, steps - 1, losses.front(), losses.back(), log.tokens_per_s(), log.elapsed_s());
   if (!o.save.empty()) fmt::print(out, "  checkpoint: {} (after step {})\n", o.save, steps - 1);
   print_memory(out, predicted, measure ? &measured : nullptr, from_tensors);
   return kExitOk;
@@ -289,22 +237,20 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
 }  // namespace
 
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
-  CLI::App app{
-      "Lesson 02: the single-device baseline. Trains the course's GPT on a byte-level corpus\n"
-      "(CUDA when available, else the CPU; DTC_DEVICE=cpu forces the CPU) and compares the\n"
-      "memory of its first step with lesson 01's ledger.",
-      "lesson02"};
+  TrainCli cli("lesson02",
+               "Lesson 02: the single-device baseline. Trains the course's GPT on a byte-level "
+               "corpus\n(CUDA when available, else the CPU; DTC_DEVICE=cpu forces the CPU) and "
+               "compares the\nmemory of its first step with lesson 01's ledger.",
+               /*default_steps=*/500);
   Options o;
-  o.flags.steps = 500;
-  add_train_flags(app, o.flags);
-  add_model_flags(app, o.model, o.lr, &o.untied);
-  app.add_option("--data", o.data, "a text file to train on (default data/coriolanus.txt)");
-  app.add_option("--save", o.save, "write a checkpoint here after the last step");
-  app.add_option("--resume", o.resume,
-                 "continue from a checkpoint written by --save (same flags; --steps counts from "
-                 "step 0)");
-  return run_cli(
-      app, argc, argv, [&] { return run(o, out, err); }, err);
+  cli.app().add_option("--data", o.data, "a text file to train on (default data/coriolanus.txt)");
+  cli.app().add_option("--save", o.save, "write a checkpoint here after the last step");
+  cli.app()
+      .add_option("--resume", o.resume,
+                  "continue from a checkpoint written by --save (same flags; --steps counts from "
+                  "step 0)")
+      ->check(readable_file("pass a checkpoint written by --save"));
+  return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
 
 }  // namespace dtc::l02

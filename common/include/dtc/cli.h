@@ -37,6 +37,18 @@ struct TrainFlags {
 /// Adds --steps, --seed, --global-batch, --json and --backend to @p app, bound to @p flags.
 void add_train_flags(CLI::App& app, TrainFlags& flags);
 
+// CLI11 validators whose messages say how to fix the value (CLI11 puts the flag's name first).
+
+/// A whole number >= 1, e.g. positive_count("--layers 4").
+CLI::Validator positive_count(const std::string& example);
+
+/// A finite number > 0 (CLI::PositiveNumber also lets inf and nan through), e.g.
+/// finite_positive("--lr 3e-3").
+CLI::Validator finite_positive(const std::string& example);
+
+/// A path that names a readable file, e.g. readable_file("pass a checkpoint written by --save").
+CLI::Validator readable_file(const std::string& hint);
+
 /// Parses the command line and runs @p body, turning every error into a clear message and an
 /// exit code: CLI11's parse errors and UsageError -> 2, TodoError -> 3, other exceptions -> 1.
 /// --help prints the usage and returns 0.

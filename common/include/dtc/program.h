@@ -1,0 +1,174 @@
+// The skeleton of the course's training programs (lesson 02 on), so that each lesson's run()
+// shows only what is specific to it. Read top to bottom, as nanoGPT's train.py or torchtitan's
+// trainer read:
+//
+//   1. configuration  TrainCli: the flags every training program shares (dtc/cli.h,
+//                     dtc/model_flags.h), checked by CLI11's validators, plus the program's own
+//   2. build          Job::start: the launch environment, the device, the process group
+//   3. loop           StepLog: each step's loss and time, one progress line every tenth of the
+//                     run (step, loss, tokens/s, time left), the median step time
+//   4. report         run_json: the --json keys every program shares; print_json_line
+//   5. finish         Job::finish: a last barrier, so that no rank leaves while another needs it
+//
+//   dtc::TrainCli cli("lesson02", "Lesson 02: ...", /*default_steps=*/500);
+//   cli.app().add_option("--save", save, "...");
+//   return cli.run(argc, argv, err, [&] { ... return dtc::kExitOk; });
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtc/cli.h"
+#include "dtc/compat.h"
+#include "dtc/dist.h"
+#include "dtc/launch.h"
+#include "dtc/model.h"
+
+namespace dtc {
+
+// ---------------------------------------------------------------------------------------------
+// 1. Configuration
+// ---------------------------------------------------------------------------------------------
+
+/// The options every training program shares.
+struct TrainOptions {
+  TrainFlags train;     ///< --steps, --seed, --global-batch, --json, --backend
+  GptConfig model;      ///< --layers, --hidden, --heads, --seq
+  bool untied = false;  ///< --untied: a separate output head
+  double lr = 3e-3;     ///< --lr: AdamW's learning rate (lesson 02's)
+
+  /// The model the flags describe: tied unless --untied, checked (dtc::validate).
+  /// @throws UsageError naming the flag when the shape does not make a model
+  GptConfig model_config() const;
+};
+
+/// A training program's command line: CLI11's App with the shared flags, each checked by a
+/// CLI11 validator whose message says how to fix it, and the course's exit codes (run_cli).
+class TrainCli {
+ public:
+  /// @param name the program's name (lessonNN), for messages
+  /// @param description the first lines of --help
+  /// @param default_steps --steps when not given
+  /// @param untied_flag whether the program offers --untied (the pipeline's model is always
+  ///   untied)
+  TrainCli(std::string name, std::string description, int64_t default_steps = 20,
+           bool untied_flag = true);
+
+  CLI::App& app() { return app_; }
+  const TrainOptions& options() const { return options_; }
+
+  /// Parses @p argv and runs @p body (dtc::run_cli: usage errors exit 2 with a hint).
+  int run(int argc, const char* const* argv, std::ostream& err, const std::function<int()>& body);
+
+ private:
+  CLI::App app_;
+  TrainOptions options_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// 2. Build: who am I, which device, and the process group
+// ---------------------------------------------------------------------------------------------
+
+/// One rank's place in the job, its device and its communicator.
+struct Job {
+  LaunchEnv env;
+  BackendKind backend = BackendKind::kGloo;
+  torch::Device device{torch::kCPU};
+  c10::intrusive_ptr<c10d::Store> store;  ///< the job's store (a HashStore for one rank)
+  c10::intrusive_ptr<Comm> comm;          ///< all ranks
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+
+  int rank() const { return comm->getRank(); }
+  int world() const { return comm->getSize(); }
+  /// Rank 0 does the side work: logs, --json, checkpoints.
+  bool rank0() const { return rank() == 0; }
+
+  /// Reads the launch environment (a program without a launcher is rank 0 of 1), takes the
+  /// device (cuda:LOCAL_RANK with NCCL, else the CPU) and joins the process group, whose every
+  /// collective fails after @p timeout instead of hanging.
+  /// @throws UsageError for a bad launch environment, or NCCL without a usable GPU
+  static Job start(const std::string& backend, std::chrono::milliseconds timeout);
+
+  /// A last barrier: every rank has finished its collectives before any leaves.
+  void finish();
+};
+
+/// The device of a rank: cuda:@p index with NCCL, else the CPU.
+/// @throws UsageError("--backend") for NCCL with no GPU, ("LOCAL_RANK") for an index past the
+///   node's GPUs.
+torch::Device rank_device(BackendKind backend, int index);
+
+// ---------------------------------------------------------------------------------------------
+// 3. The loop
+// ---------------------------------------------------------------------------------------------
+
+/// Each step's loss and time, and a progress line every tenth of the run on rank 0:
+///   step  50/500  loss 3.2529      1.5k tokens/s  ETA 2:30
+class StepLog {
+ public:
+  /// @param err where progress goes (stderr)
+  /// @param talk whether this rank prints (rank 0)
+  /// @param first the first step of this run (a resumed run starts past 0)
+  /// @param steps the step to stop before
+  /// @param tokens_per_step tokens of one step over all ranks, for tokens/s
+  /// @param prefix before each line, e.g. "[rank 0] "
+  StepLog(std::ostream& err, bool talk, int64_t first, int64_t steps, int64_t tokens_per_step,
+          std::string prefix = "");
+
+  /// Marks the start of a step (the time of the steps that end_step() records).
+  void begin_step();
+  /// Records @p step's loss and time since begin_step(); prints its line when due.
+  void end_step(int64_t step, float loss);
+
+  const std::vector<float>& losses() const { return losses_; }
+  const std::vector<double>& step_seconds() const { return step_s_; }
+  /// Seconds from construction to the end of the last recorded step.
+  double elapsed_s() const;
+  /// Tokens of the recorded steps per second of elapsed_s().
+  double tokens_per_s() const;
+  /// The median step time after @p warmup steps (all of them when there are too few).
+  double median_step_s(size_t warmup = 2) const;
+
+ private:
+  std::ostream& err_;
+  bool talk_;
+  int64_t steps_, tokens_per_step_, every_;
+  std::string prefix_;
+  std::chrono::steady_clock::time_point start_, step_start_, end_;
+  std::vector<float> losses_;
+  std::vector<double> step_s_;
+};
+
+/// Stops a resumed run that has nothing left to do.
+/// @throws UsageError("--steps") when the checkpoint's step @p first is not before @p steps
+void check_resume_step(int64_t first, int64_t steps);
+
+/// The median of @p values (0 for none).
+double median(std::vector<double> values);
+
+/// 834304 -> "834,304".
+std::string with_commas(int64_t n);
+
+/// 150 -> "2:30", 3725 -> "1:02:05".
+std::string clock_time(double seconds);
+
+// ---------------------------------------------------------------------------------------------
+// 4. The report
+// ---------------------------------------------------------------------------------------------
+
+/// The model and run settings under "config" in every program's --json line.
+nlohmann::json config_json(const GptConfig& model, int64_t batch, uint64_t seed, double lr);
+
+/// The --json keys every training program shares: "losses", "tokens_per_s", "steps" and
+/// "device" (each program adds its own, then print_json_line()).
+nlohmann::json run_json(const StepLog& log, int64_t steps, const torch::Device& device);
+
+}  // namespace dtc

@@ -1,0 +1,177 @@
+// The training programs' skeleton (dtc/program.h).
+#include "dtc/program.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+
+#include "dtc/errors.h"
+#include "dtc/model_flags.h"
+
+namespace dtc {
+
+// ---------------------------------------------------------------------------------------------
+// 1. Configuration
+// ---------------------------------------------------------------------------------------------
+
+GptConfig TrainOptions::model_config() const {
+  GptConfig c = model;
+  c.tied = !untied;
+  validate(c);
+  return c;
+}
+
+TrainCli::TrainCli(std::string name, std::string description, int64_t default_steps,
+                   bool untied_flag)
+    : app_(std::move(description), std::move(name)) {
+  options_.train.steps = default_steps;
+  add_train_flags(app_, options_.train);
+  add_model_flags(app_, options_.model, options_.lr, untied_flag ? &options_.untied : nullptr);
+}
+
+int TrainCli::run(int argc, const char* const* argv, std::ostream& err,
+                  const std::function<int()>& body) {
+  return run_cli(app_, argc, argv, body, err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Build
+// ---------------------------------------------------------------------------------------------
+
+torch::Device rank_device(BackendKind backend, int index) {
+  if (backend != BackendKind::kNccl) return torch::Device(torch::kCPU);
+  const int count = static_cast<int>(torch::cuda::device_count());
+  if (count == 0) {
+    throw UsageError("--backend", "nccl needs CUDA devices, and this process sees none",
+                     "use --backend gloo on a CPU machine");
+  }
+  if (index >= count) {
+    throw UsageError(
+        "LOCAL_RANK",
+        fmt::format("device cuda:{} asked for, but this node has {} GPU(s)", index, count),
+        fmt::format("start at most {} ranks per node", count));
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+Job Job::start(const std::string& backend, std::chrono::milliseconds timeout) {
+  Job job;
+  job.backend = parse_backend(backend);
+  job.env = read_launch_env();
+  job.timeout = timeout;
+  job.device = rank_device(job.backend, job.env.local_rank);
+  if (job.env.world_size == 1) {
+    // One rank needs no store server: a HashStore in this process.
+    job.store = c10::make_intrusive<c10d::HashStore>();
+    job.comm = new_comm(job.store, 0, 1, job.backend, timeout);
+  } else {
+    DistOptions options;
+    options.backend = job.backend;
+    options.timeout = timeout;
+    Distributed dist = init_distributed(job.env, options);
+    job.store = dist.store;
+    job.comm = dist.comm;
+  }
+  return job;
+}
+
+void Job::finish() { comm->barrier()->wait(); }
+
+// ---------------------------------------------------------------------------------------------
+// 3. The loop
+// ---------------------------------------------------------------------------------------------
+
+StepLog::StepLog(std::ostream& err, bool talk, int64_t first, int64_t steps,
+                 int64_t tokens_per_step, std::string prefix)
+    : err_(err),
+      talk_(talk),
+      steps_(steps),
+      tokens_per_step_(tokens_per_step),
+      every_(std::max<int64_t>(1, (steps - first) / 10)),
+      prefix_(std::move(prefix)),
+      start_(std::chrono::steady_clock::now()),
+      step_start_(start_),
+      end_(start_) {}
+
+void StepLog::begin_step() { step_start_ = std::chrono::steady_clock::now(); }
+
+void StepLog::end_step(int64_t step, float loss) {
+  const auto now = std::chrono::steady_clock::now();
+  end_ = now;
+  step_s_.push_back(std::chrono::duration<double>(now - step_start_).count());
+  losses_.push_back(loss);
+  const int64_t done = static_cast<int64_t>(losses_.size());
+  if (!talk_ || !(done == 1 || (step + 1) % every_ == 0 || step + 1 == steps_)) return;
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double rate = static_cast<double>(done * tokens_per_step_) / std::max(elapsed, 1e-9);
+  const double left = elapsed / static_cast<double>(done) * static_cast<double>(steps_ - step - 1);
+  fmt::print(err_, "{}step {:>{}}/{}  loss {:.4f}  {:>7.1f}k tokens/s  ETA {}\n", prefix_, step + 1,
+             std::to_string(steps_).size(), steps_, loss, rate / 1000.0, clock_time(left));
+  err_.flush();
+}
+
+double StepLog::elapsed_s() const { return std::chrono::duration<double>(end_ - start_).count(); }
+
+double StepLog::tokens_per_s() const {
+  return static_cast<double>(static_cast<int64_t>(losses_.size()) * tokens_per_step_) /
+         std::max(elapsed_s(), 1e-9);
+}
+
+double StepLog::median_step_s(size_t warmup) const {
+  if (step_s_.size() <= warmup) return median(step_s_);
+  return median(
+      std::vector<double>(step_s_.begin() + static_cast<std::ptrdiff_t>(warmup), step_s_.end()));
+}
+
+void check_resume_step(int64_t first, int64_t steps) {
+  if (first < steps) return;
+  throw UsageError(
+      "--steps",
+      fmt::format("the checkpoint is already at step {}, and --steps is {}", first, steps),
+      fmt::format("--steps counts from the start: pass more than {}", first));
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n);
+  for (int i = static_cast<int>(digits.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) {
+    digits.insert(static_cast<size_t>(i), ",");
+  }
+  return digits;
+}
+
+std::string clock_time(double seconds) {
+  const auto s = static_cast<int64_t>(std::lround(seconds));
+  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+                   : fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. The report
+// ---------------------------------------------------------------------------------------------
+
+nlohmann::json config_json(const GptConfig& model, int64_t batch, uint64_t seed, double lr) {
+  return {{"layers", model.layers}, {"hidden", model.hidden}, {"heads", model.heads},
+          {"seq", model.ctx},       {"vocab", model.vocab},   {"tied", model.tied},
+          {"batch", batch},         {"seed", seed},           {"lr", lr}};
+}
+
+nlohmann::json run_json(const StepLog& log, int64_t steps, const torch::Device& device) {
+  nlohmann::json j;
+  j["losses"] = log.losses();
+  j["tokens_per_s"] = log.tokens_per_s();
+  j["steps"] = steps;
+  j["device"] = device.str();
+  return j;
+}
+
+}  // namespace dtc
