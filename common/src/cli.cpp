@@ -29,15 +29,21 @@ std::string without_backtrace(const std::string& what) {
 
 }  // namespace
 
-CLI::Validator positive_count(const std::string& example) {
+namespace {
+CLI::Validator count_at_least(int64_t least, const std::string& example) {
   return CLI::Validator(
-      [example](std::string& text) -> std::string {
+      [least, example](std::string& text) -> std::string {
         int64_t value = 0;
-        if (CLI::detail::lexical_cast(text, value) && value >= 1) return {};
-        return fmt::format("'{}' is not a whole number >= 1: pass e.g. {}", text, example);
+        if (CLI::detail::lexical_cast(text, value) && value >= least) return {};
+        return fmt::format("'{}' is not a whole number >= {}: pass e.g. {}", text, least, example);
       },
-      "N >= 1");
+      fmt::format("N >= {}", least));
 }
+}  // namespace
+
+CLI::Validator positive_count(const std::string& example) { return count_at_least(1, example); }
+
+CLI::Validator non_negative_count(const std::string& example) { return count_at_least(0, example); }
 
 CLI::Validator finite_positive(const std::string& example) {
   return CLI::Validator(
@@ -49,6 +55,19 @@ CLI::Validator finite_positive(const std::string& example) {
         return fmt::format("'{}' is not a finite number > 0: pass e.g. {}", text, example);
       },
       "X > 0");
+}
+
+CLI::Validator one_of(std::vector<std::string> values, const std::string& what) {
+  std::string list;
+  for (const auto& v : values) list += (list.empty() ? "" : ", ") + v;
+  return CLI::Validator(
+      [values, list, what](std::string& text) -> std::string {
+        for (const auto& v : values) {
+          if (text == v) return {};
+        }
+        return fmt::format("'{}' is not {}: use one of {}", text, what, list);
+      },
+      "{" + list + "}");
 }
 
 CLI::Validator readable_file(const std::string& hint) {

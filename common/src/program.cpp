@@ -57,24 +57,33 @@ torch::Device rank_device(BackendKind backend, int index) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-Job Job::start(const std::string& backend, std::chrono::milliseconds timeout) {
+Job Job::prepare(const std::string& backend, std::chrono::milliseconds timeout) {
   Job job;
   job.backend = parse_backend(backend);
   job.env = read_launch_env();
   job.timeout = timeout;
   job.device = rank_device(job.backend, job.env.local_rank);
-  if (job.env.world_size == 1) {
+  return job;
+}
+
+void Job::connect() {
+  if (env.world_size == 1) {
     // One rank needs no store server: a HashStore in this process.
-    job.store = c10::make_intrusive<c10d::HashStore>();
-    job.comm = new_comm(job.store, 0, 1, job.backend, timeout);
-  } else {
-    DistOptions options;
-    options.backend = job.backend;
-    options.timeout = timeout;
-    Distributed dist = init_distributed(job.env, options);
-    job.store = dist.store;
-    job.comm = dist.comm;
+    store = c10::make_intrusive<c10d::HashStore>();
+    comm = new_comm(store, 0, 1, backend, timeout);
+    return;
   }
+  DistOptions options;
+  options.backend = backend;
+  options.timeout = timeout;
+  Distributed dist = init_distributed(env, options);
+  store = dist.store;
+  comm = dist.comm;
+}
+
+Job Job::start(const std::string& backend, std::chrono::milliseconds timeout) {
+  Job job = prepare(backend, timeout);
+  job.connect();
   return job;
 }
 
@@ -91,6 +100,7 @@ StepLog::StepLog(std::ostream& err, bool talk, int64_t first, int64_t steps,
       steps_(steps),
       tokens_per_step_(tokens_per_step),
       every_(std::max<int64_t>(1, (steps - first) / 10)),
+      long_run_(steps - first >= kLongRun),
       prefix_(std::move(prefix)),
       start_(std::chrono::steady_clock::now()),
       step_start_(start_),
@@ -108,8 +118,9 @@ void StepLog::end_step(int64_t step, float loss) {
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const double rate = static_cast<double>(done * tokens_per_step_) / std::max(elapsed, 1e-9);
   const double left = elapsed / static_cast<double>(done) * static_cast<double>(steps_ - step - 1);
-  fmt::print(err_, "{}step {:>{}}/{}  loss {:.4f}  {:>7.1f}k tokens/s  ETA {}\n", prefix_, step + 1,
-             std::to_string(steps_).size(), steps_, loss, rate / 1000.0, clock_time(left));
+  fmt::print(err_, "{}step {:>{}}/{}  loss {:.4f}  {:>7.1f}k tokens/s{}\n", prefix_, step + 1,
+             std::to_string(steps_).size(), steps_, loss, rate / 1000.0,
+             long_run_ ? "  ETA " + clock_time(left) : std::string());
   err_.flush();
 }
 

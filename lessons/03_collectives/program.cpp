@@ -265,17 +265,17 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   int64_t timeout_ms = o.timeout.count();
   std::string backend = "gloo";
   app.add_option("--tp", o.tp, "tensor-parallel degree of the rank grid")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_count("--tp 2"))
       ->capture_default_str();
   app.add_option("--pp", o.pp, "pipeline-parallel degree of the rank grid (dp = world / tp / pp)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_count("--pp 1"))
       ->capture_default_str();
   app.add_option("--numel", o.numel, "elements of the ring allreduce")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_count("--numel 1000"))
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the ring allreduce's inputs")->capture_default_str();
   app.add_option("--timeout", timeout_ms, "milliseconds a collective may wait before it fails")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_count("--timeout 30000"))
       ->capture_default_str();
   app.add_option("--backend", backend, "collectives: gloo (this lesson's tensors live on the CPU)")
       ->check(CLI::IsMember({"gloo", "nccl"}))

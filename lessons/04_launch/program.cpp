@@ -197,7 +197,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_flag("--json", o.json, "rank 0 prints one JSON object on the last line of stdout");
   app.add_flag("--show-env", o.show_env, "rank 0 prints every launch variable it received");
   app.add_option("--min-ranks", o.min_ranks, "the fewest ranks to run with")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_count("--min-ranks 2"))
       ->capture_default_str();
   app.add_option("--backend", o.backend, "collectives: gloo, or nccl on GPU nodes")
       ->check(CLI::IsMember({"gloo", "nccl"}))
@@ -207,7 +207,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->capture_default_str();
   app.add_option("--crash-rank", o.crash_rank,
                  "this rank exits with an error on the first attempt (watch torchrun restart)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_count("--crash-rank 1"));
   std::vector<std::string> args(argv, argv + argc);
   return run_cli(
       app, argc, argv, [&] { return run(o, args, out, err, env); }, err);

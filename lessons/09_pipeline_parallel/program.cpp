@@ -295,7 +295,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--sweep-steps", o.sweep_steps, "timed steps per (schedule, m)")
       ->capture_default_str();
   app.add_option("--timeout", timeout_ms, "milliseconds a send/recv may wait before it fails")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_count("--timeout 60000"))
       ->capture_default_str();
   return run_cli(
       app, argc, argv,

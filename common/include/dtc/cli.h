@@ -14,6 +14,7 @@
 #include <functional>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 namespace dtc {
 
@@ -42,9 +43,15 @@ void add_train_flags(CLI::App& app, TrainFlags& flags);
 /// A whole number >= 1, e.g. positive_count("--layers 4").
 CLI::Validator positive_count(const std::string& example);
 
+/// A whole number >= 0, e.g. non_negative_count("--epoch-windows 0").
+CLI::Validator non_negative_count(const std::string& example);
+
 /// A finite number > 0 (CLI::PositiveNumber also lets inf and nan through), e.g.
 /// finite_positive("--lr 3e-3").
 CLI::Validator finite_positive(const std::string& example);
+
+/// One of @p values, e.g. one_of({"naive", "flat", "bucketed"}, "how gradients are averaged").
+CLI::Validator one_of(std::vector<std::string> values, const std::string& what);
 
 /// A path that names a readable file, e.g. readable_file("pass a checkpoint written by --save").
 CLI::Validator readable_file(const std::string& hint);

@@ -86,15 +86,23 @@ struct Job {
   c10::intrusive_ptr<Comm> comm;          ///< all ranks
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
 
-  int rank() const { return comm->getRank(); }
-  int world() const { return comm->getSize(); }
+  int rank() const { return comm ? comm->getRank() : env.rank; }
+  int world() const { return comm ? comm->getSize() : env.world_size; }
   /// Rank 0 does the side work: logs, --json, checkpoints.
   bool rank0() const { return rank() == 0; }
 
-  /// Reads the launch environment (a program without a launcher is rank 0 of 1), takes the
-  /// device (cuda:LOCAL_RANK with NCCL, else the CPU) and joins the process group, whose every
-  /// collective fails after @p timeout instead of hanging.
+  /// Reads the launch environment (a program without a launcher is rank 0 of 1) and takes the
+  /// device (cuda:LOCAL_RANK with NCCL, else the CPU), without touching the network: a program
+  /// checks what depends on the world size between prepare() and connect(), so that bad input
+  /// is exit 2 on every rank.
   /// @throws UsageError for a bad launch environment, or NCCL without a usable GPU
+  static Job prepare(const std::string& backend, std::chrono::milliseconds timeout);
+
+  /// Joins the process group (a HashStore and no network for one rank); every collective then
+  /// fails after the timeout instead of hanging.
+  void connect();
+
+  /// prepare(), then connect().
   static Job start(const std::string& backend, std::chrono::milliseconds timeout);
 
   /// A last barrier: every rank has finished its collectives before any leaves.
@@ -110,10 +118,14 @@ torch::Device rank_device(BackendKind backend, int index);
 // 3. The loop
 // ---------------------------------------------------------------------------------------------
 
-/// Each step's loss and time, and a progress line every tenth of the run on rank 0:
+/// Each step's loss and time, and a progress line every tenth of the run on rank 0; a long run
+/// (kLongRun steps or more) also says how long it has left:
 ///   step  50/500  loss 3.2529      1.5k tokens/s  ETA 2:30
+///   [rank 0] step  2/20  loss 4.8937      3.5k tokens/s
 class StepLog {
  public:
+  static constexpr int64_t kLongRun = 100;
+
   /// @param err where progress goes (stderr)
   /// @param talk whether this rank prints (rank 0)
   /// @param first the first step of this run (a resumed run starts past 0)
@@ -141,6 +153,7 @@ class StepLog {
   std::ostream& err_;
   bool talk_;
   int64_t steps_, tokens_per_step_, every_;
+  bool long_run_;
   std::string prefix_;
   std::chrono::steady_clock::time_point start_, step_start_, end_;
   std::vector<float> losses_;
