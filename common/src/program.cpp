@@ -145,27 +145,6 @@ void check_resume_step(int64_t first, int64_t steps) {
       fmt::format("--steps counts from the start: pass more than {}", first));
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-std::string with_commas(int64_t n) {
-  std::string digits = std::to_string(n);
-  for (int i = static_cast<int>(digits.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) {
-    digits.insert(static_cast<size_t>(i), ",");
-  }
-  return digits;
-}
-
-std::string clock_time(double seconds) {
-  const auto s = static_cast<int64_t>(std::lround(seconds));
-  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
-                   : fmt::format("{}:{:02}", s / 60, s % 60);
-}
-
 // ---------------------------------------------------------------------------------------------
 // 4. The report
 // ---------------------------------------------------------------------------------------------

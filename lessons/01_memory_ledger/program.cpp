@@ -13,6 +13,7 @@
 
 #include "dtc/cli.h"
 #include "dtc/errors.h"
+#include "dtc/format.h"
 #include "ledger.h"
 #include "strategy.h"
 
@@ -55,15 +56,6 @@ double parse_count(const std::string& text, const char* flag) {
                      fmt::format("write it in full or with an exponent, e.g. {} 7e9", flag));
   }
   return v;
-}
-
-// 6738415616 -> "6,738,415,616"
-std::string with_commas(int64_t n) {
-  std::string digits = std::to_string(n);
-  for (int i = static_cast<int>(digits.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) {
-    digits.insert(static_cast<size_t>(i), ",");
-  }
-  return digits;
 }
 
 std::string human_time(double seconds) {

@@ -29,6 +29,7 @@
 #include "dtc/cli.h"
 #include "dtc/compat.h"
 #include "dtc/dist.h"
+#include "dtc/format.h"
 #include "dtc/launch.h"
 #include "dtc/model.h"
 
@@ -163,15 +164,6 @@ class StepLog {
 /// Stops a resumed run that has nothing left to do.
 /// @throws UsageError("--steps") when the checkpoint's step @p first is not before @p steps
 void check_resume_step(int64_t first, int64_t steps);
-
-/// The median of @p values (0 for none).
-double median(std::vector<double> values);
-
-/// 834304 -> "834,304".
-std::string with_commas(int64_t n);
-
-/// 150 -> "2:30", 3725 -> "1:02:05".
-std::string clock_time(double seconds);
 
 // ---------------------------------------------------------------------------------------------
 // 4. The report
