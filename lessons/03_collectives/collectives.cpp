@@ -206,11 +206,11 @@ void ring_all_gather(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_all_gather");
   const std::vector<Chunk> chunks = ring_chunks(flat.numel(), comm.getSize());  // chunk i: rank i's
   // TODO(L03): in W - 1 steps (send only to r + 1, receive only from r - 1), every chunk i
-  //   of flat comes to hold rank i's chunk i; at the start only chunk r is read
-  //   (L03Ring.AllGatherClosedForm; hints: README section 7)
+  //   of flat comes to hold rank i's chunk i; at the start only chunk r is read; an empty chunk
+  //   is never a message (L03Ring.*; hints: README section 7)
   DTC_TODO("L03", "in W - 1 steps (send only to r + 1, receive only from r - 1), every chunk i "
-                  "of flat comes to hold rank i's chunk i; at the start only chunk r is read "
-                  "(L03Ring.AllGatherClosedForm; hints: README section 7)");
+                  "of flat comes to hold rank i's chunk i; at the start only chunk r is read; an empty chunk "
+                  "is never a message (L03Ring.*; hints: README section 7)");
 }
 
 void ring_allreduce(Comm& comm, const at::Tensor& flat) {
@@ -222,4 +222,4 @@ void ring_allreduce(Comm& comm, const at::Tensor& flat) {
 }
 
 }  // namespace dtc::l03
-// exercise generated from solutions/03_collectives/collectives.cpp by scripts/exercises.py; checksum 692caeb70b843e79
+// exercise generated from solutions/03_collectives/collectives.cpp by scripts/exercises.py; checksum 1c7b94f98f227575

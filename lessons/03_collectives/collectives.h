@@ -112,7 +112,7 @@ RankGrid make_grid(int world, int dp, int tp, int pp);
 
 /// @brief The coordinates of @p rank: the inverse of grid_rank().
 /// @param rank 0 <= rank < grid.world
-/// @return tp = rank % TP, dp = (rank / TP) % DP, pp = rank / (TP * DP)
+/// @return the coordinates c with grid_rank(grid, c) == rank, each within its degree
 /// @throws std::out_of_range when rank is outside the grid
 GridCoord grid_coords(const RankGrid& grid, int rank);
 

@@ -356,14 +356,16 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   // as soon as its block is done (the Work runs while the next block computes) and freed.
   Pending reducing;
   size_t reducing_unit = 0;
-  // TODO(L07): the blocks' backward, last block first, each into a gradient buffer of its
-  //   own that is reduce-scattered while the next block runs backward, then freed (stage 3
-  //   gathers each block again and recomputes it from its input). Tests: L07Stages.*,
-  //   L07Memory.*; hints: README section 8
-  DTC_TODO("L07", "the blocks' backward, last block first, each into a gradient buffer of its "
-                  "own that is reduce-scattered while the next block runs backward, then freed (stage 3 "
-                  "gathers each block again and recomputes it from its input). Tests: L07Stages.*, "
-                  "L07Memory.*; hints: README section 8");
+  // TODO(L07): the blocks' backward, last block first, each into a zeroed gradient buffer
+  //   of its own that is reduce-scattered while the next block runs backward, then freed (stage
+  //   3 gathers each block again and recomputes it from its input). On exit g is the gradient
+  //   into block 0's input, and the last reduce-scatter is still in flight in reducing /
+  //   reducing_unit (finished below). Tests: L07Stages.*, L07Memory.*; hints: README section 8
+  DTC_TODO("L07", "the blocks' backward, last block first, each into a zeroed gradient buffer "
+                  "of its own that is reduce-scattered while the next block runs backward, then freed (stage "
+                  "3 gathers each block again and recomputes it from its input). On exit g is the gradient "
+                  "into block 0's input, and the last reduce-scatter is still in flight in reducing / "
+                  "reducing_unit (finished below). Tests: L07Stages.*, L07Memory.*; hints: README section 8");
   x0.backward(g);  // the embeddings' gradients, added to the head's in outer_grads (tied wte)
   x0 = torch::Tensor();
   g = torch::Tensor();
@@ -383,10 +385,12 @@ void ZeroEngine::optimizer_step() {
   ++step_;
   // TODO(L07): adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its
   //   chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated
-  //   parameter in flat_params_ again (L07Stages.*; hints: README sections 4 and 8)
+  //   parameter in flat_params_ again, sending only what an all-gather sends (Psi)
+  //   (L07Stages.*; hints: README sections 4 and 8)
   DTC_TODO("L07", "adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its "
                   "chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated "
-                  "parameter in flat_params_ again (L07Stages.*; hints: README sections 4 and 8)");
+                  "parameter in flat_params_ again, sending only what an all-gather sends (Psi) "
+                  "(L07Stages.*; hints: README sections 4 and 8)");
 }
 
 torch::Tensor ZeroEngine::full_parameters() {
@@ -539,4 +543,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 9eb877954e1c4a43
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 00cd1d2e97e2c8e0

@@ -167,7 +167,7 @@ class ZeroEngine {
   /// communication, so that this rank holds the gradient it needs, averaged over the W ranks:
   ///   stage 0: the full flat gradient, allreduced;
   ///   stage 1: the full flat gradient buffer, its chunk r reduce-scattered;
-  ///   stages 2, 3: only the shard's gradient (grad_shard()), reduce-scattered unit by unit
+  ///   stages 2, 3: only the shard's gradient (grad_shard_), reduce-scattered unit by unit
   ///   during backward; the full gradients of a unit are freed right after.
   /// @return this rank's loss (mean over its rows), before the update.
   float forward_backward(const Batch& batch);

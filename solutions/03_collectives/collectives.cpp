@@ -295,8 +295,8 @@ void ring_all_gather(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_all_gather");
   const std::vector<Chunk> chunks = ring_chunks(flat.numel(), comm.getSize());  // chunk i: rank i's
   // BEGIN SOLUTION: in W - 1 steps (send only to r + 1, receive only from r - 1), every chunk i
-  //   of flat comes to hold rank i's chunk i; at the start only chunk r is read
-  //   (L03Ring.AllGatherClosedForm; hints: README section 7)
+  //   of flat comes to hold rank i's chunk i; at the start only chunk r is read; an empty chunk
+  //   is never a message (L03Ring.*; hints: README section 7)
   const int world = comm.getSize();
   const int rank = comm.getRank();
   const int next = ring_mod(rank + 1, world);

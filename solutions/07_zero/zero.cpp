@@ -405,10 +405,11 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   // as soon as its block is done (the Work runs while the next block computes) and freed.
   Pending reducing;
   size_t reducing_unit = 0;
-  // BEGIN SOLUTION: the blocks' backward, last block first, each into a gradient buffer of its
-  //   own that is reduce-scattered while the next block runs backward, then freed (stage 3
-  //   gathers each block again and recomputes it from its input). Tests: L07Stages.*,
-  //   L07Memory.*; hints: README section 8
+  // BEGIN SOLUTION: the blocks' backward, last block first, each into a zeroed gradient buffer
+  //   of its own that is reduce-scattered while the next block runs backward, then freed (stage
+  //   3 gathers each block again and recomputes it from its input). On exit g is the gradient
+  //   into block 0's input, and the last reduce-scatter is still in flight in reducing /
+  //   reducing_unit (finished below). Tests: L07Stages.*, L07Memory.*; hints: README section 8
   if (stage3 && blocks > 0) next = gather(blocks);
   for (size_t i = blocks; i-- > 0;) {
     Unit& unit = layout_.units[1 + i];
@@ -460,7 +461,8 @@ void ZeroEngine::optimizer_step() {
   ++step_;
   // BEGIN SOLUTION: adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its
   //   chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated
-  //   parameter in flat_params_ again (L07Stages.*; hints: README sections 4 and 8)
+  //   parameter in flat_params_ again, sending only what an all-gather sends (Psi)
+  //   (L07Stages.*; hints: README sections 4 and 8)
   const AdamWOptions& o = options_.adamw;
   if (options_.stage == 0) {
     adamw_update(flat_params_, flat_grads_, exp_avg_, exp_avg_sq_, step_, o);

@@ -150,7 +150,7 @@ TEST(L03Ring, AllreduceSendsOnlyToItsNeighboursTheRingsBytes) {
             ring_allreduce(*rec, flat);
             const int r = ctx.rank;
             const int next = (r + 1) % world, prev = (r + world - 1) % world;
-            int64_t sent = 0, open_recvs = 0;
+            int64_t sent = 0, recvs_posted = 0, sends_waited = 0;
             std::set<int64_t> recv_calls;
             for (const auto& e : rec->events()) {
               if (e.op == "send") {
@@ -158,14 +158,16 @@ TEST(L03Ring, AllreduceSendsOnlyToItsNeighboursTheRingsBytes) {
                 sent += e.bytes;
               } else if (e.op == "recv") {
                 EXPECT_EQ(e.peer, prev) << "a ring receives from rank r - 1 only";
-                ++open_recvs;
+                ++recvs_posted;
                 recv_calls.insert(e.seq);
-              } else if (e.op == "wait" && e.label == "recv") {
-                --open_recvs;
               } else if (e.op == "wait" && e.label == "send") {
-                EXPECT_GT(open_recvs, 0)
-                    << "waited for a send with no receive posted: on NCCL with large messages "
-                       "every rank waits on its send and none receives (post the recv first)";
+                // Each step's receive must be posted before its send is waited on (either wait
+                // may come first after that).
+                EXPECT_GT(recvs_posted, sends_waited)
+                    << "waited for a send before posting that step's receive: on NCCL with large "
+                       "messages every rank waits on its send and none receives (post the recv "
+                       "first)";
+                ++sends_waited;
               } else if (e.op != "wait") {
                 ADD_FAILURE() << "a ring is made of send and recv only; it called " << e.op;
               }
