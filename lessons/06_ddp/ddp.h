@@ -38,18 +38,15 @@ void broadcast_parameters(torch::nn::Module& module, Comm& comm);
 // Steps 3 and 4: averaging gradients after backward
 // ---------------------------------------------------------------------------------------------
 
-/// The naive DDP: after backward, one allreduce per parameter. For every p in @p params whose
-/// grad is defined, in order: allreduce(SUM) p.grad() in place, wait, then divide it by the
-/// world size, so that every rank holds the mean gradient over all ranks.
-///
-/// (gloo in LibTorch 1.13 has no ReduceOp::AVG: SUM then divide works everywhere.)
+/// The naive DDP: after backward, one collective per parameter whose grad is defined, in the
+/// order of @p params. On return every such p.grad() is the mean of that gradient over all
+/// ranks, on every rank. (gloo in LibTorch 1.13 has no ReduceOp::AVG.)
 /// Every rank must pass the same parameters in the same order.
 void allreduce_gradients_naive(const std::vector<torch::Tensor>& params, Comm& comm);
 
-/// The flattened DDP: after backward, ONE allreduce over all gradients. Concatenate every
-/// defined gradient (flattened) into one buffer (N,), allreduce(SUM) it, divide by the world
-/// size, and copy each slice back into its p.grad() (same shape as before).
-/// Fewer, larger messages: one latency instead of one per parameter.
+/// The flattened DDP: the same means as allreduce_gradients_naive(), with ONE collective for
+/// all the defined gradients together; each p.grad() keeps its shape. Fewer, larger messages:
+/// one latency instead of one per parameter.
 void allreduce_gradients_flat(const std::vector<torch::Tensor>& params, Comm& comm);
 
 // ---------------------------------------------------------------------------------------------
@@ -96,21 +93,17 @@ class Reducer {
   /// Called by the hook of parameter @p index with its incoming gradient, BEFORE autograd adds
   /// it into p.grad() (that is when a LibTorch tensor hook runs).
   ///
-  /// When sync() is false, do nothing. Otherwise copy into the parameter's slice of its bucket
-  /// the gradient that p.grad() is about to hold: @p grad, plus p.grad() when it is already
-  /// defined (micro-steps accumulated under no_sync). Mark the parameter ready; when its bucket
-  /// has every parameter ready, launch the allreduces of all complete buckets IN BUCKET ORDER
-  /// (bucket b only after buckets 0..b-1 were launched: every rank must issue its collectives
-  /// in the same order). launch() does one bucket.
+  /// While sync() is true, on return: the parameter's slot in its bucket holds what p.grad() is
+  /// about to hold (micro-steps accumulated under no_sync included), and every bucket whose
+  /// parameters are all ready has been launched (launch() does one bucket), none before the
+  /// buckets ahead of it: every rank must issue its collectives in the same order. While
+  /// sync() is false: nothing.
   void on_grad(size_t index, const torch::Tensor& grad);
 
-  /// Waits for the bucket allreduces and writes the mean gradients into p.grad().
-  ///
-  /// First launch every bucket that is not launched yet, in order (a parameter whose hook did
-  /// not fire contributes p.grad(), or zeros when it has none). Then, bucket by bucket: wait,
-  /// divide by the world size, and copy each parameter's slice into p.grad() (defining it when
-  /// it is not). Finally reset the per-step state (ready flags, launched buckets), so the next
-  /// backward starts afresh. Does nothing while sync() is false.
+  /// On return every bucket's allreduce has completed and every p.grad() is the mean over ranks,
+  /// also for a parameter whose hook did not fire on this rank (it contributes its p.grad(), or
+  /// zeros when it has none); the per-step state is reset, so the next backward starts afresh.
+  /// Does nothing while sync() is false.
   void finish();
 
   /// The buckets, as parameter indices (assign_buckets).

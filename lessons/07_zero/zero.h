@@ -87,18 +87,18 @@ class CountingComm {
   int world() const { return comm_->getSize(); }
   Comm& comm() { return *comm_; }
 
-  /// Starts a reduce-scatter of @p flat (W * chunk elements, contiguous): alltoall_base sends
-  /// chunk j of @p flat to rank j and receives every rank's chunk r into Pending::buffer,
-  /// (W, chunk). Counts (W-1)/W * numel * 4 bytes.
+  /// Starts a reduce-scatter of @p flat (W * chunk elements, contiguous) with alltoall_base
+  /// (1.13's gloo has no reduce_scatter): once finished, rank r holds the sum over ranks of
+  /// chunk r. Counts (W-1)/W * numel * 4 bytes.
   Pending reduce_scatter_start(const torch::Tensor& flat);
   /// Waits for @p pending and returns the sum over ranks of chunk r: (chunk).
   static torch::Tensor reduce_scatter_finish(Pending& pending);
   /// reduce_scatter_start, then reduce_scatter_finish.
   torch::Tensor reduce_scatter(const torch::Tensor& flat);
 
-  /// Starts an all-gather of @p chunk (every rank's chunk has the same size) into a new
-  /// (W * chunk) buffer, Pending::buffer, whose chunk j comes from rank j (the allgather list
-  /// form: its W outputs are views of the buffer). Counts (W-1)/W * buffer numel * 4 bytes.
+  /// Starts an all-gather of @p chunk (every rank's chunk has the same size): once finished,
+  /// Pending::buffer (W * chunk) holds rank j's chunk as its chunk j. Counts (W-1)/W * buffer
+  /// numel * 4 bytes.
   Pending all_gather_start(const torch::Tensor& chunk);
   /// Waits for @p pending and returns its buffer.
   static torch::Tensor all_gather_finish(Pending& pending);
