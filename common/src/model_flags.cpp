@@ -1,12 +1,7 @@
 // The shared model flags (dtc/model_flags.h).
 #include "dtc/model_flags.h"
 
-#include <fmt/format.h>
-
-#include <cmath>
-
 #include "dtc/cli.h"
-#include "dtc/errors.h"
 
 namespace dtc {
 
@@ -29,13 +24,6 @@ void add_model_flags(CLI::App& app, GptConfig& model, double& lr, bool* untied) 
   app.add_option("--lr", lr, "AdamW learning rate")
       ->check(finite_positive("--lr 3e-3"))
       ->capture_default_str();
-}
-
-void check_learning_rate(double lr) {
-  if (!(lr > 0) || !std::isfinite(lr)) {
-    throw UsageError("--lr", fmt::format("{} is not a positive learning rate", lr),
-                     "pass e.g. --lr 3e-3");
-  }
 }
 
 }  // namespace dtc

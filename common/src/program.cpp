@@ -41,7 +41,8 @@ int TrainCli::run(int argc, const char* const* argv, std::ostream& err,
 // 2. Build
 // ---------------------------------------------------------------------------------------------
 
-torch::Device rank_device(BackendKind backend, int index) {
+torch::Device rank_device(BackendKind backend, int index, const std::string& variable,
+                          std::string hint) {
   if (backend != BackendKind::kNccl) return torch::Device(torch::kCPU);
   const int count = static_cast<int>(torch::cuda::device_count());
   if (count == 0) {
@@ -49,10 +50,10 @@ torch::Device rank_device(BackendKind backend, int index) {
                      "use --backend gloo on a CPU machine");
   }
   if (index >= count) {
+    if (hint.empty()) hint = fmt::format("start at most {} ranks per node", count);
     throw UsageError(
-        "LOCAL_RANK",
-        fmt::format("device cuda:{} asked for, but this node has {} GPU(s)", index, count),
-        fmt::format("start at most {} ranks per node", count));
+        variable,
+        fmt::format("device cuda:{} asked for, but this node has {} GPU(s)", index, count), hint);
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }

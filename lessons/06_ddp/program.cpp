@@ -218,15 +218,7 @@ torch::Device device_from_rank(const Job& job, std::ostream& err) {
              env.rank, env.rank, env.local_rank, env.local_world_size,
              env.local_world_size + env.local_rank, env.local_world_size + env.local_rank);
   err.flush();
-  if (job.backend != BackendKind::kNccl) return torch::Device(torch::kCPU);
-  const int count = static_cast<int>(torch::cuda::device_count());
-  if (env.rank >= count) {
-    throw UsageError(
-        "RANK",
-        fmt::format("device cuda:{} asked for, but this node has {} GPU(s)", env.rank, count),
-        "pick the device from LOCAL_RANK, not RANK");
-  }
-  return rank_device(job.backend, env.rank);
+  return rank_device(job.backend, env.rank, "RANK", "pick the device from LOCAL_RANK, not RANK");
 }
 
 // The epoch-based data order (--data epochs): the corpus as windows, one DistributedSampler per

@@ -207,7 +207,6 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   c.seed = o.flags.seed;
   c.lr = o.lr;
   validate(c.model);
-  check_learning_rate(c.lr);
   const BackendKind backend = parse_backend(o.flags.backend);
   const LaunchEnv env = read_launch_env();
   // Everything that can be checked before connecting is checked first, on every rank.

@@ -14,8 +14,4 @@ namespace dtc {
 /// model is always untied, such as the pipeline's, leaves the flag out).
 void add_model_flags(CLI::App& app, GptConfig& model, double& lr, bool* untied = nullptr);
 
-/// Checks a learning rate.
-/// @throws dtc::UsageError("--lr") unless @p lr is finite and positive.
-void check_learning_rate(double lr);
-
 }  // namespace dtc

@@ -110,10 +110,12 @@ struct Job {
   void finish();
 };
 
-/// The device of a rank: cuda:@p index with NCCL, else the CPU.
-/// @throws UsageError("--backend") for NCCL with no GPU, ("LOCAL_RANK") for an index past the
-///   node's GPUs.
-torch::Device rank_device(BackendKind backend, int index);
+/// The device of a rank: cuda:@p index with NCCL, else the CPU. @p variable names where the
+/// index came from (LOCAL_RANK; lesson 06's pitfall: RANK), for the error and its @p hint.
+/// @throws UsageError("--backend") for NCCL with no GPU, (@p variable) for an index past the
+///   node's GPUs; the default hint: start at most that many ranks per node.
+torch::Device rank_device(BackendKind backend, int index,
+                          const std::string& variable = "LOCAL_RANK", std::string hint = "");
 
 // ---------------------------------------------------------------------------------------------
 // 3. The loop
