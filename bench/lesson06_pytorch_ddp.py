@@ -24,6 +24,7 @@ import torch.nn.functional as F
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
 import lesson02_reference as ref  # noqa: E402
+from dist_exit import finish_and_exit  # noqa: E402
 
 
 def main() -> None:
@@ -71,7 +72,7 @@ def main() -> None:
         print(json.dumps({"losses": losses, "step_time_s": statistics.median(times[2:] or times),
                           "tokens_per_s": a.steps * a.global_batch * a.seq / elapsed,
                           "world_size": world, "torch": torch.__version__}))
-    dist.destroy_process_group()
+    finish_and_exit()  # tests/reference/dist_exit.py: why not a plain return
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ def worker(a) -> None:
 
     sys.path.insert(0, str(ROOT / "tests" / "reference"))
     import lesson02_reference as ref
+    from dist_exit import finish_and_exit
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -126,7 +127,7 @@ def worker(a) -> None:
     if rank == 0:
         print(json.dumps({"losses": losses, "step_s": elapsed / a.steps,
                           "torch": torch.__version__}))
-    dist.destroy_process_group()
+    finish_and_exit()  # tests/reference/dist_exit.py: why not a plain return
 
 
 # ------------------------------------------------------------------------------------------

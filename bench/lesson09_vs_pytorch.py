@@ -53,6 +53,7 @@ def worker(a) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     import lesson02_reference as ref
+    from dist_exit import finish_and_exit
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -116,7 +117,7 @@ def worker(a) -> None:
         times.append(time.perf_counter() - start)
     if rank == 0:
         print(json.dumps({"losses": losses, "step_s": times}), flush=True)
-    dist.destroy_process_group()
+    finish_and_exit()  # tests/reference/dist_exit.py: why not a plain return
 
 
 # ------------------------------------------------------------------------------------------
