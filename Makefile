@@ -22,7 +22,7 @@ CTEST_FLAGS ?= --output-on-failure --timeout 300 -j $(shell nproc)
 TORCH_PYTHON ?= $(DTC_VENV)/bin/python
 TORCH_PREFIX = $$($(TORCH_PYTHON) -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')
 
-.PHONY: help deps deps-light configure configure-light build build-light test run exercises \
+.PHONY: help deps deps-light configure configure-light build build-light test run exercises readme-output \
         check-exercises format tidy docs slides clean grade mutants
 
 help:
@@ -39,6 +39,7 @@ help:
 	@echo "  make mutants [LESSON=NN]    every learner mistake in tests/mutants/ must lose points"
 	@echo "  make exercises [FORCE=1]    regenerate lessons/ from solutions/"
 	@echo "  make slides | docs          slide decks (HTML + PDF) | API docs (Doxygen HTML)"
+	@echo "  make readme-output [LESSONS=\"06 07\"] rerun the programs whose output the READMEs quote"
 	@echo "  make format | tidy          apply clang-format | run clang-tidy"
 
 # DTC_SKIP_DEPS=1: a machine that brings its own (a GPU node with its PyTorch): no installer.
@@ -122,6 +123,10 @@ format:
 
 docs:
 	bash scripts/check_docs.sh build/docs
+
+# The READMEs' quoted program output (blocks marked <!-- output: ... -->), measured again.
+readme-output: build
+	python3 scripts/readme_output.py --build $(BUILD) $(if $(LESSONS),--lessons $(LESSONS))
 
 # Slides: charts from the programs' JSON, HTML (self-contained) and PDF per deck, checked.
 slides: configure

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <ostream>
 #include <sstream>
@@ -77,6 +78,15 @@ CLI::Validator readable_file(const std::string& hint) {
         return fmt::format("cannot read '{}': {}", path, hint);
       },
       "FILE");
+}
+
+CLI::Validator existing_directory(const std::string& hint) {
+  return CLI::Validator(
+      [hint](std::string& path) -> std::string {
+        if (std::filesystem::is_directory(path)) return {};
+        return fmt::format("'{}' is not a directory: {}", path, hint);
+      },
+      "DIR");
 }
 
 void add_train_flags(CLI::App& app, TrainFlags& flags) {

@@ -32,6 +32,13 @@ TrainCli::TrainCli(std::string name, std::string description, int64_t default_st
   add_model_flags(app_, options_.model, options_.lr, untied_flag ? &options_.untied : nullptr);
 }
 
+void TrainCli::add_timeout_flag() {
+  app_.add_option("--timeout-s", options_.timeout_s,
+                  "seconds a collective may wait before it fails (a hang becomes an error)")
+      ->check(positive_count("--timeout-s 60"))
+      ->capture_default_str();
+}
+
 int TrainCli::run(int argc, const char* const* argv, std::ostream& err,
                   const std::function<int()>& body) {
   return run_cli(app_, argc, argv, body, err);
@@ -41,6 +48,25 @@ int TrainCli::run(int argc, const char* const* argv, std::ostream& err,
 // 2. Build
 // ---------------------------------------------------------------------------------------------
 
+void check_batch_split(int64_t global_batch, int world, int64_t accum) {
+  if (accum < 1) {
+    throw UsageError("--accum", fmt::format("{} micro-steps per step", accum),
+                     "pass 1 (no accumulation) or more");
+  }
+  const int64_t parts = world * accum;
+  if (global_batch >= 1 && global_batch % parts == 0) return;
+  const int64_t lower = std::max<int64_t>(parts, global_batch / parts * parts);
+  const std::string split = accum == 1
+                                ? fmt::format("over {} ranks", world)
+                                : fmt::format("into {} ranks x {} micro-steps", world, accum);
+  throw UsageError(
+      "--global-batch",
+      fmt::format("{} sequences do not split {} of equal size", global_batch, split),
+      fmt::format("pass a multiple of {} (e.g. {} or {}); equal shards keep the mean of the "
+                  "ranks' mean losses equal to the global mean",
+                  parts, lower, lower + parts));
+}
+
 torch::Device rank_device(BackendKind backend, int index, const std::string& variable,
                           std::string hint) {
   if (backend != BackendKind::kNccl) return torch::Device(torch::kCPU);
@@ -49,6 +75,7 @@ torch::Device rank_device(BackendKind backend, int index, const std::string& var
     throw UsageError("--backend", "nccl needs CUDA devices, and this process sees none",
                      "use --backend gloo on a CPU machine");
   }
+  if (count == 1) return torch::Device(torch::kCUDA, 0);  // one GPU bound to each task (Slurm)
   if (index >= count) {
     if (hint.empty()) hint = fmt::format("start at most {} ranks per node", count);
     throw UsageError(
@@ -58,10 +85,11 @@ torch::Device rank_device(BackendKind backend, int index, const std::string& var
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-Job Job::prepare(const std::string& backend, std::chrono::milliseconds timeout) {
+Job Job::prepare(const std::string& backend, std::chrono::milliseconds timeout,
+                 const EnvLookup& lookup) {
   Job job;
   job.backend = parse_backend(backend);
-  job.env = read_launch_env();
+  job.env = read_launch_env(lookup);
   job.timeout = timeout;
   job.device = rank_device(job.backend, job.env.local_rank);
   return job;
@@ -150,6 +178,25 @@ void check_resume_step(int64_t first, int64_t steps) {
 // 4. The report
 // ---------------------------------------------------------------------------------------------
 
+void print_banner(std::ostream& out, const std::string& title, const Job& job,
+                  const GptConfig& model, int64_t params,
+                  const std::vector<std::pair<std::string, std::string>>& rows) {
+  fmt::print(out,
+             "{}\n"
+             "  job     {} rank(s) {}, {} on {}, LibTorch {}\n"
+             "  model   GPT, {} layers, hidden {}, {} heads, seq {}, vocab {}, {} head: {} "
+             "parameters\n",
+             title, job.world(),
+             job.env.launcher == Launcher::kNone
+                 ? std::string("(no launcher)")
+                 : fmt::format("via {}", launcher_name(job.env.launcher)),
+             job.backend == BackendKind::kNccl ? "nccl" : "gloo", job.device.str(), torch_version(),
+             model.layers, model.hidden, model.heads, model.ctx, model.vocab,
+             model.tied ? "tied" : "untied", with_commas(params));
+  for (const auto& [key, value] : rows) fmt::print(out, "  {:<7} {}\n", key, value);
+  out.flush();
+}
+
 nlohmann::json config_json(const GptConfig& model, int64_t batch, uint64_t seed, double lr) {
   return {{"layers", model.layers}, {"hidden", model.hidden}, {"heads", model.heads},
           {"seq", model.ctx},       {"vocab", model.vocab},   {"tied", model.tied},
@@ -157,9 +204,14 @@ nlohmann::json config_json(const GptConfig& model, int64_t batch, uint64_t seed,
 }
 
 nlohmann::json run_json(const StepLog& log, int64_t steps, const torch::Device& device) {
+  return run_json(log.losses(), log.tokens_per_s(), steps, device);
+}
+
+nlohmann::json run_json(const std::vector<float>& losses, double tokens_per_s, int64_t steps,
+                        const torch::Device& device) {
   nlohmann::json j;
-  j["losses"] = log.losses();
-  j["tokens_per_s"] = log.tokens_per_s();
+  j["losses"] = losses;
+  j["tokens_per_s"] = tokens_per_s;
   j["steps"] = steps;
   j["device"] = device.str();
   return j;

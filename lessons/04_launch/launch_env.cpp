@@ -84,10 +84,12 @@ LaunchInfo read_launch(const EnvLookup& env) {
 }
 
 torch::Device pick_device(const LaunchInfo& info, int cuda_devices) {
-  // TODO(L04): the CPU when no CUDA device is visible, else the GPU that this rank's place
-  //   on the node owns; a rank without a GPU is the header's UsageError (L04PickDevice.*)
-  DTC_TODO("L04", "the CPU when no CUDA device is visible, else the GPU that this rank's place "
-                  "on the node owns; a rank without a GPU is the header's UsageError (L04PickDevice.*)");
+  // TODO(L04): the CPU when no CUDA device is visible; the only one when one is visible
+  //   (a GPU bound to each task); else the GPU that this rank's place on the node owns; a rank
+  //   without a GPU is the header's UsageError (L04PickDevice.*)
+  DTC_TODO("L04", "the CPU when no CUDA device is visible; the only one when one is visible "
+                  "(a GPU bound to each task); else the GPU that this rank's place on the node owns; a rank "
+                  "without a GPU is the header's UsageError (L04PickDevice.*)");
 }
 
 void require_ranks(const LaunchInfo& info, int min_ranks, const std::vector<std::string>& argv,
@@ -101,4 +103,4 @@ void require_ranks(const LaunchInfo& info, int min_ranks, const std::vector<std:
 }
 
 }  // namespace dtc::l04
-// exercise generated from solutions/04_launch/launch_env.cpp by scripts/exercises.py; checksum 4f899937892e28c5
+// exercise generated from solutions/04_launch/launch_env.cpp by scripts/exercises.py; checksum 67211ec6a090725c

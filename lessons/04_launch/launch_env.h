@@ -106,8 +106,10 @@ LaunchInfo read_launch(const EnvLookup& env = process_env);
 /// @param info this rank's launch environment
 /// @param cuda_devices how many CUDA devices this process sees (torch::cuda::device_count());
 ///   0 on a CPU-only machine or a CPU build of LibTorch
-/// @return torch::kCPU when @p cuda_devices is 0, else cuda:<local_rank>
-/// @throws UsageError("LOCAL_RANK") when local_rank >= cuda_devices > 0: more ranks on this
+/// @return torch::kCPU when @p cuda_devices is 0; cuda:0 when it is 1, whatever the local rank
+///   (the scheduler bound one GPU to each task: `srun --gpus-per-task=1`, or a
+///   CUDA_VISIBLE_DEVICES with one entry per process); else cuda:<local_rank>
+/// @throws UsageError("LOCAL_RANK") when local_rank >= cuda_devices > 1: more ranks on this
 ///   node than GPUs it sees; the hint says to start at most cuda_devices ranks per node
 ///   (--nproc_per_node=<cuda_devices>) or check CUDA_VISIBLE_DEVICES.
 torch::Device pick_device(const LaunchInfo& info, int cuda_devices);

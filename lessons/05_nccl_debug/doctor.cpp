@@ -4,6 +4,8 @@
 // the debugging and tuning variables.
 #include "doctor.h"
 
+#include "known_env.h"
+
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -21,6 +23,8 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+
+extern char** environ;  // POSIX: the process's environment, NAME=value
 
 namespace dtc::l05 {
 namespace {
@@ -92,19 +96,44 @@ void check_ifnames(const EnvLookup& env, const Machine& machine, Report& r) {
       if (exact) list = list.substr(1);
       bool bad = false;
       for (const auto& name : split(list, ',')) {
-        const bool found = std::any_of(have.begin(), have.end(), [&](const std::string& h) {
-          return exact ? h == name : (!name.empty() && h.rfind(name, 0) == 0);
-        });
-        if (!found) {
+        std::vector<std::string> matched;
+        for (const auto& h : have) {
+          if (exact ? h == name : (!name.empty() && h.rfind(name, 0) == 0)) matched.push_back(h);
+        }
+        if (matched.empty()) {
           bad = true;
           r.error("NCCL_SOCKET_IFNAME",
                   fmt::format("no interface {} '{}' here", exact ? "named" : "starting with", name),
                   fmt::format("use one of: {}; NCCL reads prefixes ('eth'), '=eth0' for an exact "
                               "name, '^docker,lo' to exclude",
                               have_list));
+          continue;
+        }
+        // The silent failures: a prefix that takes more than the cluster network (eth0 also
+        // matches eth0.100), or an interface other nodes cannot reach, which NCCL's default
+        // (no variable set) would have skipped: lo and docker*.
+        if (matched.size() > 1) {
+          bad = true;
+          r.warn("NCCL_SOCKET_IFNAME",
+                 fmt::format("prefix '{}' matches {} interfaces: {}", name, matched.size(),
+                             fmt::join(matched, ", ")),
+                 fmt::format("NCCL bootstraps on the first it finds and may send data over all of "
+                             "them, and another node can pick another; name one exactly: "
+                             "NCCL_SOCKET_IFNAME=={}",
+                             matched.front()));
+        }
+        for (const auto& h : matched) {
+          for (const char* local : {"lo", "docker", "virbr", "veth"}) {
+            if (h.rfind(local, 0) != 0) continue;
+            bad = true;
+            r.warn("NCCL_SOCKET_IFNAME",
+                   fmt::format("'{}' selects {}, which other nodes cannot reach", name, h),
+                   "name the interface of the cluster network (`ip -br addr`: the one with the "
+                   "address the other nodes use); unset, NCCL skips lo and docker*");
+          }
         }
       }
-      if (!bad) r.ok("NCCL_SOCKET_IFNAME", fmt::format("'{}' matches an interface", *v));
+      if (!bad) r.ok("NCCL_SOCKET_IFNAME", fmt::format("'{}' matches one interface", *v));
     }
   }
 }
@@ -235,24 +264,105 @@ const std::vector<Choice>& choices() {
   static const std::vector<Choice> c = {
       {"NCCL_DEBUG", {"VERSION", "WARN", "INFO", "TRACE"}},
       {"NCCL_DEBUG_SUBSYS",
-       {"INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "CALL", "PROXY",
-        "NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "ALL"},
+       {"INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "ALLOC_HOST",
+        "CALL", "PROXY", "NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "DESTROY", "ALL"},
        true},
       {"NCCL_P2P_DISABLE", {}},
       {"NCCL_SHM_DISABLE", {}},
       {"NCCL_IB_DISABLE", {}},
       {"NCCL_NET_GDR_READ", {}},
       {"NCCL_P2P_LEVEL", {"LOC", "NVL", "PIX", "PXB", "PHB", "SYS", "0", "1", "2", "3", "4", "5"}},
-      {"NCCL_ALGO",
-       {"RING", "TREE", "COLLNET", "COLLNETDIRECT", "COLLNETCHAIN", "NVLS", "NVLSTREE", "PAT"},
-       true},
-      {"NCCL_PROTO", {"LL", "LL128", "SIMPLE"}, true},
       {"TORCH_DISTRIBUTED_DEBUG", {"OFF", "INFO", "DETAIL"}},
       {"TORCH_CPP_LOG_LEVEL", {"INFO", "WARNING", "ERROR", "FATAL", "0", "1", "2", "3"}},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", {"0", "1", "2", "3"}},
       {"TORCH_NCCL_BLOCKING_WAIT", {}},
   };
   return c;
+}
+
+// NCCL_ALGO and NCCL_PROTO: "ring,tree", "^LL128", or per collective (NCCL 2.24+, tuning.cc's
+// parseList): "ring;allreduce:tree,ring;broadcast:^tree", where only the first entry may lack a
+// collective's name. Names are case-insensitive.
+void check_algo_proto(const EnvLookup& env, Report& r) {
+  static const std::vector<std::string> functions = {"BROADCAST", "REDUCE", "ALLGATHER",
+                                                     "REDUCESCATTER", "ALLREDUCE"};
+  const std::pair<const char*, std::vector<std::string>> vars[] = {
+      {"NCCL_ALGO", {"TREE", "RING", "COLLNETDIRECT", "COLLNETCHAIN", "NVLS", "NVLSTREE", "PAT"}},
+      {"NCCL_PROTO", {"LL", "LL128", "SIMPLE"}}};
+  auto listed = [](const std::vector<std::string>& names, const std::string& item) {
+    return std::find(names.begin(), names.end(), upper(item)) != names.end();
+  };
+  for (const auto& [name, allowed] : vars) {
+    auto v = env(name);
+    if (!v) continue;
+    std::vector<std::string> bad;
+    const auto entries = split(*v, ';');
+    for (size_t e = 0; e < entries.size(); ++e) {
+      std::string list = entries[e];
+      const auto colon = list.find(':');
+      if (colon != std::string::npos) {
+        if (!listed(functions, list.substr(0, colon))) bad.push_back(list.substr(0, colon));
+        list = list.substr(colon + 1);
+      } else if (e > 0) {
+        bad.push_back(entries[e] + " (only the first entry may omit the collective)");
+      }
+      if (!list.empty() && list[0] == '^') list = list.substr(1);
+      for (const auto& item : split(list, ',')) {
+        if (!listed(allowed, item)) bad.push_back(item);
+      }
+    }
+    if (bad.empty()) {
+      r.ok(name, fmt::format("'{}' is valid", *v));
+    } else {
+      r.error(name, fmt::format("'{}' is not valid here", fmt::join(bad, "', '")),
+              fmt::format("a comma list of {} ('^' first to exclude), optionally per collective "
+                          "after the first: '...;allreduce:tree' (NCCL 2.24+; {})",
+                          fmt::join(allowed, ", "), fmt::join(functions, ", ")));
+    }
+  }
+}
+
+// --- 6. spelling ----------------------------------------------------------------------------
+// NCCL and PyTorch read the variables they know and ignore the rest: NCCL_SOCKET_IFNAMES=eth0
+// does nothing, silently. A name with their prefixes that is not known (known_env.h) but is one
+// or two edits from a known one is almost certainly a typo.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+void check_spelling(const std::vector<std::string>& names, Report& r) {
+  for (const auto& name : names) {
+    const bool ours = name.rfind("NCCL_", 0) == 0 || name.rfind("TORCH_NCCL_", 0) == 0 ||
+                      name.rfind("TORCH_FR_", 0) == 0 || name.rfind("TORCH_DISTRIBUTED_", 0) == 0;
+    if (!ours) continue;
+    std::string nearest;
+    size_t best = 3;
+    for (const char* known : kKnownEnvNames) {
+      const size_t d = edit_distance(name, known);
+      if (d == 0) {
+        best = 0;
+        break;
+      }
+      if (d < best) {
+        best = d;
+        nearest = known;
+      }
+    }
+    if (best == 0 || nearest.empty()) continue;  // known, or too far from any to guess
+    r.warn(name, fmt::format("is not a variable NCCL or PyTorch reads; did you mean {}?", nearest),
+           fmt::format("rename it to {}: a misspelt name is ignored without a word", nearest));
+  }
 }
 
 void check_values(const EnvLookup& env, Report& r) {
@@ -276,6 +386,7 @@ void check_values(const EnvLookup& env, Report& r) {
                           fmt::join(allowed, ", ")));
     }
   }
+  check_algo_proto(env, r);
   // NCCL_IB_HCA: "mlx5_0:1,mlx5_1", prefixes like NCCL_SOCKET_IFNAME; check its shape only.
   if (auto v = env("NCCL_IB_HCA")) {
     std::string text = *v;
@@ -335,6 +446,14 @@ Machine real_machine() {
     freeaddrinfo(res);
     return open;
   };
+  m.environment = [] {
+    std::vector<std::string> names;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      const std::string entry = *e;
+      names.push_back(entry.substr(0, entry.find('=')));
+    }
+    return names;
+  };
   return m;
 }
 
@@ -345,6 +464,7 @@ std::vector<Finding> run_doctor(const EnvLookup& env, const Machine& machine) {
   check_master(env, machine, r);
   check_world(env, r);
   check_values(env, r);
+  if (machine.environment) check_spelling(machine.environment(), r);
   std::stable_sort(r.findings.begin(), r.findings.end(), [](const Finding& a, const Finding& b) {
     return static_cast<int>(a.severity) > static_cast<int>(b.severity);
   });

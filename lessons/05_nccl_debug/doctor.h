@@ -34,15 +34,23 @@ struct Machine {
   std::function<bool(const std::string& host)> resolves;
   /// Whether something accepts TCP connections at host:port (connect()).
   std::function<bool(const std::string& host, int port)> listening;
+  /// The names of the variables set in this process's environment (environ); when empty (not
+  /// given), the spelling check is skipped.
+  std::function<std::vector<std::string>()> environment;
 };
 
 /// The real machine.
 Machine real_machine();
 
 /// Checks the environment @p env on machine @p machine: *_SOCKET_IFNAME against the real
-/// interfaces, CUDA_VISIBLE_DEVICES (malformed, duplicated), MASTER_ADDR (resolvable),
-/// MASTER_PORT (a port; in use before a launch, unreachable inside one), world-size variables
-/// (consistent with each other), NCCL_* / TORCH_DISTRIBUTED_DEBUG / TORCH_CPP_LOG_LEVEL values.
+/// interfaces (NCCL's prefixes: one that matches nothing is an error; one that matches several
+/// interfaces, or selects lo, docker*, virbr* or veth*, a warning), CUDA_VISIBLE_DEVICES
+/// (malformed, duplicated), MASTER_ADDR (resolvable), MASTER_PORT (a port; in use before a
+/// launch, unreachable inside one), world-size variables (consistent with each other),
+/// NCCL_* / TORCH_DISTRIBUTED_DEBUG / TORCH_CPP_LOG_LEVEL values (NCCL_ALGO and NCCL_PROTO with
+/// NCCL's per-collective syntax), and the spelling of every NCCL_*, TORCH_NCCL_*, TORCH_FR_* and
+/// TORCH_DISTRIBUTED_* name set (known_env.h: a name one or two letters from a known one is a
+/// warning, as both libraries ignore it silently).
 /// @return one Finding per check that ran, errors first, then warnings, then the ok lines.
 std::vector<Finding> run_doctor(const EnvLookup& env, const Machine& machine);
 

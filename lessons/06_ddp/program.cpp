@@ -74,24 +74,6 @@ torch::Tensor forward_loss(Gpt& model, const Batch& batch) {
 // Each rank's shard of the global batch
 // ---------------------------------------------------------------------------------------------
 
-void check_batch_split(int64_t global_batch, int world, int64_t accum) {
-  if (accum < 1) {
-    throw UsageError("--accum", fmt::format("{} micro-steps per step", accum),
-                     "pass 1 (no accumulation) or more");
-  }
-  const int64_t parts = world * accum;
-  if (global_batch < 1 || global_batch % parts != 0) {
-    const int64_t lower = std::max<int64_t>(parts, global_batch / parts * parts);
-    throw UsageError(
-        "--global-batch",
-        fmt::format("{} sequences do not split into {} ranks x {} micro-steps of equal size",
-                    global_batch, world, accum),
-        fmt::format("pass a multiple of {} (e.g. {} or {}); equal shards keep the mean of the "
-                    "ranks' mean losses equal to the global mean",
-                    parts, lower, lower + parts));
-  }
-}
-
 std::vector<Batch> rank_batches(const ByteDataset& data, const TrainConfig& config, int64_t step,
                                 int rank, int world) {
   const int64_t rows = config.global_batch / world;  // this rank's share of the global batch
@@ -197,7 +179,6 @@ struct Options {  // lesson 06's own flags (the shared ones: dtc::TrainCli)
   int64_t epoch_windows = 0;
   std::string save;
   std::string resume;
-  int timeout_s = 60;
   std::string pitfall = "none";
 };
 
@@ -282,7 +263,7 @@ class EpochData {
 
 // One step, with a collective's failure explained: a rank is gone, stuck, or took another path.
 float step_or_explain(DdpTrainer& trainer, const std::vector<Batch>& batches, int rank,
-                      int64_t step, const Options& o) {
+                      int64_t step, const Options& o, int timeout_s) {
   try {
     return trainer.step(batches);
   } catch (const TodoError&) {
@@ -292,7 +273,7 @@ float step_or_explain(DdpTrainer& trainer, const std::vector<Batch>& batches, in
         "[rank {}] step {}: a collective failed after at most --timeout-s {} s: {}\n"
         "HINT: another rank stopped early or is running a different number of steps (every "
         "rank must call the same collectives in the same order){}",
-        rank, step, o.timeout_s, std::string(e.what()).substr(0, 300),
+        rank, step, timeout_s, std::string(e.what()).substr(0, 300),
         o.pitfall == "uneven-steps" ? "; here --pitfall uneven-steps made the last rank stop "
                                       "one step early"
                                     : ""));
@@ -348,7 +329,7 @@ void print_banner(std::ostream& out, const Job& job, const TrainOptions& t, cons
              trainer.reducer() ? fmt::format(", {} buckets of <= {} KB",
                                              trainer.reducer()->buckets().size(), o.bucket_kb)
                                : std::string(),
-             o.timeout_s);
+             t.timeout_s);
   out.flush();
 }
 
@@ -421,7 +402,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
 
   // 1. init: who am I (checked before touching the network: bad input is exit 2 on every rank),
   // then join the others. 2. device: from LOCAL_RANK (the pitfall: from RANK).
-  Job job = Job::prepare(t.train.backend, std::chrono::seconds(o.timeout_s));
+  Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
   check_batch_split(c.global_batch, job.env.world_size, c.accum);
   if (o.pitfall == "device-from-rank") job.device = device_from_rank(job, err);
   job.connect();
@@ -451,9 +432,9 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     const std::vector<Batch> batches =
         epochs ? epochs->batches(step, talk, err) : rank_batches(data, c, step, rank, world);
     log.begin_step();
-    log.end_step(step, step_or_explain(trainer, batches, rank, step, o));
+    log.end_step(step, step_or_explain(trainer, batches, rank, step, o, t.timeout_s));
   }
-  if (last < steps) return stop_early(rank, last, steps, o.timeout_s, err);
+  if (last < steps) return stop_early(rank, last, steps, t.timeout_s, err);
   save(o, rank, trainer, steps, err);
   // Are the replicas still the same? (The no-broadcast pitfall: they never were.)
   const double divergence = replica_divergence(trainer.model(), *job.comm);
@@ -499,10 +480,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "continue from a checkpoint written by --save (same flags; --steps counts from "
                  "step 0)")
       ->check(readable_file("pass a checkpoint written by --save"));
-  app.add_option("--timeout-s", o.timeout_s,
-                 "seconds a collective may wait before it fails (a hang becomes an error)")
-      ->check(positive_count("--timeout-s 60"))
-      ->capture_default_str();
+  cli.add_timeout_flag();
   app.add_option("--pitfall", o.pitfall,
                  "show a first-time pitfall: device-from-rank, no-set-epoch, all-ranks-save, "
                  "uneven-steps, no-broadcast")

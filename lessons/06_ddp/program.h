@@ -47,14 +47,9 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfi
 /// Lesson 02's loss: mean cross-entropy of the logits (B*T, V) against the targets (B*T).
 torch::Tensor forward_loss(Gpt& model, const Batch& batch);
 
-/// Checks that @p global_batch splits into @p world ranks x @p accum micro-batches of equal size
-/// (equal shards: the mean of the ranks' mean losses is then the global mean).
-/// @throws UsageError("--global-batch") naming the sizes and the nearest batches that work.
-void check_batch_split(int64_t global_batch, int world, int64_t accum);
-
 /// Rank @p rank's micro-batches for step @p step: rows [rank * B/W, (rank + 1) * B/W) of the
 /// global batch that lesson 02 trains on (ByteDataset::batch), cut into @p config.accum equal
-/// micro-batches. The caller checked the split (check_batch_split).
+/// micro-batches. The caller checked the split (dtc::check_batch_split).
 std::vector<Batch> rank_batches(const ByteDataset& data, const TrainConfig& config, int64_t step,
                                 int rank, int world);
 

@@ -17,11 +17,9 @@
 
 #include "dtc/cli.h"
 #include "dtc/digest.h"
-#include "dtc/dist.h"
 #include "dtc/errors.h"
-#include "dtc/launch.h"
 #include "dtc/memory.h"
-#include "dtc/model_flags.h"
+#include "dtc/program.h"
 
 namespace dtc::l07 {
 
@@ -72,10 +70,6 @@ Baseline train_baseline(const GptConfig& config, uint64_t seed, int64_t batch, i
 namespace {
 
 struct Options {
-  TrainFlags flags;
-  GptConfig model;
-  bool untied = false;
-  double lr = AdamWOptions{}.lr;
   std::string stage = "all";
   bool prefetch = false;
   std::string save_sharded, load_sharded, consolidate_file;
@@ -110,45 +104,71 @@ int64_t settled_current() {
   return last;
 }
 
-StageRun run_stage(const Options& o, const GptConfig& config, int stage, Distributed& dist,
-                   const torch::Device& device, std::ostream& err) {
+// The global batch's loss: the mean of the ranks' means (equal rows each).
+float global_mean_loss(float loss, Job& job) {
+  std::vector<at::Tensor> l{torch::full({1}, loss, torch::TensorOptions().device(job.device))};
+  job.comm->allreduce(l)->wait();
+  return l[0].item<float>() / static_cast<float>(job.world());
+}
+
+// The full parameters (gathered: every rank takes part), cut by the layout's names and shapes,
+// in the baseline model's order (dtc/digest.h); on rank 0, null elsewhere.
+nlohmann::json digest(ZeroEngine& engine, const FlatLayout& layout, const GptConfig& config,
+                      bool rank0) {
+  const torch::Tensor full = engine.full_parameters();
+  if (!rank0) return nullptr;
+  std::vector<std::string> names;
+  for (const auto& item : Gpt(config)->named_parameters()) names.push_back(item.key());
+  std::vector<NamedPiece> pieces;
+  int64_t offset = 0;
+  for (const Unit& unit : layout.units) {
+    for (size_t k = 0; k < unit.names.size(); ++k) {
+      const int64_t n = c10::multiply_integers(unit.shapes[k]);
+      pieces.emplace_back(unit.names[k], full.narrow(0, offset, n));
+      offset += n;
+    }
+  }
+  return param_digest(names, pieces);
+}
+
+StageRun run_stage(const TrainOptions& t, const Options& o, int stage, Job& job, bool talk,
+                   std::ostream& err) {
   StageRun run;
   run.stage = stage;
-  const int world = dist.size(), rank = dist.rank();
-  const int64_t rows = o.flags.global_batch / world;
+  const GptConfig config = t.model_config();
+  const int world = job.world(), rank = job.rank();
+  const int64_t rows = t.train.global_batch / world;
   const ByteDataset data = ByteDataset::builtin();
   ZeroOptions zo;
   zo.stage = stage;
   zo.prefetch = o.prefetch;
-  zo.adamw.lr = o.lr;
+  zo.adamw.lr = t.lr;
 
-  run.measured = device.is_cpu();
-  // Settled readings on both sides: the previous stage's collectives (--stage all) may still be
-  // releasing their buffers, and building the engine runs collectives of its own.
+  // Build: settled readings on both sides (the previous stage's collectives may still be
+  // releasing their buffers, and building the engine runs collectives of its own).
+  run.measured = job.device.is_cpu();
   const int64_t before_model = settled_current();
   Gpt model(config);
-  init_weights(model, o.flags.seed);
-  model->to(device);
-  ZeroEngine engine(model, dist.comm, zo);
+  init_weights(model, t.train.seed);
+  model->to(job.device);
+  ZeroEngine engine(model, job.comm, zo);
   model = nullptr;  // the engine holds it
   run.params = settled_current() - before_model;
   run.layout = engine.layout();
   if (!o.load_sharded.empty()) load_sharded(engine, o.load_sharded);
-
   const int64_t first = engine.steps_done();
-  if (first >= o.flags.steps) {
-    throw UsageError("--steps",
-                     fmt::format("the checkpoint is already at step {}, and --steps is {}", first,
-                                 o.flags.steps),
-                     fmt::format("--steps counts from the start: pass more than {}", first));
-  }
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = first; step < o.flags.steps; ++step) {
-    const Batch batch = data.batch(o.flags.seed, step, rows, config.ctx, rank * rows).to(device);
+  check_resume_step(first, t.train.steps);
+
+  // The loop: the first step of a fresh run is the one measured, between its phases.
+  StepLog log(err, talk, first, t.train.steps, t.train.global_batch * config.ctx, "[rank 0] ");
+  for (int64_t step = first; step < t.train.steps; ++step) {
+    const Batch batch =
+        data.batch(t.train.seed, step, rows, config.ctx, rank * rows).to(job.device);
     const int64_t bytes_before = engine.comm().bytes_sent();
     const bool measure = step == first && run.measured && first == 0;
     const int64_t before = cpu_memory().current;
     if (measure) reset_cpu_peak();
+    log.begin_step();
     const float loss = engine.forward_backward(batch);
     const int64_t after_backward = measure ? settled_current() : 0;
     engine.optimizer_step();
@@ -158,39 +178,17 @@ StageRun run_stage(const Options& o, const GptConfig& config, int stage, Distrib
       run.peak = cpu_memory().peak - before_model;
     }
     run.bytes_per_step = engine.comm().bytes_sent() - bytes_before;
-    // The reported loss is the global batch's: the mean of the ranks' means (equal rows each).
-    // Not counted: it is reporting, not training.
-    std::vector<at::Tensor> l{torch::full({1}, loss, torch::TensorOptions().device(device))};
-    dist.comm->allreduce(l)->wait();
-    run.losses.push_back(l[0].item<float>() / static_cast<float>(world));
+    log.end_step(step, global_mean_loss(loss, job));  // reporting, not counted
   }
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto steps = static_cast<double>(run.losses.size());
-  run.step_s = elapsed / steps;
-  run.tokens_per_s = steps * static_cast<double>(o.flags.global_batch * config.ctx) / elapsed;
-  if (rank == 0) {
+  run.losses = log.losses();
+  run.step_s = log.elapsed_s() / static_cast<double>(run.losses.size());
+  run.tokens_per_s = log.tokens_per_s();
+  if (job.rank0()) {
     fmt::print(err, "[rank 0] stage {}: {} steps, loss {:.4f} -> {:.4f}, {:.1f} ms/step\n", stage,
                run.losses.size(), run.losses.front(), run.losses.back(), 1000 * run.step_s);
     err.flush();
   }
-  // The full parameters (gathered: every rank takes part), cut by the layout's names and
-  // shapes, in the baseline model's order (dtc/digest.h).
-  const torch::Tensor full = engine.full_parameters();
-  if (rank == 0) {
-    std::vector<std::string> names;
-    for (const auto& item : Gpt(config)->named_parameters()) names.push_back(item.key());
-    std::vector<NamedPiece> pieces;
-    int64_t offset = 0;
-    for (const Unit& unit : run.layout.units) {
-      for (size_t k = 0; k < unit.names.size(); ++k) {
-        const int64_t n = c10::multiply_integers(unit.shapes[k]);
-        pieces.emplace_back(unit.names[k], full.narrow(0, offset, n));
-        offset += n;
-      }
-    }
-    run.param_digest = param_digest(names, pieces);
-  }
+  run.param_digest = digest(engine, run.layout, config, job.rank0());
   if (!o.save_sharded.empty()) {
     std::filesystem::create_directories(o.save_sharded);
     save_sharded(engine, o.save_sharded);
@@ -269,65 +267,50 @@ void print_table(std::ostream& out, const std::vector<StageRun>& runs, int world
       "(README).\n");
 }
 
-int run(const Options& o, std::ostream& out, std::ostream& err) {
-  GptConfig config = o.model;
-  config.tied = !o.untied;
-  validate(config);
-  std::vector<int> stages;
-  if (o.stage == "all") {
-    stages = {0, 1, 2, 3};
-  } else if (o.stage == "0" || o.stage == "1" || o.stage == "2" || o.stage == "3") {
-    stages = {std::stoi(o.stage)};
-  } else {
-    throw UsageError("--stage", fmt::format("'{}' is not a ZeRO stage", o.stage),
-                     "use 0 (DDP), 1, 2, 3 or all");
-  }
+int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream& err) {
+  // 1. Configuration: the stages to run, checked before the network is touched.
+  const GptConfig config = t.model_config();
+  const std::vector<int> stages =
+      o.stage == "all" ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{std::stoi(o.stage)};
   if (stages.size() > 1 &&
       (!o.save_sharded.empty() || !o.load_sharded.empty() || !o.consolidate_file.empty())) {
     throw UsageError("--stage", "checkpoints need one stage",
                      "pass --stage 0, 1, 2 or 3 with --save-sharded, --load-sharded or "
                      "--consolidate");
   }
-  const BackendKind backend = parse_backend(o.flags.backend);
-  const LaunchEnv env = read_launch_env();
-  if (o.flags.global_batch < 1 || o.flags.global_batch % env.world_size != 0) {
-    throw UsageError("--global-batch",
-                     fmt::format("{} sequences do not split evenly over {} ranks",
-                                 o.flags.global_batch, env.world_size),
-                     fmt::format("pass a multiple of {}", env.world_size));
-  }
-  if (!o.load_sharded.empty() && !std::filesystem::is_directory(o.load_sharded)) {
-    throw UsageError("--load-sharded", fmt::format("'{}' is not a directory", o.load_sharded),
-                     "pass a directory written by --save-sharded");
-  }
-  torch::Device device = torch::kCPU;
-  if (backend == BackendKind::kNccl) device = torch::Device(torch::kCUDA, env.local_rank);
+
+  // 2. Build: the job, the counting allocator (before the first tensor), the process group.
+  Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
+  check_batch_split(t.train.global_batch, job.env.world_size);
   install_counting_allocator();
-  DistOptions dist_options;
-  dist_options.backend = backend;
-  Distributed dist = init_distributed(env, dist_options);
-  const int world = dist.size();
-  if (!o.flags.json && dist.rank() == 0) {
-    fmt::print(out,
-               "Lesson 07: ZeRO, W = {} ranks ({}), LibTorch {}\n"
-               "  model   GPT, {} layers, hidden {}, {} heads, seq {}, {} head: {} parameters\n"
-               "  train   AdamW lr {:g}, {} steps, global batch {} ({} per rank), seed {}{}\n",
-               world, launcher_name(env.launcher), torch_version(), config.layers, config.hidden,
-               config.heads, config.ctx, config.tied ? "tied" : "untied",
-               count_parameters(*Gpt(config)), o.lr, o.flags.steps, o.flags.global_batch,
-               o.flags.global_batch / world, o.flags.seed, o.prefetch ? ", prefetch" : "");
-    out.flush();
+  job.connect();
+  const int world = job.world();
+  const bool talk = job.rank0() && !t.train.json;
+  if (talk) {
+    print_banner(
+        out, "Lesson 07: ZeRO", job, config, count_parameters(*Gpt(config)),
+        {{"train",
+          fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per rank), "
+                      "seed {}{}",
+                      t.lr, t.train.steps, t.train.global_batch, t.train.global_batch / world,
+                      t.train.seed, o.prefetch ? ", prefetch" : "")},
+         {"stages", o.stage == "all" ? "0 (DDP), 1, 2, 3, one after the other" : o.stage}});
   }
+
+  // 3. The loop, once per stage (a progress line per tenth of the run when there is one stage).
   std::vector<StageRun> runs;
-  for (int stage : stages) runs.push_back(run_stage(o, config, stage, dist, device, err));
-  if (dist.rank() != 0) return kExitOk;
-  if (o.flags.json) {
-    nlohmann::json j;
-    j["losses"] = runs.back().losses;
+  for (int stage : stages) {
+    runs.push_back(run_stage(t, o, stage, job, talk && stages.size() == 1, err));
+  }
+
+  // 4. Report, 5. finish.
+  job.finish();
+  if (!job.rank0()) return kExitOk;
+  if (t.train.json) {
+    nlohmann::json j =
+        run_json(runs.back().losses, runs.back().tokens_per_s, t.train.steps, job.device);
     j["param_digest"] = runs.back().param_digest;
-    j["tokens_per_s"] = runs.back().tokens_per_s;
     j["world"] = world;
-    j["device"] = device.str();
     j["stages"] = nlohmann::json::array();
     for (const auto& r : runs) j["stages"].push_back(stage_json(r, world));
     print_json_line(out, j);
@@ -342,26 +325,26 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
 }  // namespace
 
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
-  CLI::App app{
+  TrainCli cli(
+      "lesson07",
       "Lesson 07: ZeRO stages 0 (DDP) to 3. Trains the course's GPT data-parallel on the ranks\n"
       "that torchrun started, measures each stage's memory per rank against the ledger and its\n"
-      "bytes sent per step against the ZeRO paper.",
-      "lesson07"};
+      "bytes sent per step against the ZeRO paper.");
+  cli.add_timeout_flag();
   Options o;
-  o.flags.steps = 20;
-  add_train_flags(app, o.flags);
+  CLI::App& app = cli.app();
   app.add_option("--stage", o.stage, "0 (DDP), 1, 2, 3, or all (one after the other)")
+      ->check(one_of({"0", "1", "2", "3", "all"}, "a ZeRO stage"))
       ->capture_default_str();
   app.add_flag("--prefetch", o.prefetch, "stage 3: gather the next block while computing this one");
-  add_model_flags(app, o.model, o.lr, &o.untied);
   app.add_option("--save-sharded", o.save_sharded,
                  "after the last step, every rank writes its shard to DIR/shard-<r>-of-<W>.pt");
   app.add_option("--load-sharded", o.load_sharded,
-                 "resume from a sharded checkpoint saved by any number of ranks");
+                 "resume from a sharded checkpoint saved by any number of ranks")
+      ->check(existing_directory("pass a directory written by --save-sharded"));
   app.add_option("--consolidate", o.consolidate_file,
                  "after the last step, rank 0 writes the full parameters to FILE");
-  return run_cli(
-      app, argc, argv, [&] { return run(o, out, err); }, err);
+  return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
 
 }  // namespace dtc::l07

@@ -14,8 +14,7 @@
 #include "dtc/cli.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
-#include "dtc/launch.h"
-#include "dtc/model_flags.h"
+#include "dtc/program.h"
 
 namespace dtc::l08 {
 
@@ -162,13 +161,8 @@ CommVolume tp_comm_volume(int64_t batch, int64_t seq, int64_t hidden, int tp,
 namespace {
 
 struct Options {
-  TrainFlags flags;
-  GptConfig model;
-  bool untied = false;
-  double lr = TrainConfig{}.lr;
   int dp = 0;
   int tp = 0;
-  int64_t timeout_ms = 60000;
 };
 
 std::string human_bytes(double b) {
@@ -199,121 +193,28 @@ void print_volume(std::ostream& out, const char* what, int64_t b, int64_t s, int
              human_time(v.infiniband_s * static_cast<double>(layers)));
 }
 
-int run(const Options& o, std::ostream& out, std::ostream& err) {
-  TrainConfig c;
-  c.model = o.model;
-  c.model.tied = !o.untied;
-  c.batch = o.flags.global_batch;
-  c.seed = o.flags.seed;
-  c.lr = o.lr;
-  validate(c.model);
-  const BackendKind backend = parse_backend(o.flags.backend);
-  const LaunchEnv env = read_launch_env();
-  // Everything that can be checked before connecting is checked first, on every rank.
-  int tp_flag = o.tp;
-  if (o.tp == 0 && o.dp == 0) {
-    // Neither given: tp = the world size when the model splits that many ways (2 or 4 ranks
-    // here), else the largest tp that divides both (8 GPUs, 4 heads: tp 4 x dp 2).
-    for (int t = env.world_size; t >= 1 && tp_flag == 0; --t) {
-      if (env.world_size % t != 0) continue;
-      try {
-        validate_tp(c.model, t);
-        tp_flag = t;
-      } catch (const UsageError&) {
-      }
+// The grid the flags ask for. Neither --dp nor --tp: tp = the world size when the model splits
+// that many ways (2 or 4 ranks here), else the largest tp that divides both (8 GPUs, 4 heads:
+// tp 4 x dp 2).
+Grid choose_grid(int world, const Options& o, const GptConfig& model) {
+  int tp = o.tp;
+  for (int t = world; o.tp == 0 && o.dp == 0 && t >= 1 && tp == 0; --t) {
+    if (world % t != 0) continue;
+    try {
+      validate_tp(model, t);
+      tp = t;
+    } catch (const UsageError&) {
     }
   }
-  const Grid grid = make_grid(env.world_size, o.dp, tp_flag);
-  validate_tp(c.model, grid.tp);
-  if (c.batch % grid.dp != 0) {
-    throw UsageError("--global-batch",
-                     fmt::format("{} sequences do not split over dp {}", c.batch, grid.dp),
-                     "pass a global batch that --dp divides");
-  }
-  torch::Device device = torch::kCPU;
-  if (backend == BackendKind::kNccl) {
-    if (!torch::cuda::is_available()) {
-      throw UsageError("--backend", "nccl needs a GPU, and none is visible",
-                       "run with --backend gloo on the CPU");
-    }
-    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-  }
-  const auto timeout = std::chrono::milliseconds(o.timeout_ms);
+  const Grid grid = make_grid(world, o.dp, tp);
+  validate_tp(model, grid.tp);
+  return grid;
+}
 
-  // One rank needs no store server: a HashStore in this process.
-  c10::intrusive_ptr<c10d::Store> store;
-  if (env.world_size == 1) {
-    store = c10::make_intrusive<c10d::HashStore>();
-  } else {
-    DistOptions options;
-    options.backend = backend;
-    options.timeout = timeout;
-    store = init_distributed(env, options).store;
-  }
-  const Groups groups = make_groups(store, grid, env.rank, backend, timeout, env.master_addr);
-  const bool talk = env.rank == 0;
-
-  if (talk && !o.flags.json) {
-    fmt::print(out,
-               "Lesson 08: tensor parallelism\n"
-               "  model   GPT, {} layers, hidden {}, {} heads, seq {}, vocab {}, {} head\n"
-               "  grid    {} ranks = dp {} x tp {} (tp fastest: TP groups are consecutive ranks)\n"
-               "  split   each rank: {} of {} heads, MLP {} of {}, vocabulary rows {} of {}\n"
-               "  train   AdamW lr {:g}, {} steps, global batch {} ({} per replica), seed {}, "
-               "{} (LibTorch {})\n",
-               c.model.layers, c.model.hidden, c.model.heads, c.model.ctx, c.model.vocab,
-               c.model.tied ? "tied" : "untied", grid.world, grid.dp, grid.tp,
-               c.model.heads / grid.tp, c.model.heads, c.model.ffn() / grid.tp, c.model.ffn(),
-               c.model.vocab / grid.tp, c.model.vocab, c.lr, o.flags.steps, c.batch,
-               c.batch / grid.dp, c.seed, device.str(), torch_version());
-    out.flush();
-  }
-
-  const int64_t steps = o.flags.steps;
-  const int64_t every = std::max<int64_t>(1, steps / 10);
-  const auto start = std::chrono::steady_clock::now();
-  nlohmann::json digest;
-  const auto losses = train_tp(
-      c, *groups.tp, *groups.dp, steps, device,
-      [&](int64_t step, float loss) {
-        if (talk && (step == 0 || (step + 1) % every == 0 || step + 1 == steps)) {
-          fmt::print(err, "step {:>{}}/{}  loss {:.4f}\n", step + 1, std::to_string(steps).size(),
-                     steps, loss);
-          err.flush();
-        }
-      },
-      &digest);
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double tokens_per_s =
-      static_cast<double>(steps * c.batch * c.model.ctx) / std::max(elapsed, 1e-9);
-  const CommVolume v = tp_comm_volume(c.batch / grid.dp, c.model.ctx, c.model.hidden, grid.tp, 4);
-  if (!talk) return kExitOk;
-
-  if (o.flags.json) {
-    nlohmann::json j;
-    j["losses"] = losses;
-    j["param_digest"] = digest;
-    j["tokens_per_s"] = tokens_per_s;
-    j["steps"] = steps;
-    j["world"] = grid.world;
-    j["dp"] = grid.dp;
-    j["tp"] = grid.tp;
-    j["device"] = device.str();
-    j["config"] = {{"layers", c.model.layers}, {"hidden", c.model.hidden}, {"heads", c.model.heads},
-                   {"seq", c.model.ctx},       {"vocab", c.model.vocab},   {"tied", c.model.tied},
-                   {"batch", c.batch},         {"seed", c.seed},           {"lr", c.lr}};
-    j["comm_per_layer"] = {{"allreduces", v.allreduces},
-                           {"bytes_each", v.bytes_each},
-                           {"bytes_per_layer", v.bytes_per_layer},
-                           {"wire_bytes_per_rank", v.wire_bytes_per_rank},
-                           {"nvlink_s", v.nvlink_s},
-                           {"infiniband_s", v.infiniband_s}};
-    print_json_line(out, j);
-    return kExitOk;
-  }
-  fmt::print(out, "\n  trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.1f} s\n", steps,
-             losses.front(), losses.back(), tokens_per_s, elapsed);
+void print_report(std::ostream& out, const TrainConfig& c, const Grid& grid, const StepLog& log) {
+  const auto& losses = log.losses();
+  fmt::print(out, "\n  trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.1f} s\n",
+             losses.size(), losses.front(), losses.back(), log.tokens_per_s(), log.elapsed_s());
   fmt::print(out,
              "\nCommunication volume of tensor parallelism (Megatron: 2 allreduces forward, 2\n"
              "backward, per layer, each of the b x s x h activations; ring allreduce sends\n"
@@ -327,28 +228,94 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
       "  InfiniBand NDR port 400 Gb/s = 50 GB/s each way. The same bytes take 9x longer between\n"
       "  nodes, and they sit on the critical path of every layer (the next matmul waits for the\n"
       "  allreduce): keep each TP group inside one node, and let DP or PP cross nodes.\n");
+}
+
+int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream& err) {
+  // 1. Configuration, checked on every rank before the network is touched.
+  TrainConfig c;
+  c.model = t.model_config();
+  c.batch = t.train.global_batch;
+  c.seed = t.train.seed;
+  c.lr = t.lr;
+  Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
+  const Grid grid = choose_grid(job.env.world_size, o, c.model);
+  if (c.batch % grid.dp != 0) {
+    throw UsageError("--global-batch",
+                     fmt::format("{} sequences do not split over dp {}", c.batch, grid.dp),
+                     "pass a global batch that --dp divides");
+  }
+
+  // 2. Build: the process group, then the TP and DP subgroups of the grid.
+  job.connect();
+  const Groups groups =
+      make_groups(job.store, grid, job.rank(), job.backend, job.timeout, job.env.master_addr);
+  const bool talk = job.rank0() && !t.train.json;
+  if (talk) {
+    print_banner(
+        out, "Lesson 08: tensor parallelism", job, c.model, count_parameters(*Gpt(c.model)),
+        {{"grid", fmt::format("{} ranks = dp {} x tp {} (tp fastest: TP groups are consecutive "
+                              "ranks)",
+                              grid.world, grid.dp, grid.tp)},
+         {"split", fmt::format("each rank: {} of {} heads, MLP {} of {}, vocabulary rows {} of {}",
+                               c.model.heads / grid.tp, c.model.heads, c.model.ffn() / grid.tp,
+                               c.model.ffn(), c.model.vocab / grid.tp, c.model.vocab)},
+         {"train", fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per replica), seed {}",
+                               c.lr, t.train.steps, c.batch, c.batch / grid.dp, c.seed)}});
+  }
+
+  // 3. The loop (train_tp), one progress line per tenth of the run.
+  StepLog log(err, talk, 0, t.train.steps, c.batch * c.model.ctx);
+  nlohmann::json digest;
+  train_tp(
+      c, *groups.tp, *groups.dp, t.train.steps, job.device,
+      [&](int64_t step, float loss) {
+        log.end_step(step, loss);
+        log.begin_step();
+      },
+      &digest);
+
+  // 4. Report, 5. finish.
+  job.finish();
+  if (!job.rank0()) return kExitOk;
+  if (t.train.json) {
+    const CommVolume v = tp_comm_volume(c.batch / grid.dp, c.model.ctx, c.model.hidden, grid.tp, 4);
+    nlohmann::json j = run_json(log, t.train.steps, job.device);
+    j["param_digest"] = digest;
+    j["world"] = grid.world;
+    j["dp"] = grid.dp;
+    j["tp"] = grid.tp;
+    j["config"] = config_json(c.model, c.batch, c.seed, c.lr);
+    j["comm_per_layer"] = {{"allreduces", v.allreduces},
+                           {"bytes_each", v.bytes_each},
+                           {"bytes_per_layer", v.bytes_per_layer},
+                           {"wire_bytes_per_rank", v.wire_bytes_per_rank},
+                           {"nvlink_s", v.nvlink_s},
+                           {"infiniband_s", v.infiniband_s}};
+    print_json_line(out, j);
+    return kExitOk;
+  }
+  print_report(out, c, grid, log);
   return kExitOk;
 }
 
 }  // namespace
 
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
-  CLI::App app{
+  TrainCli cli(
+      "lesson08",
       "Lesson 08: tensor parallelism. Trains the course's GPT with each layer split over --tp\n"
       "ranks (Megatron-LM style) and --dp replicas; run it under torchrun, e.g.\n"
-      "  torchrun --standalone --nproc_per_node=2 --no_python build/bin/lesson08",
-      "lesson08"};
+      "  torchrun --standalone --nproc_per_node=2 --no_python build/bin/lesson08");
+  cli.add_timeout_flag();
   Options o;
-  add_train_flags(app, o.flags);
+  CLI::App& app = cli.app();
   app.add_option("--tp", o.tp,
                  "ranks that split each layer (default: world size / dp; with neither flag, the "
-                 "world size, or its largest divisor that also divides the model)");
-  app.add_option("--dp", o.dp, "data-parallel replicas (default: world size / tp)");
-  add_model_flags(app, o.model, o.lr, &o.untied);
-  app.add_option("--timeout-ms", o.timeout_ms, "how long a collective may wait")
-      ->capture_default_str();
-  return run_cli(
-      app, argc, argv, [&] { return run(o, out, err); }, err);
+                 "world size, or its largest divisor that also divides the model)")
+      ->check(positive_count("--tp 2"));
+  app.add_option("--dp", o.dp, "data-parallel replicas (default: world size / tp)")
+      ->check(positive_count("--dp 2"));
+  return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
 
 }  // namespace dtc::l08

@@ -19,12 +19,10 @@
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/memory.h"
-#include "dtc/model_flags.h"
+#include "dtc/program.h"
 
 namespace dtc::l09 {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 GptConfig untied(GptConfig c) {
   c.tied = false;
@@ -88,8 +86,8 @@ std::vector<NamedPiece> stage_pieces(const Stage& stage) {
 
 }  // namespace
 
-std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm,
-                                  std::vector<double>* step_seconds, nlohmann::json* digest) {
+std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log,
+                                  nlohmann::json* digest) {
   const int p = comm.getSize();
   const int s = comm.getRank();
   check_pipeline(o.model, p, o.batch, o.micro_batches);
@@ -102,7 +100,7 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm,
   const ByteDataset data = ByteDataset::builtin();
   std::vector<float> losses;
   for (int64_t step = 0; step < o.steps; ++step) {
-    const auto start = Clock::now();
+    if (log) log->begin_step();
     const Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
     zero_grads(params);
     const StepStats stats = run_schedule(stage, comm, ops, batch, o.micro_batches);
@@ -113,9 +111,7 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm,
     std::vector<at::Tensor> v{loss};
     comm.allreduce(v)->wait();
     losses.push_back(loss.cpu().item<float>());
-    if (step_seconds) {
-      step_seconds->push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    }
+    if (log) log->end_step(step, losses.back());
   }
   if (digest) {
     std::vector<std::string> names;
@@ -167,51 +163,40 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
   return rows;
 }
 
+std::vector<std::pair<std::string, std::string>> stage_rows(const PipelineOptions& o, int p) {
+  std::vector<std::pair<std::string, std::string>> rows = {
+      {"train", fmt::format("AdamW lr {:g}, {} steps, {} schedule, {} micro-batches of {} "
+                            "sequences, seed {}",
+                            o.lr, o.steps, schedule_name(o.schedule), o.micro_batches,
+                            o.batch / o.micro_batches, o.seed)}};
+  for (int s = 0; s < p; ++s) {
+    const StageLayers l = stage_layers(o.model.layers, p, s);
+    rows.emplace_back(
+        fmt::format("stage {}", s),
+        fmt::format("(rank {}): blocks [{}, {}){}{}   schedule {}", s, l.first, l.last,
+                    l.embed ? " + embeddings" : "", l.head ? " + ln_f, lm_head, loss" : "",
+                    to_string(make_schedule(o.schedule, p, o.micro_batches, s))));
+  }
+  return rows;
+}
+
 int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::ostream& err) {
   const int p = comm.getSize();
   const int rank = comm.getRank();
   check_pipeline(o.model, p, o.batch, o.micro_batches);
-  if (rank == 0 && !o.json) {
-    fmt::print(out,
-               "Lesson 09: pipeline parallelism, {} stages (one per rank), {} schedule, {} "
-               "micro-batches of {} sequences\n"
-               "  model   GPT, {} layers, hidden {}, {} heads, seq {}, vocab {}, untied head\n",
-               p, schedule_name(o.schedule), o.micro_batches, o.batch / o.micro_batches,
-               o.model.layers, o.model.hidden, o.model.heads, o.model.ctx, o.model.vocab);
-    for (int s = 0; s < p; ++s) {
-      const StageLayers l = stage_layers(o.model.layers, p, s);
-      fmt::print(out, "  stage {} (rank {}): blocks [{}, {}){}{}   schedule {}\n", s, s, l.first,
-                 l.last, l.embed ? " + embeddings" : "", l.head ? " + ln_f, lm_head, loss" : "",
-                 to_string(make_schedule(o.schedule, p, o.micro_batches, s)));
-    }
-    out.flush();
-  }
-
-  const auto start = Clock::now();
-  std::vector<double> step_s;
+  StepLog log(err, rank == 0 && !o.json, 0, o.steps, o.batch * o.model.ctx);
   nlohmann::json digest;
-  const std::vector<float> losses = train_pipeline(o, comm, &step_s, &digest);
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  const double tokens_per_s =
-      static_cast<double>(o.steps * o.batch * o.model.ctx) / std::max(elapsed, 1e-9);
-  if (rank == 0 && !o.json && !losses.empty()) {
-    fmt::print(err, "trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s\n", o.steps,
-               losses.front(), losses.back(), tokens_per_s);
-  }
-
+  const std::vector<float> losses = train_pipeline(o, comm, &log, &digest);
   const std::vector<BubbleRow> rows = measure_bubbles(o, comm);
   if (rank != 0) return kExitOk;
 
   if (o.json) {
-    nlohmann::json j;
-    j["losses"] = losses;
+    nlohmann::json j = run_json(log, o.steps, o.device);
     j["param_digest"] = digest;
-    j["tokens_per_s"] = tokens_per_s;
-    j["step_s"] = step_s;  // rank 0's wall time of every step (the first one warms up)
+    j["step_s"] = log.step_seconds();  // rank 0's wall time of every step (the first warms up)
     j["stages"] = p;
     j["micro_batches"] = o.micro_batches;
     j["schedule"] = schedule_name(o.schedule);
-    j["device"] = o.device.str();
     j["torch"] = torch_version();
     nlohmann::json layers = nlohmann::json::array();
     for (int s = 0; s < p; ++s) {
@@ -229,17 +214,14 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
                              {"in_flight", r.in_flight},
                              {"peak_bytes", r.peak_bytes}});
     }
-    j["config"] = {{"layers", o.model.layers}, {"hidden", o.model.hidden},
-                   {"heads", o.model.heads},   {"seq", o.model.ctx},
-                   {"vocab", o.model.vocab},   {"batch", o.batch},
-                   {"seed", o.seed},           {"lr", o.lr}};
+    j["config"] = config_json(o.model, o.batch, o.seed, o.lr);
     print_json_line(out, j);
     return kExitOk;
   }
 
   fmt::print(out, "\n  trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.2f} s\n",
              o.steps, losses.empty() ? 0.0f : losses.front(), losses.empty() ? 0.0f : losses.back(),
-             tokens_per_s, elapsed);
+             log.tokens_per_s(), log.elapsed_s());
   if (rows.empty()) return kExitOk;
   fmt::print(out,
              "\nThe bubble: idle / total time of one forward-backward step per stage, from "
@@ -271,73 +253,75 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
 
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
                 const EnvLookup& env_lookup) {
-  CLI::App app{
+  TrainCli cli(
+      "lesson09",
       "Lesson 09: pipeline parallelism. Trains the course's GPT (untied head) cut into one "
-      "stage per rank with GPipe or 1F1B over micro-batches, then measures the bubble and the "
-      "activation memory. Start it with torchrun (one process per stage).",
-      "lesson09"};
-  TrainFlags flags;
+      "stage per rank with GPipe or 1F1B over micro-batches, then measures the bubble and "
+      "the activation memory. Start it with torchrun (one process per stage).",
+      /*default_steps=*/20, /*untied_flag=*/false);  // always untied: no --untied
+  cli.add_timeout_flag();
   PipelineOptions o;
   int stages = 0;
   std::string schedule = "1f1b";
-  int64_t timeout_ms = 60000;
-  add_train_flags(app, flags);
-  app.add_option("--stages", stages, "pipeline stages (default and only value: the world size)");
+  bool no_sweep = false;
+  CLI::App& app = cli.app();
+  app.add_option("--stages", stages, "pipeline stages (default and only value: the world size)")
+      ->check(positive_count("--stages 4"));
   app.add_option("--micro-batches", o.micro_batches, "micro-batches m per step (divides the batch)")
+      ->check(positive_count("--micro-batches 4"))
       ->capture_default_str();
-  app.add_option("--schedule", schedule, "gpipe or 1f1b")->capture_default_str();
-  add_model_flags(app, o.model, o.lr);  // always untied: no --untied
+  app.add_option("--schedule", schedule, "gpipe or 1f1b")
+      ->check(one_of({"gpipe", "1f1b"}, "a pipeline schedule"))
+      ->capture_default_str();
   app.add_option("--sweep", o.sweep,
                  "micro-batch counts for the bubble measurement (those that divide the batch)")
+      ->check(positive_count("--sweep 1 2 4 8"))
       ->capture_default_str();
-  bool no_sweep = false;
   app.add_flag("--no-sweep", no_sweep, "skip the bubble and memory measurement");
   app.add_option("--sweep-steps", o.sweep_steps, "timed steps per (schedule, m)")
+      ->check(positive_count("--sweep-steps 3"))
       ->capture_default_str();
-  app.add_option("--timeout", timeout_ms, "milliseconds a send/recv may wait before it fails")
-      ->check(positive_count("--timeout 60000"))
-      ->capture_default_str();
-  return run_cli(
-      app, argc, argv,
-      [&] {
-        if (no_sweep) o.sweep.clear();
-        o.steps = flags.steps;
-        o.seed = flags.seed;
-        o.batch = flags.global_batch;
-        o.json = flags.json;
-        o.schedule = parse_schedule(schedule);
-        o.model.tied = false;
-        validate(o.model);
-        const BackendKind backend = parse_backend(flags.backend);
-        const LaunchEnv env = read_launch_env(env_lookup);
-        if (stages == 0) stages = env.world_size;
-        // More ranks than the default 4 layers (e.g. 8 GPUs) and no --layers: one block each.
-        if (app.count("--layers") == 0 && stages > o.model.layers) o.model.layers = stages;
-        if (stages != env.world_size) {
-          throw UsageError(
-              "--stages",
-              fmt::format("{} stages on {} ranks: this lesson runs one stage per rank", stages,
-                          env.world_size),
-              fmt::format("start {} ranks (torchrun --nproc_per_node={}) or leave --stages out",
-                          stages, stages));
-        }
-        check_pipeline(o.model, stages, o.batch, o.micro_batches);  // before connecting
-        if (backend == BackendKind::kNccl) {
-          if (!torch::cuda::is_available()) {
-            throw UsageError("--backend", "nccl needs a CUDA GPU, and none is visible",
-                             "use --backend gloo on the CPU");
-          }
-          o.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-        } else {
-          install_counting_allocator();  // CPU: measure each stage's activation peak
-        }
-        DistOptions dist_options;
-        dist_options.backend = backend;
-        dist_options.timeout = std::chrono::milliseconds(timeout_ms);
-        Distributed dist = init_distributed(env, dist_options);
-        return run_pipeline(o, *dist.comm, out, err);
-      },
-      err);
+  return cli.run(argc, argv, err, [&] {
+    // 1. Configuration, checked on every rank before the network is touched.
+    const TrainOptions& t = cli.options();
+    Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s), env_lookup);
+    o.model = t.model_config();
+    o.model.tied = false;  // the pipeline's last stage has its own head
+    o.steps = t.train.steps;
+    o.seed = t.train.seed;
+    o.batch = t.train.global_batch;
+    o.lr = t.lr;
+    o.json = t.train.json;
+    o.schedule = parse_schedule(schedule);
+    o.device = job.device;
+    if (no_sweep) o.sweep.clear();
+    const int world = job.env.world_size;
+    if (stages == 0) stages = world;
+    // More ranks than the default 4 layers (e.g. 8 GPUs) and no --layers: one block each.
+    if (app.count("--layers") == 0 && stages > o.model.layers) o.model.layers = stages;
+    if (stages != world) {
+      throw UsageError(
+          "--stages",
+          fmt::format("{} stages on {} ranks: this lesson runs one stage per rank", stages, world),
+          fmt::format("start {} ranks (torchrun --nproc_per_node={}) or leave --stages out", stages,
+                      stages));
+    }
+    check_pipeline(o.model, stages, o.batch, o.micro_batches);
+
+    // 2. Build: the counting allocator on the CPU (each stage's activation peak), the group.
+    if (job.device.is_cpu()) install_counting_allocator();
+    job.connect();
+    if (job.rank0() && !o.json) {
+      print_banner(out,
+                   fmt::format("Lesson 09: pipeline parallelism, {} stages (one per rank)", world),
+                   job, o.model, count_parameters(*Gpt(o.model)), stage_rows(o, world));
+    }
+
+    // 3. The loop and 4. the report (run_pipeline), 5. finish.
+    const int code = run_pipeline(o, *job.comm, out, err);
+    job.finish();
+    return code;
+  });
 }
 
 }  // namespace dtc::l09

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dtc/launch.h"
+#include "dtc/program.h"
 #include "pipeline.h"
 
 namespace dtc::l09 {
@@ -36,14 +37,14 @@ struct PipelineOptions {
 /// Trains on every rank of @p comm, one stage per rank (stages = comm size), from the
 /// baseline's initial weights (dtc::init_weights with the seed) on the baseline's batches
 /// (ByteDataset::builtin(), rows 0..batch-1 of each step).
-/// @param step_seconds when not null, receives the wall time of every step on this rank.
+/// @param log when not null, records every step's loss and wall time on this rank (and prints
+///   the progress lines it is set up to print).
 /// @param digest when not null, receives the full model's parameter digest after the last step
 ///   (dtc/digest.h; every stage adds its own parameters: collective), on every rank.
 /// @return the loss of every step, on every rank (sent from the last stage).
 /// @throws dtc::UsageError for a pipeline that does not fit (check_pipeline()).
 std::vector<float> train_pipeline(const PipelineOptions& options, Comm& comm,
-                                  std::vector<double>* step_seconds = nullptr,
-                                  nlohmann::json* digest = nullptr);
+                                  StepLog* log = nullptr, nlohmann::json* digest = nullptr);
 
 /// One schedule at one micro-batch count, measured on every stage.
 struct BubbleRow {

@@ -164,9 +164,11 @@ LaunchInfo read_launch(const EnvLookup& env) {
 }
 
 torch::Device pick_device(const LaunchInfo& info, int cuda_devices) {
-  // BEGIN SOLUTION: the CPU when no CUDA device is visible, else the GPU that this rank's place
-  //   on the node owns; a rank without a GPU is the header's UsageError (L04PickDevice.*)
+  // BEGIN SOLUTION: the CPU when no CUDA device is visible; the only one when one is visible
+  //   (a GPU bound to each task); else the GPU that this rank's place on the node owns; a rank
+  //   without a GPU is the header's UsageError (L04PickDevice.*)
   if (cuda_devices <= 0) return torch::Device(torch::kCPU);
+  if (cuda_devices == 1) return torch::Device(torch::kCUDA, 0);
   if (info.local_rank >= cuda_devices) {
     throw UsageError("LOCAL_RANK",
                      fmt::format("is {}, but this process sees only {} CUDA device(s)",

@@ -353,6 +353,18 @@ TEST(L04PickDevice, CpuOrTheLocalRanksGpu) {
   expect_usage([&] { pick_device(info, 2); }, "LOCAL_RANK", "--nproc_per_node=2");
 }
 
+TEST(L04PickDevice, OneVisibleGpuIsThisTasksOwn) {
+  // srun --gpus-per-task=1 (or one CUDA_VISIBLE_DEVICES entry per process): every task sees
+  // exactly its own GPU, as cuda:0, whatever its local rank.
+  LaunchInfo info = valid_info();
+  info.local_rank = 3;
+  info.local_world_size = 4;
+  info.world_size = 4;
+  EXPECT_EQ(pick_device(info, 1), torch::Device(torch::kCUDA, 0));
+  info.local_rank = 0;
+  EXPECT_EQ(pick_device(info, 1), torch::Device(torch::kCUDA, 0));
+}
+
 TEST(L04RequireRanks, ShowsTheExactCommand) {
   LaunchInfo one;  // no launcher: 1 rank
   try {

@@ -88,7 +88,8 @@ TEST(L05DoctorGiven, InterfaceNames) {
   auto f = run_doctor(lookup({{"GLOO_SOCKET_IFNAME", "eth9"}, {"NCCL_SOCKET_IFNAME", "eth"}}),
                       fake_machine());
   EXPECT_EQ(subjects(f, Severity::kError), std::multiset<std::string>{"GLOO_SOCKET_IFNAME"});
-  EXPECT_EQ(subjects(f, Severity::kOk), std::multiset<std::string>{"NCCL_SOCKET_IFNAME"});
+  // "eth" matches eth0 and eth1: NCCL may use either (and another node the other one).
+  EXPECT_EQ(subjects(f, Severity::kWarning), std::multiset<std::string>{"NCCL_SOCKET_IFNAME"});
   EXPECT_NE(f[0].fix.find("lo, eth0, eth1, ib0"), std::string::npos) << f[0].fix;
   EXPECT_EQ(worst(f), Severity::kError);
   // NCCL: '=' means exact ("=eth" matches nothing), '^' excludes (not checked).
@@ -97,6 +98,66 @@ TEST(L05DoctorGiven, InterfaceNames) {
   f = run_doctor(lookup({{"NCCL_SOCKET_IFNAME", "^docker,lo"}, {"GLOO_SOCKET_IFNAME", "eth0,ib0"}}),
                  fake_machine());
   EXPECT_EQ(worst(f), Severity::kOk);
+}
+
+TEST(L05DoctorGiven, SocketIfnameSilentFailures) {
+  Machine m = fake_machine();
+  m.interfaces = [] {
+    return std::vector<std::string>{"lo", "eth0", "eth0.100", "docker0", "ib0"};
+  };
+  auto warnings = [&](const std::string& value) {
+    const auto f = run_doctor(lookup({{"NCCL_SOCKET_IFNAME", value}}), m);
+    EXPECT_EQ(subjects(f, Severity::kError).size(), 0u) << value;
+    return subjects(f, Severity::kWarning).size();
+  };
+  EXPECT_EQ(warnings("eth0"), 1u) << "eth0 is a prefix: it matches eth0.100 too";
+  EXPECT_EQ(warnings("=eth0"), 0u);
+  EXPECT_EQ(warnings("ib"), 0u);
+  EXPECT_EQ(warnings("lo"), 1u) << "loopback: other nodes cannot reach it";
+  EXPECT_EQ(warnings("docker"), 1u) << "a container bridge";
+  EXPECT_EQ(warnings("=ib0,lo"), 1u) << "one leading = makes every name exact (NCCL docs)";
+  const auto f = run_doctor(lookup({{"NCCL_SOCKET_IFNAME", "eth0"}}), m);
+  ASSERT_FALSE(f.empty());
+  EXPECT_NE(f[0].problem.find("eth0, eth0.100"), std::string::npos) << f[0].problem;
+  EXPECT_NE(f[0].fix.find("NCCL_SOCKET_IFNAME==eth0"), std::string::npos) << f[0].fix;
+}
+
+TEST(L05DoctorGiven, AlgoAndProtoPerCollective) {
+  // The syntax of NCCL's parseList (src/graph/tuning.cc): entries split by ';', each but the
+  // first named by its collective, elements case-insensitive, '^' to exclude.
+  for (const char* ok : {"ring", "Ring,Tree", "^nvls", "ring;allreduce:tree,ring",
+                         "allreduce:tree;broadcast:^ring"}) {
+    EXPECT_EQ(worst(run_doctor(lookup({{"NCCL_ALGO", ok}}), fake_machine())), Severity::kOk) << ok;
+  }
+  for (const char* bad : {"ring;tree", "allredcue:tree", "collnet", "ring,fast"}) {
+    EXPECT_EQ(worst(run_doctor(lookup({{"NCCL_ALGO", bad}}), fake_machine())), Severity::kError)
+        << bad;
+  }
+  EXPECT_EQ(worst(run_doctor(lookup({{"NCCL_PROTO", "LL,Simple;allreduce:^LL"}}), fake_machine())),
+            Severity::kOk);
+  EXPECT_EQ(worst(run_doctor(lookup({{"NCCL_PROTO", "LL256"}}), fake_machine())), Severity::kError);
+}
+
+TEST(L05DoctorGiven, MisspeltNamesAreNamedWithTheNearestKnownOne) {
+  Machine m = fake_machine();
+  m.environment = [] {
+    return std::vector<std::string>{"NCCL_SOCKET_IFNAMES",
+                                    "NCCL_DEBUG",
+                                    "TORCH_NCCL_BLOCKING_WAITE",
+                                    "NCCL_IB_SL",
+                                    "NCCL_IB_TC",
+                                    "HOME",
+                                    "NCCL_SITE_SPECIFIC_KNOB_OF_OURS",
+                                    "TORCH_FR_BUFFER_SIZE"};
+  };
+  const auto f = run_doctor(lookup({}), m);
+  EXPECT_EQ(subjects(f, Severity::kWarning),
+            (std::multiset<std::string>{"NCCL_SOCKET_IFNAMES", "TORCH_NCCL_BLOCKING_WAITE"}));
+  for (const auto& x : f) {
+    if (x.subject == "NCCL_SOCKET_IFNAMES") {
+      EXPECT_NE(x.problem.find("did you mean NCCL_SOCKET_IFNAME?"), std::string::npos) << x.problem;
+    }
+  }
 }
 
 TEST(L05DoctorGiven, CudaVisibleDevices) {
@@ -154,7 +215,7 @@ TEST(L05DoctorGiven, WorldSizeConsistency) {
 
 TEST(L05DoctorGiven, VariableValues) {
   auto f = run_doctor(lookup({{"NCCL_DEBUG", "info"},
-                              {"NCCL_DEBUG_SUBSYS", "INIT,NET"},
+                              {"NCCL_DEBUG_SUBSYS", "INIT,NET,ALLOC_HOST,DESTROY"},
                               {"NCCL_P2P_DISABLE", "1"},
                               {"NCCL_IB_HCA", "mlx5_0:1,mlx5_1"},
                               {"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}}),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dtc/errors.h"
+#include "dtc/program.h"
 #include "program.h"
 #include "program_run.h"
 

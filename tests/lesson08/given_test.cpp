@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "dtc/compare.h"
 #include "dtc/errors.h"
 #include "dtc_test.h"
 #include "program.h"
+#include "program_run.h"
 #include "tensor_parallel.h"
 
 namespace dtc::l08 {
@@ -100,12 +103,19 @@ TEST(L08VolumeGiven, GptThreeLayerInClosedForm) {
                    "closed form: InfiniBand NDR 400 Gb/s = 50 GB/s");
 }
 
-TEST(L08ProgramGiven, BadGridIsAUsageError) {
+TEST(L08ProgramGiven, BadInputExitsTwoNamingTheFlag) {
   // No launcher in the test's environment: one rank, so --tp 2 cannot fit.
-  const char* argv[] = {"lesson08", "--tp", "2", "--steps", "1"};
-  std::ostringstream out, err;
-  EXPECT_EQ(run_program(5, argv, out, err), 2) << err.str();
-  EXPECT_NE(err.str().find("--tp"), std::string::npos) << err.str();
+  ::dtc::test::clear_launch_env();
+  const std::vector<::dtc::test::BadInput> cases = {{{"--tp", "2", "--steps", "1"}, "--tp"},
+                                                    {{"--dp", "2", "--steps", "1"}, "--dp"},
+                                                    {{"--tp", "0"}, "--tp"},
+                                                    {{"--dp", "-1"}, "--dp"},
+                                                    {{"--heads", "3"}, "--heads"},
+                                                    {{"--global-batch", "0"}, "--global-batch"},
+                                                    {{"--steps", "0"}, "--steps"},
+                                                    {{"--timeout-s", "0"}, "--timeout-s"},
+                                                    {{"--backend", "mpi"}, "--backend"}};
+  ::dtc::test::expect_usage_errors("lesson08", cases, run_program);
 }
 
 TEST(L08ProgramGiven, HelpExitsZero) {

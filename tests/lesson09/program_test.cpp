@@ -94,8 +94,24 @@ TEST(L09ProgramGiven, StagesMustMatchTheWorld) {
 }
 
 TEST(L09ProgramGiven, BadFlagsAreUsageErrors) {
-  EXPECT_EQ(run_lesson09({"--schedule", "interleaved"}, kFourRanks).code, 2);
-  EXPECT_EQ(run_lesson09({"--heads", "3"}, kFourRanks).code, 2);  // 3 does not divide 128
+  const std::pair<std::vector<std::string>, const char*> cases[] = {
+      {{"--schedule", "interleaved"}, "--schedule"},
+      {{"--heads", "3"}, "--heads"},  // 3 does not divide 128
+      {{"--micro-batches", "0"}, "--micro-batches"},
+      {{"--stages", "0"}, "--stages"},
+      {{"--sweep", "0"}, "--sweep"},
+      {{"--sweep-steps", "0"}, "--sweep-steps"},
+      {{"--global-batch", "0"}, "--global-batch"},
+      {{"--steps", "0"}, "--steps"},
+      {{"--timeout-s", "0"}, "--timeout-s"},
+      {{"--backend", "mpi"}, "--backend"},
+      {{"--untied"}, "--untied"}};  // the pipeline is always untied: no such flag
+  for (const auto& [args, flag] : cases) {
+    SCOPED_TRACE(flag);
+    const Result r = run_lesson09(args, kFourRanks);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+  }
   EXPECT_EQ(run_lesson09({"--help"}, {}).code, 0);
 }
 

@@ -1,7 +1,10 @@
 // Running a lesson's program in-process, as its tests do: argv in, exit code and output out.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include <cstdlib>
 
 #include <sstream>
 #include <string>
@@ -26,6 +29,31 @@ ProgramRun run_in_process(const std::string& name, std::vector<std::string> args
   std::ostringstream out, err;
   const int code = std::forward<Entry>(entry)(static_cast<int>(argv.size()), argv.data(), out, err);
   return {code, out.str(), err.str()};
+}
+
+/// Removes the launchers' variables (torchrun's, Open MPI's), so that a program run in-process is
+/// one rank whatever launched the test binary.
+inline void clear_launch_env() {
+  for (const char* v :
+       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"}) {
+    ::unsetenv(v);
+  }
+}
+
+/// One bad command line and the flag its error must name.
+using BadInput = std::pair<std::vector<std::string>, const char*>;
+
+/// Each of @p cases must exit 2 (a usage error) with a message that names its flag.
+template <class Entry>
+void expect_usage_errors(const std::string& name, const std::vector<BadInput>& cases,
+                         Entry&& entry) {
+  for (const auto& [args, flag] : cases) {
+    SCOPED_TRACE(std::string(flag));
+    const ProgramRun r = run_in_process(name, args, entry);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+  }
 }
 
 /// The JSON object on the last line of @p out (the shared --json convention).

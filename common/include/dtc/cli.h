@@ -56,6 +56,9 @@ CLI::Validator one_of(std::vector<std::string> values, const std::string& what);
 /// A path that names a readable file, e.g. readable_file("pass a checkpoint written by --save").
 CLI::Validator readable_file(const std::string& hint);
 
+/// Accepts a path to an existing directory; otherwise names the path and @p hint.
+CLI::Validator existing_directory(const std::string& hint);
+
 /// Parses the command line and runs @p body, turning every error into a clear message and an
 /// exit code: CLI11's parse errors and UsageError -> 2, TodoError -> 3, other exceptions -> 1.
 /// --help prints the usage and returns 0.

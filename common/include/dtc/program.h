@@ -45,6 +45,7 @@ struct TrainOptions {
   GptConfig model;      ///< --layers, --hidden, --heads, --seq
   bool untied = false;  ///< --untied: a separate output head
   double lr = 3e-3;     ///< --lr: AdamW's learning rate (lesson 02's)
+  int timeout_s = 60;   ///< --timeout-s (TrainCli::add_timeout_flag): how long a collective waits
 
   /// The model the flags describe: tied unless --untied, checked (dtc::validate).
   /// @throws UsageError naming the flag when the shape does not make a model
@@ -64,6 +65,8 @@ class TrainCli {
            bool untied_flag = true);
 
   CLI::App& app() { return app_; }
+  /// Adds --timeout-s, the seconds a collective may wait before it fails (multi-rank programs).
+  void add_timeout_flag();
   const TrainOptions& options() const { return options_; }
 
   /// Parses @p argv and runs @p body (dtc::run_cli: usage errors exit 2 with a hint).
@@ -97,7 +100,9 @@ struct Job {
   /// checks what depends on the world size between prepare() and connect(), so that bad input
   /// is exit 2 on every rank.
   /// @throws UsageError for a bad launch environment, or NCCL without a usable GPU
-  static Job prepare(const std::string& backend, std::chrono::milliseconds timeout);
+  /// @param lookup where the launch variables come from (tests pass their own)
+  static Job prepare(const std::string& backend, std::chrono::milliseconds timeout,
+                     const EnvLookup& lookup = process_env);
 
   /// Joins the process group (a HashStore and no network for one rank); every collective then
   /// fails after the timeout instead of hanging.
@@ -110,7 +115,14 @@ struct Job {
   void finish();
 };
 
-/// The device of a rank: cuda:@p index with NCCL, else the CPU. @p variable names where the
+/// Checks that @p global_batch splits into @p world ranks x @p accum micro-batches of equal size
+/// (equal shards: the mean of the ranks' mean losses is then the global mean).
+/// @throws UsageError("--global-batch") naming the sizes and the nearest batches that work,
+///   ("--accum") for fewer than one micro-batch
+void check_batch_split(int64_t global_batch, int world, int64_t accum = 1);
+
+/// The device of a rank: with NCCL, cuda:@p index, or cuda:0 when the process sees one GPU (one
+/// bound to each task, as `srun --gpus-per-task=1` does; lesson 04's pick_device); else the CPU. @p variable names where the
 /// index came from (LOCAL_RANK; lesson 06's pitfall: RANK), for the error and its @p hint.
 /// @throws UsageError("--backend") for NCCL with no GPU, (@p variable) for an index past the
 ///   node's GPUs; the default hint: start at most that many ranks per node.
@@ -171,11 +183,25 @@ void check_resume_step(int64_t first, int64_t steps);
 // 4. The report
 // ---------------------------------------------------------------------------------------------
 
+/// The banner on rank 0's stdout, the same first lines in every program, then the program's own
+/// rows (each "  {key:<7} {value}"):
+///   Lesson 07: ZeRO
+///     job     2 rank(s) via torchrun, gloo on cpu, LibTorch 2.15.0
+///     model   GPT, 4 layers, hidden 128, 4 heads, seq 64, vocab 256, tied head: 834,304 parameters
+///     train   AdamW lr 0.003, 20 steps, global batch 8 (4 per rank), seed 1
+/// @param params the model's parameter count (all ranks together)
+void print_banner(std::ostream& out, const std::string& title, const Job& job,
+                  const GptConfig& model, int64_t params,
+                  const std::vector<std::pair<std::string, std::string>>& rows);
+
 /// The model and run settings under "config" in every program's --json line.
 nlohmann::json config_json(const GptConfig& model, int64_t batch, uint64_t seed, double lr);
 
 /// The --json keys every training program shares: "losses", "tokens_per_s", "steps" and
 /// "device" (each program adds its own, then print_json_line()).
 nlohmann::json run_json(const StepLog& log, int64_t steps, const torch::Device& device);
+/// The same keys from a run's @p losses and @p tokens_per_s.
+nlohmann::json run_json(const std::vector<float>& losses, double tokens_per_s, int64_t steps,
+                        const torch::Device& device);
 
 }  // namespace dtc
