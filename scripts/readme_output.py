@@ -30,7 +30,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MARK = re.compile(r"^<!-- output: (.*) -->\s*$")
 STEP = re.compile(r"^(\[rank \d+\] )?step +\d+/\d+ ")
-TORCHRUN_LOG = re.compile(r"^[WIE]\d{4} |^\*+$|^\s*$")
+TORCHRUN_LOG = re.compile(r"^[WIE]\d{4} |^\*+$")
 
 
 def torchrun() -> str:

@@ -308,29 +308,26 @@ void save(const Options& o, int rank, DdpTrainer& trainer, int64_t steps, std::o
   }
 }
 
-void print_banner(std::ostream& out, const Job& job, const TrainOptions& t, const TrainConfig& c,
-                  const Options& o, DdpTrainer& trainer, const EpochData* epochs) {
+void print_banner(std::ostream& out, const Job& job, const TrainConfig& c, const Options& o,
+                  DdpTrainer& trainer, const EpochData* epochs) {
   const int world = job.world();
-  fmt::print(out,
-             "Lesson 06: data-parallel training, built by hand\n"
-             "  job     {} rank(s) via {}, {} on {}, LibTorch {}\n"
-             "  model   GPT, {} layers, hidden {}, {} heads, seq {}, {} head: {} parameters\n"
-             "  data    {}, global batch {} = {} ranks x {} rows{}, seed {}\n"
-             "  ddp     --sync {}{}, timeout {} s\n",
-             world, launcher_name(job.env.launcher), t.train.backend, job.device.str(),
-             torch_version(), c.model.layers, c.model.hidden, c.model.heads, c.model.ctx,
-             c.model.tied ? "tied" : "untied", count_parameters(*trainer.model()),
-             epochs ? fmt::format("epochs of {} windows (DistributedSampler), {} steps each",
-                                  epochs->windows(), epochs->steps_per_epoch())
-                    : std::string("lesson 02's batches"),
-             c.global_batch, world, c.global_batch / world,
-             c.accum > 1 ? fmt::format(" in {} micro-steps", c.accum) : std::string(), c.seed,
-             sync_name(c.sync),
-             trainer.reducer() ? fmt::format(", {} buckets of <= {} KB",
+  dtc::print_banner(
+      out, "Lesson 06: data-parallel training, built by hand", job, c.model,
+      count_parameters(*trainer.model()),
+      {{"data",
+        fmt::format("{}, global batch {} = {} ranks x {} rows{}, seed {}",
+                    epochs ? fmt::format("epochs of {} windows (DistributedSampler), {} steps each",
+                                         epochs->windows(), epochs->steps_per_epoch())
+                           : std::string("lesson 02's batches"),
+                    c.global_batch, world, c.global_batch / world,
+                    c.accum > 1 ? fmt::format(" in {} micro-steps", c.accum) : std::string(),
+                    c.seed)},
+       {"ddp", fmt::format("--sync {}{}, timeout {} s", sync_name(c.sync),
+                           trainer.reducer()
+                               ? fmt::format(", {} buckets of <= {} KB",
                                              trainer.reducer()->buckets().size(), o.bucket_kb)
                                : std::string(),
-             t.timeout_s);
-  out.flush();
+                           job.timeout.count() / 1000)}});
 }
 
 int report(std::ostream& out, const Job& job, const TrainOptions& t, const TrainConfig& c,
@@ -422,7 +419,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                                          o.pitfall != "no-set-epoch");
   }
   const bool talk = job.rank0() && !t.train.json;
-  if (talk) print_banner(out, job, t, c, o, trainer, epochs.get());
+  if (talk) print_banner(out, job, c, o, trainer, epochs.get());
 
   // 4. train: each rank its shard of every batch.
   const int64_t last =

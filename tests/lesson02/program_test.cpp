@@ -35,17 +35,13 @@ std::vector<std::string> tiny(std::vector<std::string> more) {
 }
 
 TEST(L02ProgramGiven, BadInputExitsTwoNamingTheFlag) {
-  const std::pair<std::vector<std::string>, const char*> cases[] = {
+  ::setenv("DTC_DEVICE", "cpu", 1);
+  const std::vector<::dtc::test::BadInput> cases = {
       {{"--heads", "3"}, "--heads"},           {{"--layers", "0"}, "--layers"},
       {{"--seq", "1000000"}, "--seq"},         {{"--lr", "-1"}, "--lr"},
       {{"--steps", "0"}, "--steps"},           {{"--resume", "/nonexistent/ck.pt"}, "--resume"},
       {{"--data", "/nonexistent/x"}, "--data"}};
-  for (const auto& [args, flag] : cases) {
-    SCOPED_TRACE(flag);
-    const ProgramRun r = run(args);
-    EXPECT_EQ(r.code, 2) << r.err;
-    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
-  }
+  ::dtc::test::expect_usage_errors("lesson02", cases, run_program);
 }
 
 TEST(L02ProgramGiven, HelpExitsZero) {

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -20,10 +19,7 @@ using ::dtc::test::last_json_line;
 using ::dtc::test::ProgramRun;
 
 ProgramRun run(std::vector<std::string> args) {
-  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
-                        "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"}) {
-    ::unsetenv(v);  // one rank, whatever launched the test binary
-  }
+  ::dtc::test::clear_launch_env();  // one rank, whatever launched the test binary
   return ::dtc::test::run_in_process("lesson06", std::move(args), run_program);
 }
 
@@ -35,7 +31,8 @@ std::vector<std::string> tiny(std::vector<std::string> more) {
 }
 
 TEST(L06ProgramGiven, BadInputExitsTwoNamingTheFlag) {
-  const std::pair<std::vector<std::string>, const char*> cases[] = {
+  ::dtc::test::clear_launch_env();
+  const std::vector<::dtc::test::BadInput> cases = {
       {{"--sync", "fast"}, "--sync"},
       {{"--heads", "3"}, "--heads"},
       {{"--bucket-kb", "0"}, "--bucket-kb"},
@@ -48,12 +45,7 @@ TEST(L06ProgramGiven, BadInputExitsTwoNamingTheFlag) {
       {{"--epoch-windows", "-1"}, "--epoch-windows"},
       {{"--resume", "/nonexistent/ck.pt"}, "--resume"},
       {{"--backend", "mpi"}, "--backend"}};
-  for (const auto& [args, flag] : cases) {
-    SCOPED_TRACE(flag);
-    const ProgramRun r = run(args);
-    EXPECT_EQ(r.code, 2) << r.err;
-    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
-  }
+  ::dtc::test::expect_usage_errors("lesson06", cases, run_program);
 }
 
 TEST(L06ProgramGiven, HelpExitsZero) {

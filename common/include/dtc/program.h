@@ -100,6 +100,8 @@ struct Job {
   /// checks what depends on the world size between prepare() and connect(), so that bad input
   /// is exit 2 on every rank.
   /// @throws UsageError for a bad launch environment, or NCCL without a usable GPU
+  /// @param backend --backend: "gloo" or "nccl"
+  /// @param timeout how long a collective may wait before it fails
   /// @param lookup where the launch variables come from (tests pass their own)
   static Job prepare(const std::string& backend, std::chrono::milliseconds timeout,
                      const EnvLookup& lookup = process_env);
