@@ -19,11 +19,14 @@
 #include <cctype>
 #include <chrono>
 #include <iostream>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives.h"
 #include "dtc/cli.h"
+#include "dtc/cost.h"
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/launch.h"
@@ -135,6 +138,7 @@ int run(const Options& o, const std::string& program, std::ostream& out) {
   int64_t total_wrong = 0;
   double last_ring_bus = 0, last_gloo_bus = 0;
   int64_t last_bytes = 0;
+  std::vector<std::pair<double, double>> ring_points;  // (bytes, seconds), for the alpha-beta fit
   for (int64_t bytes = min_b; bytes <= max_b; bytes *= o.factor) {
     const int64_t count = bytes / 4;
     // x[i] = (rank + 1)(i % 13 + 1); the sum over ranks is W(W+1)/2 (i % 13 + 1), exactly.
@@ -151,6 +155,7 @@ int run(const Options& o, const std::string& program, std::ostream& out) {
     const double ring_alg = real_bytes / (ring.time_us * 1e-6) / 1e9;
     const double gloo_alg = real_bytes / (gloo.time_us * 1e-6) / 1e9;
     total_wrong += ring.wrong + gloo.wrong;
+    ring_points.emplace_back(real_bytes, ring.time_us * 1e-6);
     last_ring_bus = ring_alg * bus_factor;
     last_gloo_bus = gloo_alg * bus_factor;
     last_bytes = count * 4;
@@ -177,9 +182,25 @@ int run(const Options& o, const std::string& program, std::ostream& out) {
     if (bytes > max_b / o.factor) break;  // the next size would pass max (and avoid overflow)
   }
   const double ratio = last_gloo_bus > 0 ? last_ring_bus / last_gloo_bus : 0;
+  // The alpha-beta model T = 2(W-1) alpha + 2(W-1)/W S/B, fitted to the ring's times.
+  nlohmann::json fit = nullptr;
+  std::string fit_line;
+  try {
+    const dtc::AlphaBeta m = dtc::fit_ring_allreduce(ring_points, w);
+    fit = {{"alpha_us", m.alpha_s * 1e6},
+           {"bandwidth_gbs", m.bandwidth / 1e9},
+           {"crossover_bytes", m.crossover_bytes}};
+    fit_line = fmt::format(
+        "# ring fit, T = 2(W-1) alpha + 2(W-1)/W S/B: alpha {:.1f} us a step, B {:.3f} GB/s; "
+        "latency-bound below S = alpha W B = {:.0f} B\n",
+        m.alpha_s * 1e6, m.bandwidth / 1e9, m.crossover_bytes);
+  } catch (const std::invalid_argument& e) {
+    fit_line = fmt::format("# ring fit: none ({})\n", e.what());
+  }
   if (print) {
     fmt::print(out, "# busbw at {} B: ring {:.3f} GB/s, gloo {:.3f} GB/s: ring / gloo = {:.2f}\n",
                last_bytes, last_ring_bus, last_gloo_bus, ratio);
+    fmt::print(out, "{}", fit_line);
     fmt::print(out, "# #wrong in all: {} {}\n", total_wrong, total_wrong == 0 ? "OK" : "FAILED");
   }
   if (rank == 0 && o.json) {
@@ -189,6 +210,7 @@ int run(const Options& o, const std::string& program, std::ostream& out) {
                                {"iters", o.iters},
                                {"rows", rows},
                                {"busbw_ratio_at_max", ratio},
+                               {"alpha_beta", fit},
                                {"wrong", total_wrong}});
   }
   return total_wrong == 0 ? dtc::kExitOk : dtc::kExitFailure;

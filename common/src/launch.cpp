@@ -4,7 +4,9 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <sstream>
 
 #include "dtc/errors.h"
 
@@ -129,6 +131,64 @@ LaunchEnv read_mpi(const EnvLookup& env) {
   return out;
 }
 
+// SLURM_STEP_TASKS_PER_NODE, e.g. "4(x2),3": 4 tasks on each of the first two nodes, 3 on the
+// third. The count on node @p node.
+int tasks_on_node(const std::string& spec, int node) {
+  int index = 0;
+  std::string item;
+  std::stringstream in(spec);
+  auto bad = [&] {
+    return UsageError("SLURM_STEP_TASKS_PER_NODE",
+                      fmt::format("'{}' is not srun's list of tasks per node", spec),
+                      "run the program as a task of `srun` (which sets it), e.g. srun -N2 "
+                      "--ntasks-per-node=8 build/bin/lesson06 ...");
+  };
+  while (std::getline(in, item, ',')) {
+    int count = 0, repeat = 1;
+    char close = 0;
+    if (std::sscanf(item.c_str(), "%d(x%d%c", &count, &repeat, &close) == 3 && close == ')') {
+    } else if (std::sscanf(item.c_str(), "%d%c", &count, &close) != 1) {
+      throw bad();
+    }
+    if (count < 1 || repeat < 1) throw bad();
+    if (node < index + repeat) return count;
+    index += repeat;
+  }
+  throw UsageError("SLURM_NODEID",
+                   fmt::format("node {} is past SLURM_STEP_TASKS_PER_NODE '{}'", node, spec),
+                   "run the program as a task of `srun`, which sets both");
+}
+
+LaunchEnv read_slurm(const EnvLookup& env) {
+  LaunchEnv out;
+  out.launcher = Launcher::kSlurm;
+  const std::string why = "SLURM_PROCID and SLURM_STEP_NUM_TASKS are set (srun sets them together)";
+  out.world_size = required_int(env, "SLURM_STEP_NUM_TASKS", why);
+  out.rank = *int_var(env, "SLURM_PROCID");
+  if (out.world_size < 1) {
+    throw UsageError("SLURM_STEP_NUM_TASKS", "is not a positive number of tasks",
+                     "start the program with srun -n N");
+  }
+  check_range("SLURM_PROCID", out.rank, 0, out.world_size, "SLURM_STEP_NUM_TASKS");
+  out.group_rank = int_var(env, "SLURM_NODEID").value_or(0);
+  out.local_rank = int_var(env, "SLURM_LOCALID").value_or(0);
+  auto per_node = env("SLURM_STEP_TASKS_PER_NODE");
+  out.local_world_size = per_node ? tasks_on_node(*per_node, out.group_rank) : out.world_size;
+  check_range("SLURM_LOCALID", out.local_rank, 0, out.local_world_size,
+              "the tasks on this node (SLURM_STEP_TASKS_PER_NODE)");
+  auto nodes = int_var(env, "SLURM_STEP_NUM_NODES");
+  const bool several_nodes = nodes && *nodes > 1;
+  if (several_nodes && !env("MASTER_ADDR")) {
+    throw UsageError("MASTER_ADDR", "is not set, and this srun step spans several nodes",
+                     "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | "
+                     "head -n 1) and MASTER_PORT=29500 before srun (Slurm does not pick a store "
+                     "address; scripts/slurm/srun.sbatch does it)");
+  }
+  read_master(env, out, /*required=*/false);  // one node: 127.0.0.1:29500 by default
+  out.run_id = env("SLURM_JOB_ID").value_or("");
+  return out;
+}
+
 }  // namespace
 
 const char* launcher_name(Launcher launcher) {
@@ -136,6 +196,7 @@ const char* launcher_name(Launcher launcher) {
     case Launcher::kNone: return "none";
     case Launcher::kTorchrun: return "torchrun";
     case Launcher::kMpi: return "mpirun";
+    case Launcher::kSlurm: return "srun";
   }
   return "?";
 }
@@ -161,6 +222,8 @@ LaunchEnv read_launch_env(const EnvLookup& env) {
     return read_torchrun(env);  // torchrun's variables win: `mpirun torchrun ...` is torchrun
   }
   if (mpi) return read_mpi(env);
+  // An srun task; not the batch script, which has SLURM_PROCID but no job step of tasks.
+  if (env("SLURM_PROCID") && env("SLURM_STEP_NUM_TASKS")) return read_slurm(env);
   for (const char* orphan : {"WORLD_SIZE", "LOCAL_RANK"}) {
     if (env(orphan)) {
       throw UsageError(

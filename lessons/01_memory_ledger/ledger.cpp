@@ -143,11 +143,11 @@ int64_t count_params(const ModelConfig& m) {
 
 BytesPerParam bytes_per_param(Precision precision, Optimizer optimizer, bool fp32_grad_accum) {
   // TODO(L01): return section 2's table, with the fp32 master copy filed under optimizer
-  //   states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20). Tests: L01Bytes.*;
-  //   hints: README section 8
+  //   states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20; mixed with fp32
+  //   gradients, 18). Tests: L01Bytes.*; hints: README section 8
   DTC_TODO("L01", "return section 2's table, with the fp32 master copy filed under optimizer "
-                  "states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20). Tests: L01Bytes.*; "
-                  "hints: README section 8");
+                  "states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20; mixed with fp32 "
+                  "gradients, 18). Tests: L01Bytes.*; hints: README section 8");
 }
 
 StateBytes zero_state_bytes(double params, const BytesPerParam& per_param, int zero_stage,
@@ -196,4 +196,4 @@ double train_time_seconds(double params, double tokens, double peak_flops, doubl
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/ledger.cpp by scripts/exercises.py; checksum b0fb5f5663d6cc5c
+// exercise generated from solutions/01_memory_ledger/ledger.cpp by scripts/exercises.py; checksum 961e5121e6fd8952

@@ -74,6 +74,10 @@ void validate(const ModelConfig& model);
 enum class Precision {
   kFp32,   ///< everything in fp32
   kMixed,  ///< 16-bit (bf16/fp16) weights and gradients, plus an fp32 master copy of the weights
+  /// 16-bit weights, gradients kept and reduced in fp32 only (no 16-bit copy), plus the fp32
+  /// master copy: Megatron-LM's bf16 default (it turns on accumulate_allreduce_grads_in_fp32
+  /// for bf16), 18 bytes/param with Adam
+  kMixedFp32Grads,
 };
 /// The optimizer, which decides the optimizer states.
 enum class Optimizer {
@@ -141,7 +145,9 @@ struct BytesPerParam {
 /// fp32: weights 4, gradients 4, optimizer states in fp32 (SGD none, momentum one buffer,
 /// Adam two moments; 8-bit Adam two 1-byte moments). Mixed: weights 2, gradients 2 (+4 with
 /// @p fp32_grad_accum), optimizer = fp32 master copy (4) + the states as in fp32 training.
-/// Mixed + Adam gives 2 + 2 + 12 = 16 (ZeRO, sec. 3.1).
+/// Mixed + Adam gives 2 + 2 + 12 = 16 (ZeRO, sec. 3.1). Mixed with fp32 gradients: weights 2,
+/// gradients 4, optimizer as mixed: 2 + 4 + 12 = 18 with Adam (Megatron Core's distributed
+/// optimizer guide, "bf16 param, fp32 grads").
 BytesPerParam bytes_per_param(Precision precision, Optimizer optimizer, bool fp32_grad_accum);
 
 /// Bytes of each state held by one device.

@@ -23,8 +23,10 @@ namespace {
 constexpr double kGB = 1e9;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-const std::map<std::string, Precision> kPrecisions = {{"fp32", Precision::kFp32},
-                                                      {"mixed", Precision::kMixed}};
+const std::map<std::string, Precision> kPrecisions = {
+    {"fp32", Precision::kFp32},
+    {"mixed", Precision::kMixed},
+    {"mixed-fp32-grads", Precision::kMixedFp32Grads}};
 const std::map<std::string, Optimizer> kOptimizers = {{"sgd", Optimizer::kSgd},
                                                       {"momentum", Optimizer::kMomentum},
                                                       {"adam", Optimizer::kAdam},
@@ -522,8 +524,10 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--kv-heads", o.shape.kv_heads, "key/value heads (default: heads)")->needs(arch);
   app.add_option("--ctx", o.shape.ctx, "context length (GPT's position embeddings)")->needs(arch);
 
-  app.add_option("--precision", o.precision, "fp32 or mixed")
-      ->check(CLI::IsMember({"fp32", "mixed"}))
+  app.add_option("--precision", o.precision,
+                 "fp32, mixed (16-bit weights and gradients) or mixed-fp32-grads (16-bit weights, "
+                 "fp32 gradients: Megatron-LM's bf16 default)")
+      ->check(CLI::IsMember({"fp32", "mixed", "mixed-fp32-grads"}))
       ->capture_default_str();
   app.add_flag("--fp32-grad-accum", o.setup.fp32_grad_accum,
                "mixed precision: accumulate gradients in fp32 (+4 bytes/param)");

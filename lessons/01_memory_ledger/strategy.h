@@ -4,7 +4,7 @@
 // "how do I split the work over a cluster?": what each strategy shards, what it sends over
 // which link, and the outline's decision tree that picks a mix (dp, tp, pp, cp, ZeRO stage,
 // recomputation) for a model on a cluster. This header is the whole specification of what you
-// implement in strategy.cpp; STRATEGIES.md beside it teaches the formulas. Build and test:
+// implement in strategy.cpp; README.md part 2 beside it teaches the formulas. Build and test:
 //
 //   make test-lesson01
 //   build/bin/lesson01 --plan --model llama3-70b --cluster dgx-h100 --gpus 64

@@ -68,6 +68,10 @@ LaunchInfo parse_torchrun(const EnvLookup& env);
 ///   group_rank        rank / local size (mpirun fills node 0 first: ranks are by slot). Do NOT
 ///                     use OMPI_COMM_WORLD_NODE_RANK: despite its name it counts processes on
 ///                     the node (it is 1 for the second rank of a one-node job), not nodes.
+///                     The limit: under `mpirun --map-by node` (round robin over nodes) rank 1
+///                     is on node 1, and rank / local size is not the node; only comparing host
+///                     names across ranks (an allgather) is right for every mapping. The
+///                     course uses group_rank for reports only.
 ///   group_world_size  ceil(size / local size)
 ///   role_rank, role_world_size   rank, size
 ///   master_addr, master_port     MASTER_ADDR and MASTER_PORT when set, else 127.0.0.1 and

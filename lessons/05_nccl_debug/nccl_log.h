@@ -3,7 +3,7 @@
 // The parser extracts what you look for first in a log: the NCCL version, each communicator's
 // ranks and nodes, channels, the ring order and the trees, the transport between every pair of
 // ranks (P2P, SHM, NET/IB, NET/Socket), the network plugin, and the WARN lines.
-// tests/lesson05/nccl_log_test.cpp (suite L05NcclLogGiven) checks it on the samples in
+// tests/lesson05/given_test.cpp (suite L05NcclLogGiven) checks it on the samples in
 // tests/lesson05/data/.
 #pragma once
 

@@ -17,7 +17,7 @@ endif()
 set(l06_e2e Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson06/e2e.py")
 set(l06_args --program @PROGRAM@ --baseline $<TARGET_FILE:lesson02_solution>
              --torchrun-kind ${l06_kind} --venv-torchrun "${DTC_TORCHRUN}")
-foreach(mode torchrun mpirun resume uneven-steps)
+foreach(mode torchrun mpirun srun resume uneven-steps)
   dtc_add_e2e(06 NAME ${mode} TIMEOUT 300 RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
               COMMAND ${l06_e2e} ${mode} ${l06_args})
 endforeach()

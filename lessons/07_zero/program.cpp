@@ -310,6 +310,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     nlohmann::json j =
         run_json(runs.back().losses, runs.back().tokens_per_s, t.train.steps, job.device);
     j["param_digest"] = runs.back().param_digest;
+    j["config"] = config_json(t.model_config(), t.train.global_batch, t.train.seed, t.lr);
     j["world"] = world;
     j["stages"] = nlohmann::json::array();
     for (const auto& r : runs) j["stages"].push_back(stage_json(r, world));

@@ -155,8 +155,8 @@ int64_t count_params(const ModelConfig& m) {
 
 BytesPerParam bytes_per_param(Precision precision, Optimizer optimizer, bool fp32_grad_accum) {
   // BEGIN SOLUTION: return section 2's table, with the fp32 master copy filed under optimizer
-  //   states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20). Tests: L01Bytes.*;
-  //   hints: README section 8
+  //   states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20; mixed with fp32
+  //   gradients, 18). Tests: L01Bytes.*; hints: README section 8
   double states = 0;  // the optimizer's own buffers
   switch (optimizer) {
     case Optimizer::kSgd: states = 0; break;
@@ -171,7 +171,11 @@ BytesPerParam bytes_per_param(Precision precision, Optimizer optimizer, bool fp3
     b.optimizer = states;
   } else {
     b.params = 2;
-    b.grads = fp32_grad_accum ? 2 + 4 : 2;
+    if (precision == Precision::kMixedFp32Grads) {
+      b.grads = 4;  // the gradients live in fp32 only
+    } else {
+      b.grads = fp32_grad_accum ? 2 + 4 : 2;
+    }
     b.optimizer = 4 + states;  // the fp32 master copy that the optimizer updates
   }
   return b;

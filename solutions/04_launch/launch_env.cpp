@@ -153,6 +153,7 @@ LaunchInfo read_launch(const EnvLookup& env) {
   switch (detect_launcher(env)) {
     case Launcher::kTorchrun: info = parse_torchrun(env); break;
     case Launcher::kMpi: info = parse_mpi(env); break;
+    case Launcher::kSlurm:  // not one of this lesson's launchers: detect_launcher never says so
     case Launcher::kNone:
       info.master_addr = env("MASTER_ADDR").value_or(info.master_addr);
       info.master_port = env_int(env, "MASTER_PORT").value_or(info.master_port);

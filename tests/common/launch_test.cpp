@@ -90,6 +90,49 @@ TEST(LaunchEnv, OpenMpi) {
   EXPECT_EQ(env.master_port, 29500);
 }
 
+TEST(LaunchEnv, SrunTasks) {
+  // srun -N2 --ntasks-per-node=4 on 3 nodes of 4, 4, 3 tasks: task 9 is the second task of the
+  // third node (srun(1), OUTPUT ENVIRONMENT VARIABLES).
+  std::map<std::string, std::string> v = {
+      {"SLURM_PROCID", "9"},         {"SLURM_STEP_NUM_TASKS", "11"},
+      {"SLURM_STEP_NUM_NODES", "3"}, {"SLURM_NODEID", "2"},
+      {"SLURM_LOCALID", "1"},        {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"},
+      {"SLURM_JOB_ID", "4242"},      {"MASTER_ADDR", "node0"},
+      {"MASTER_PORT", "29511"}};
+  LaunchEnv env = read_launch_env(env_of(v));
+  EXPECT_EQ(env.launcher, Launcher::kSlurm);
+  EXPECT_STREQ(launcher_name(env.launcher), "srun");
+  EXPECT_EQ(env.rank, 9);
+  EXPECT_EQ(env.world_size, 11);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.local_world_size, 3) << "the third node runs 3 tasks";
+  EXPECT_EQ(env.group_rank, 2);
+  EXPECT_EQ(env.master_addr, "node0");
+  EXPECT_EQ(env.master_port, 29511);
+  v["SLURM_NODEID"] = "1";
+  v["SLURM_PROCID"] = "5";
+  EXPECT_EQ(read_launch_env(env_of(v)).local_world_size, 4) << "node 1: 4(x2) covers it";
+
+  // Several nodes and no store address: say so, never guess 127.0.0.1.
+  v.erase("MASTER_ADDR");
+  EXPECT_EQ(subject_of(v), "MASTER_ADDR");
+  // The batch script itself: SLURM_PROCID=0 of a job of 11 tasks, but no step: one rank.
+  const LaunchEnv batch = read_launch_env(
+      env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "11"}, {"SLURM_JOB_ID", "4242"}}));
+  EXPECT_EQ(batch.launcher, Launcher::kNone);
+  EXPECT_EQ(batch.world_size, 1);
+  // torchrun started by srun: the workers' RANK wins.
+  auto t = torchrun_vars();
+  t["SLURM_PROCID"] = "0";
+  t["SLURM_STEP_NUM_TASKS"] = "2";
+  EXPECT_EQ(read_launch_env(env_of(t)).launcher, Launcher::kTorchrun);
+  EXPECT_EQ(subject_of({{"SLURM_PROCID", "0"},
+                        {"SLURM_STEP_NUM_TASKS", "2"},
+                        {"SLURM_STEP_TASKS_PER_NODE", "two"}}),
+            "SLURM_STEP_TASKS_PER_NODE");
+  EXPECT_EQ(subject_of({{"SLURM_PROCID", "2"}, {"SLURM_STEP_NUM_TASKS", "2"}}), "SLURM_PROCID");
+}
+
 TEST(LaunchEnv, ClearErrors) {
   auto v = torchrun_vars();
   v["RANK"] = "three";

@@ -93,6 +93,17 @@ TEST(L01Bytes, Fp32GradAccumulationIs20) {
   EXPECT_EQ(bytes_per_param(Precision::kMixed, Optimizer::kAdam, true).total(), 20);
 }
 
+TEST(L01Bytes, Fp32GradientsAre18) {
+  // Megatron Core's distributed optimizer guide, bytes per parameter without sharding:
+  // "bf16 param, fp32 grads" 18 (2 + 4 + 12); Megatron-LM keeps bf16 runs' gradients in fp32
+  // (arguments.py turns on accumulate_allreduce_grads_in_fp32 for bf16).
+  const BytesPerParam b = bytes_per_param(Precision::kMixedFp32Grads, Optimizer::kAdam, false);
+  EXPECT_EQ(b.params, 2);
+  EXPECT_EQ(b.grads, 4);
+  EXPECT_EQ(b.optimizer, 12);
+  EXPECT_EQ(b.total(), 18);
+}
+
 TEST(L01Bytes, OptimizerStates) {
   // EleutherAI "Transformer Math 101": optimizer bytes/param in mixed precision:
   // AdamW 12, 8-bit Adam 6, SGD with momentum 8 (each includes the 4-byte fp32 master copy).

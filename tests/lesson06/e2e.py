@@ -8,6 +8,9 @@ MODE is one of
     torchrun      lesson06 --steps 20 --seed 1 --json on 2 ranks, for --sync naive, flat and
                   bucketed, against lesson02 --steps 20 --seed 1 --json on one process
     mpirun        the same (bucketed) through OpenMPI's mpirun
+    srun          the same (bucketed) as 2 tasks of a Slurm job step: no Slurm here, so the test
+                  starts both processes with the variables srun(1) gives its tasks (SLURM_PROCID,
+                  SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_TASKS_PER_NODE)
     resume        20 steps in one go == 10 steps, --save, then --resume to 20: exactly (CPU)
     uneven-steps  --pitfall uneven-steps --timeout-s 5 ends with a clear error, never a hang
 
@@ -46,7 +49,8 @@ def clean_env() -> dict:
     env = dict(os.environ)
     for name in list(env):
         if name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                    "MASTER_ADDR", "MASTER_PORT") or name.startswith(("OMPI_", "TORCHELASTIC_")):
+                    "MASTER_ADDR", "MASTER_PORT") or name.startswith(("OMPI_", "TORCHELASTIC_",
+                                                                      "SLURM_")):
             del env[name]
     env["DTC_DEVICE"] = "cpu"
     env["OMP_NUM_THREADS"] = "1"
@@ -131,6 +135,35 @@ def mode_mpirun(args):
     compare_losses(j, want, "mpirun, bucketed")
 
 
+def mode_srun(args):
+    want = baseline_losses(args)
+    port = free_port()
+    procs = []
+    for task in range(2):
+        env = clean_env()
+        env.update({"SLURM_JOB_ID": "4242", "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task),
+                    "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1",
+                    "SLURM_STEP_TASKS_PER_NODE": "2", "MASTER_PORT": str(port)})
+        cmd = [args.program, *COMMON]
+        print(f"$ SLURM_PROCID={task} ... " + shlex.join(cmd), flush=True)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))
+    outs = []
+    for task, proc in enumerate(procs):
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise Failure(f"task {task} did not finish in {TIMEOUT_S} s (a hang is a bug)")
+        print(err[-2000:], end="", file=sys.stderr)
+        expect(proc.returncode == 0, f"task {task} exits 0 (got {proc.returncode})")
+        outs.append(out)
+    j = last_json(outs[0])
+    expect(j["world_size"] == 2 and j["launcher"] == "srun", "2 ranks via srun's variables")
+    compare_losses(j, want, "srun, bucketed")
+
+
 def mode_resume(args):
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck.pt")
@@ -162,14 +195,15 @@ def mode_uneven(args):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=["torchrun", "mpirun", "resume", "uneven-steps"])
+    ap.add_argument("mode", choices=["torchrun", "mpirun", "srun", "resume", "uneven-steps"])
     ap.add_argument("--program", required=True)
     ap.add_argument("--baseline", required=True)
     ap.add_argument("--torchrun-kind", choices=["venv", "debian"], required=True)
     ap.add_argument("--venv-torchrun",
                     default=os.path.expanduser("~/.cache/dtc-course/venv/bin/torchrun"))
     args = ap.parse_args()
-    modes = {"torchrun": mode_torchrun, "mpirun": mode_mpirun, "resume": mode_resume,
+    modes = {"torchrun": mode_torchrun, "mpirun": mode_mpirun, "srun": mode_srun,
+             "resume": mode_resume,
              "uneven-steps": mode_uneven}
     try:
         modes[args.mode](args)

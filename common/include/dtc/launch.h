@@ -1,10 +1,15 @@
 // The launch environment: who am I, how many of us are there, and where is the store.
 //
-// Three launchers are understood:
+// Four launchers are understood, in this order of precedence:
 //   torchrun  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 //             GROUP_RANK, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE, ...
 //   mpirun    OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (OpenMPI);
 //             MASTER_ADDR / MASTER_PORT default to 127.0.0.1:29500 when unset
+//   srun      a task of a Slurm job step (srun's SLURM_PROCID, SLURM_STEP_NUM_TASKS,
+//             SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_TASKS_PER_NODE); MASTER_ADDR and
+//             MASTER_PORT must be exported when the step spans several nodes. A batch script
+//             itself is not a task: it has SLURM_PROCID=0 but no SLURM_STEP_NUM_TASKS, and runs
+//             as a single rank
 //   none      a single rank (rank 0 of 1)
 #pragma once
 
@@ -15,9 +20,9 @@
 namespace dtc {
 
 /// Which launcher started this process.
-enum class Launcher { kNone, kTorchrun, kMpi };
+enum class Launcher { kNone, kTorchrun, kMpi, kSlurm };
 
-/// "none", "torchrun" or "mpirun".
+/// "none", "torchrun", "mpirun" or "srun".
 const char* launcher_name(Launcher launcher);
 
 /// Everything a rank needs to know about its place in the job.
@@ -27,7 +32,7 @@ struct LaunchEnv {
   int local_rank = 0;                     ///< rank on this node: picks the device
   int world_size = 1;                     ///< number of ranks in the job
   int local_world_size = 1;               ///< ranks on this node
-  int group_rank = 0;                     ///< node index (torchrun's GROUP_RANK)
+  int group_rank = 0;                     ///< node index (torchrun's GROUP_RANK, SLURM_NODEID)
   std::string master_addr = "127.0.0.1";  ///< where the TCPStore lives
   int master_port = 29500;                ///< its port
   /// torchrun's agent already hosts the store at MASTER_ADDR:MASTER_PORT: every rank,
