@@ -102,6 +102,26 @@ c10::intrusive_ptr<Comm> new_subgroup(const c10::intrusive_ptr<c10d::Store>& sto
                   master_addr);
 }
 
+std::vector<c10::intrusive_ptr<c10d::Work>> batch_isend_irecv(Comm& comm,
+                                                              const std::vector<P2POp>& ops) {
+  const bool group = ops.size() > 1 && coalesces(comm);
+  if (group) start_coalescing(comm);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (const P2POp& op : ops) {
+    std::vector<at::Tensor> tensors{op.tensor};
+    auto work = op.kind == P2POp::kSend ? comm.send(tensors, op.peer, op.tag)
+                                        : comm.recv(tensors, op.peer, op.tag);
+    if (work) works.push_back(work);
+  }
+  if (group) {
+    // 2.x: one Work for the group, and only it is waited on, as PyTorch's _coalescing_manager
+    // does (an op inside an NCCL group has no Work of its own to wait for); 1.13: the ops' own.
+    auto all = end_coalescing(comm, works);
+    if (all) return {all};
+  }
+  return works;
+}
+
 Distributed init_distributed(const LaunchEnv& env, const DistOptions& options) {
   Distributed d;
   d.env = env;

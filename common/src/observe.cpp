@@ -156,6 +156,30 @@ c10::intrusive_ptr<c10d::Work> RecordingComm::recv(std::vector<at::Tensor>& tens
   return wrap(inner_->recv(tensors, src, tag), call, "recv");
 }
 
+#if TORCH_VERSION_MAJOR >= 2
+void RecordingComm::startCoalescing() {
+  record("group_start", 0, -1);
+  if (inner_->supportsCoalescing()) inner_->startCoalescing();
+}
+
+c10::intrusive_ptr<c10d::Work> RecordingComm::endCoalescing() {
+  const int64_t call = record("group_end", 0, -1);
+  if (!inner_->supportsCoalescing()) return nullptr;  // gloo: the ops' own Works
+  auto work = inner_->endCoalescing();
+  return work ? wrap(std::move(work), call, "group_end") : work;
+}
+#else
+void RecordingComm::startCoalescing() {
+  record("group_start", 0, -1);
+  inner_->startCoalescing();
+}
+
+void RecordingComm::endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) {
+  record("group_end", 0, -1);
+  inner_->endCoalescing(reqs);
+}
+#endif
+
 c10::intrusive_ptr<c10d::Work> RecordingComm::barrier(const c10d::BarrierOptions& opts) {
   const int64_t call = record("barrier", 0, -1);
   return wrap(inner_->barrier(opts), call, "barrier");

@@ -201,13 +201,17 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   const auto start = Clock::now();
   // TODO(L09): run ops in order so that the stage's parameters get the whole batch's mean
   //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
-  //   returning, and stats filled (L09Pipeline.*, L09Memory.*; README section 6 hints)
+  //   returning, a send started together with the next op's receive whenever both go to the same
+  //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), and stats filled (L09Pipeline.*,
+  //   L09Memory.*, L09NcclSafe.*; README section 6 hints)
   DTC_TODO("L09", "run ops in order so that the stage's parameters get the whole batch's mean "
                   "gradient, each micro-batch's tensors freed after its backward, every send waited for before "
-                  "returning, and stats filled (L09Pipeline.*, L09Memory.*; README section 6 hints)");
+                  "returning, a send started together with the next op's receive whenever both go to the same "
+                  "neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), and stats filled (L09Pipeline.*, "
+                  "L09Memory.*, L09NcclSafe.*; README section 6 hints)");
   stats.total_s = seconds(Clock::now() - start);
   return stats;
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum 6054410f1818a3d7
+// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum 4f120178131342ff

@@ -21,6 +21,7 @@
 
 #include "dtc/compat.h"
 #include "dtc/data.h"
+#include "dtc/dist.h"
 #include "dtc/model.h"
 
 namespace dtc::l09 {
@@ -181,6 +182,14 @@ struct StepStats {
 ///    output's gradient (b/m, T, h) from stage + 1 (tag gradient_tag(i)) and runs
 ///    torch::autograd::backward({output}, {grad}). A stage other than 0 sends its input's
 ///    gradient to stage - 1 (not waiting). Then drop micro-batch i's tensors.
+/// Safe on NCCL: when an op sends to the neighbour that the next op receives from (1F1B's steady
+/// state: a forward's output goes to stage + 1 and the next backward's gradient comes from
+/// stage + 1; after a backward, the other way round), start that send and that receive together
+/// with dtc::batch_isend_irecv (dtc/dist.h), and wait for the pair's Works before the next op
+/// reads the message. Issued one after the other, both are queued on the stream kept for the two
+/// ranks, the send first, and an NCCL send blocks the stream until the peer receives; the
+/// neighbour does the same, and each send waits for a receive queued behind the other's send
+/// (README section 2). L09NcclSafe.* checks the pairing.
 /// Wait for every send before returning. Fill StepStats: time compute (forward, loss,
 /// backward) separately from the whole step, and count micro-batches in flight.
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,

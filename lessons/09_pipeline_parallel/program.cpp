@@ -98,6 +98,12 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog*
       params, torch::optim::AdamWOptions(o.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
   const auto ops = make_schedule(o.schedule, p, o.micro_batches, s);
   const ByteDataset data = ByteDataset::builtin();
+  // On NCCL, a group of sends and receives (dtc::batch_isend_irecv) runs on the communicator of
+  // the whole group, which the group's first collective creates with every rank taking part;
+  // under GPipe the last stage never starts such a group, so create it here, as PyTorch's
+  // pipelining does before its first step (an allreduce of one element over the stages).
+  std::vector<at::Tensor> one{torch::ones({1}, torch::dtype(torch::kFloat).device(o.device))};
+  comm.allreduce(one)->wait();
   std::vector<float> losses;
   for (int64_t step = 0; step < o.steps; ++step) {
     if (log) log->begin_step();

@@ -226,7 +226,9 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   const auto start = Clock::now();
   // BEGIN SOLUTION: run ops in order so that the stage's parameters get the whole batch's mean
   //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
-  //   returning, and stats filled (L09Pipeline.*, L09Memory.*; README section 6 hints)
+  //   returning, a send started together with the next op's receive whenever both go to the same
+  //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), and stats filled (L09Pipeline.*,
+  //   L09Memory.*, L09NcclSafe.*; README section 6 hints)
   const int s = stage.stage;
   const int64_t rows = batch.inputs.size(0) / micro_batches;  // b / m
   const int64_t T = batch.inputs.size(1);
@@ -234,22 +236,43 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   const torch::Device device = batch.inputs.device();                  // where this stage computes
   const bool first = stage.layers.embed;
   const bool last = stage.layers.head;
+  // Whom an op receives from (-1: nobody) and with which tag: a forward its activation from
+  // the stage before, a backward its gradient from the stage after.
+  auto source = [&](const Op& op) {
+    return op.kind == Op::kForward ? (first ? -1 : s - 1) : (last ? -1 : s + 1);
+  };
+  auto tag = [](const Op& op) {
+    return op.kind == Op::kForward ? activation_tag(op.micro) : gradient_tag(op.micro);
+  };
   std::vector<torch::Tensor> inputs(static_cast<size_t>(micro_batches));
   std::vector<torch::Tensor> outputs(static_cast<size_t>(micro_batches));  // or scaled losses
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;                       // waited for at the end
+  torch::Tensor ahead;  // the next op's message, received together with this op's send
+  std::vector<c10::intrusive_ptr<c10d::Work>> ahead_works;
   int64_t in_flight = 0;
   double loss_sum = 0;
-  for (const Op& op : ops) {
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const Op& op = ops[k];
     const auto i = static_cast<size_t>(op.micro);
-    if (op.kind == Op::kForward) {
-      torch::Tensor input;
-      if (first) {
-        input = batch.inputs.narrow(0, op.micro * rows, rows);  // tokens (b/m, T)
+    // 1. The message this op needs: already on its way if it was paired with the last send.
+    torch::Tensor message;
+    if (source(op) >= 0) {
+      if (ahead.defined()) {
+        for (auto& work : ahead_works) work->wait();
+        ahead_works.clear();
+        message = ahead;
+        ahead = torch::Tensor();
       } else {
-        input = recv_tensor(comm, act_shape, s - 1, activation_tag(op.micro), device);
-        input.requires_grad_(true);  // so that backward gives us its gradient to send back
+        message = recv_tensor(comm, act_shape, source(op), tag(op), device);
       }
-      const auto t0 = Clock::now();
+    }
+    // 2. The op itself, and what it sends on (to whom, with which tag).
+    torch::Tensor outgoing;
+    int dest = -1, out_tag = 0;
+    const auto t0 = Clock::now();
+    if (op.kind == Op::kForward) {
+      torch::Tensor input = first ? batch.inputs.narrow(0, op.micro * rows, rows)  // (b/m, T)
+                                  : message.requires_grad_(true);  // backward gives its gradient
       torch::Tensor out = stage.forward(input);
       if (last) {
         auto targets = batch.targets.narrow(0, op.micro * rows, rows);  // (b/m, T)
@@ -257,27 +280,40 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
                                                    targets.reshape({-1})) /
               static_cast<double>(micro_batches);
         loss_sum += out.item<double>();
+      } else {
+        outgoing = out.detach();
+        dest = s + 1;
+        out_tag = activation_tag(op.micro);
       }
-      stats.compute_s += seconds(Clock::now() - t0);
-      if (!last) sends.push_back(send_tensor(comm, out.detach(), s + 1, activation_tag(op.micro)));
       inputs[i] = input;
       outputs[i] = out;
       stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
     } else {
-      torch::Tensor grad;
-      if (!last) grad = recv_tensor(comm, act_shape, s + 1, gradient_tag(op.micro), device);
-      const auto t0 = Clock::now();
       if (last) {
         outputs[i].backward();
       } else {
-        torch::autograd::backward({outputs[i]}, {grad});
+        torch::autograd::backward({outputs[i]}, {message});
       }
-      stats.compute_s += seconds(Clock::now() - t0);
-      if (!first)
-        sends.push_back(send_tensor(comm, inputs[i].grad(), s - 1, gradient_tag(op.micro)));
+      if (!first) {
+        outgoing = inputs[i].grad();
+        dest = s - 1;
+        out_tag = gradient_tag(op.micro);
+      }
       inputs[i] = torch::Tensor();  // the micro-batch's activations are freed here
       outputs[i] = torch::Tensor();
       --in_flight;
+    }
+    stats.compute_s += seconds(Clock::now() - t0);
+    // 3. The send, paired with the next op's receive when that comes from the same neighbour
+    //    (1F1B's steady state: Megatron's send_forward_recv_backward / send_backward_recv_forward).
+    if (dest < 0) continue;
+    const Op* next = k + 1 < ops.size() ? &ops[k + 1] : nullptr;
+    if (next != nullptr && source(*next) == dest) {
+      ahead = torch::empty(act_shape, torch::dtype(torch::kFloat).device(device));
+      ahead_works = batch_isend_irecv(comm, {{P2POp::kSend, outgoing.contiguous(), dest, out_tag},
+                                             {P2POp::kRecv, ahead, dest, tag(*next)}});
+    } else {
+      sends.push_back(send_tensor(comm, outgoing, dest, out_tag));
     }
   }
   for (auto& work : sends) work->wait();

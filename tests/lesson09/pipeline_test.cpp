@@ -15,6 +15,7 @@
 #include "dtc/compare.h"
 #include "dtc/data.h"
 #include "dtc/memory.h"
+#include "dtc/observe.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
 #include "pipeline.h"
@@ -202,6 +203,64 @@ TEST(L09Split, StagesShareTheFullModelsWeights) {
   auto x = make_stage(full, 2, 0).forward(b.inputs);
   x = make_stage(full, 2, 1).forward(x);
   EXPECT_TENSOR_CLOSE(x, full->forward(b.inputs), kExact);
+}
+
+// NCCL's deadlock, seen on gloo. A RecordingComm around each stage's communicator logs every
+// send, receive and group (outside the executor). Wherever a stage sends to a neighbour and its
+// next point-to-point call receives from that same neighbour (1F1B's steady state, and GPipe's
+// turn from forwards to backwards), the two must be one group (dtc::batch_isend_irecv): on NCCL
+// the receive would otherwise wait behind the send on the stream of that pair of ranks, and two
+// neighbours doing so wait on each other once a message is larger than NCCL's buffering. gloo
+// buffers sends and never deadlocks here, so only the recorded order can tell.
+TEST(L09NcclSafe, SendAndTheNextReceiveFromTheSamePeerAreOneGroup) {
+  for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1f1b}) {
+    for (int stages : {2, 3}) {
+      SCOPED_TRACE(std::string(schedule == ScheduleKind::kGpipe ? "gpipe" : "1f1b") + ", " +
+                   std::to_string(stages) + " stages");
+      const PipelineOptions o = small_run(schedule, 4);
+      std::vector<std::vector<CommEvent>> events(static_cast<size_t>(stages));
+      run_ranks(
+          stages,
+          [&](RankContext& ctx) {
+            auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+            Gpt full(o.model);
+            init_weights(full, o.seed);
+            Stage stage = make_stage(full, stages, ctx.rank);
+            const auto ops = make_schedule(schedule, stages, o.micro_batches, ctx.rank);
+            run_schedule(stage, *rec, ops,
+                         ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx),
+                         o.micro_batches);
+            events[static_cast<size_t>(ctx.rank)] = rec->events();
+          },
+          kTimeout);
+      int pairs = 0;
+      for (int rank = 0; rank < stages; ++rank) {
+        struct Call {
+          std::string op;
+          int peer;
+          int group;  // -1: outside any group
+        };
+        std::vector<Call> calls;
+        int group = -1, groups = 0;
+        for (const CommEvent& e : events[static_cast<size_t>(rank)]) {
+          if (e.op == "group_start") group = groups++;
+          if (e.op == "group_end") group = -1;
+          if (e.op == "send" || e.op == "recv") calls.push_back({e.op, e.peer, group});
+        }
+        for (size_t k = 0; k + 1 < calls.size(); ++k) {
+          const Call& a = calls[k];
+          const Call& b = calls[k + 1];
+          if (a.op != "send" || b.op != "recv" || a.peer != b.peer) continue;
+          ++pairs;
+          EXPECT_TRUE(a.group >= 0 && a.group == b.group)
+              << "stage " << rank << ": send to " << a.peer << " (call " << k
+              << ") and the receive from " << b.peer
+              << " after it are not one group: on NCCL each waits behind the other's send";
+        }
+      }
+      EXPECT_GT(pairs, 0) << "no send is followed by a receive from the same stage";
+    }
+  }
 }
 
 TEST(L09P2p, SendAndRecvMoveActivationsBothWays) {

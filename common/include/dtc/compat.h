@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace dtc {
 
@@ -71,6 +72,39 @@ inline c10::intrusive_ptr<Comm> new_nccl_comm(const c10::intrusive_ptr<c10d::Sto
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
 }
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// Grouped point-to-point (lesson 09: dtc::batch_isend_irecv)
+// ---------------------------------------------------------------------------------------------
+
+/// Whether a batch of operations on @p comm can be bracketed by start_coalescing() and
+/// end_coalescing(). 2.x asks the backend (gloo's would throw; NCCL runs the group as one
+/// launch, ncclGroupStart/End); on 1.13 always, as the base class's pair does nothing.
+inline bool coalesces(Comm& comm) {
+#if TORCH_VERSION_MAJOR >= 2
+  return comm.supportsCoalescing();
+#else
+  (void)comm;
+  return true;
+#endif
+}
+
+/// Opens a group: the operations until end_coalescing() are launched together.
+inline void start_coalescing(Comm& comm) { comm.startCoalescing(); }
+
+/// Closes the group opened by start_coalescing(). @p works are the Works its operations
+/// returned (1.13 records its completion events on them). @return 2.x: one Work for the whole
+/// group, or null; 1.13: null (wait on @p works).
+inline c10::intrusive_ptr<c10d::Work> end_coalescing(
+    Comm& comm, std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+#if TORCH_VERSION_MAJOR >= 2
+  (void)works;
+  return comm.endCoalescing();
+#else
+  comm.endCoalescing(works);
+  return {};  // null
+#endif
+}
 
 // ---------------------------------------------------------------------------------------------
 // Memory and optimizers (lesson 02 on)

@@ -62,6 +62,27 @@ c10::intrusive_ptr<Comm> new_subgroup(const c10::intrusive_ptr<c10d::Store>& sto
                                       std::chrono::milliseconds timeout,
                                       const std::string& master_addr = "127.0.0.1");
 
+/// One send or receive of a batch_isend_irecv().
+struct P2POp {
+  enum Kind { kSend, kRecv } kind = kSend;
+  at::Tensor tensor;  ///< sent from, or received into (contiguous)
+  int peer = -1;      ///< the other rank, in @p comm's numbering
+  int tag = 0;        ///< matches a send with its receive between the same two ranks
+};
+
+/// Starts @p ops together and returns what to wait on, as torch.distributed.batch_isend_irecv
+/// does. On a communicator that coalesces (NCCL) the ops form one group (ncclGroupStart/End):
+/// a send to rank q and a receive from q then progress together. Issued one by one instead,
+/// both are queued on the stream kept for that pair of ranks, the send first, and an NCCL send
+/// is "blocking for the GPU" until q's receive runs (NCCL's ncclSend reference); if q does the
+/// same, each waits on the other. On gloo, whose sends never wait for a receive, the ops are
+/// posted in order. On NCCL the group runs on the communicator of the whole of @p comm, which
+/// its first collective creates with every rank taking part: run one collective over @p comm
+/// before the first batch (torch.distributed.batch_isend_irecv's documentation asks the same).
+/// @return the Works to wait on before the received tensors are read or the sent ones reused
+std::vector<c10::intrusive_ptr<c10d::Work>> batch_isend_irecv(Comm& comm,
+                                                              const std::vector<P2POp>& ops);
+
 /// Connects to the store and creates the world communicator.
 Distributed init_distributed(const LaunchEnv& env, const DistOptions& options);
 

@@ -6,7 +6,9 @@
 //                  events, which the test can interleave with its own marks (an autograd hook
 //                  firing, a step starting). Each Work it returns records its wait() too (op
 //                  "wait", label the call's op, id the call's seq): whether a rank waited for a
-//                  send before posting the matching receive is visible.
+//                  send before posting the matching receive is visible. A group of operations
+//                  (start/endCoalescing, dtc::batch_isend_irecv) shows as "group_start" and
+//                  "group_end" events around them, also on gloo, which has no groups itself.
 #pragma once
 
 #include <chrono>
@@ -22,7 +24,8 @@ namespace dtc {
 /// One call seen by a RecordingComm, or one mark() of the test's.
 struct CommEvent {
   std::string op;     ///< "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
-                      ///< "alltoall", "send", "recv", "barrier", or "mark"
+                      ///< "alltoall", "send", "recv", "barrier", "group_start", "group_end",
+                      ///< or "mark"
   std::string label;  ///< mark(): the test's label; empty otherwise
   int64_t bytes = 0;  ///< this rank's input bytes (recv: the bytes received; allgather: sent)
   int peer = -1;      ///< send/recv: the other rank; broadcast/reduce: the root; else -1
@@ -85,6 +88,15 @@ class RecordingComm : public Comm {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  // Groups are recorded on every backend, and passed on where the wrapped one has them.
+#if TORCH_VERSION_MAJOR >= 2
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+#else
+  void startCoalescing() override;
+  void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
+#endif
 
  private:
   int64_t record(const char* op, int64_t bytes, int peer, const std::string& label = "",
