@@ -31,6 +31,13 @@ void validate(const GptConfig& c) {
   }
 }
 
+torch::optim::AdamWOptions adamw_options(const RunConfig& config) {
+  return torch::optim::AdamWOptions(config.lr)
+      .betas({config.beta1, config.beta2})
+      .eps(config.eps)
+      .weight_decay(config.weight_decay);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Modules
 // ---------------------------------------------------------------------------------------------

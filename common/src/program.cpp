@@ -24,6 +24,15 @@ GptConfig TrainOptions::model_config() const {
   return c;
 }
 
+RunConfig TrainOptions::run_config() const {
+  RunConfig c;
+  c.model = model_config();
+  c.batch = train.global_batch;
+  c.seed = train.seed;
+  c.lr = lr;
+  return c;
+}
+
 TrainCli::TrainCli(std::string name, std::string description, int64_t default_steps,
                    bool untied_flag)
     : app_(std::move(description), std::move(name)) {

@@ -22,11 +22,7 @@ Gpt make_model(const TrainConfig& config, const torch::Device& device) {
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {
-  auto options = torch::optim::AdamWOptions(config.lr)
-                     .betas({config.beta1, config.beta2})
-                     .eps(config.eps)
-                     .weight_decay(config.weight_decay);
-  return std::make_unique<torch::optim::AdamW>(model->parameters(), options);
+  return std::make_unique<torch::optim::AdamW>(model->parameters(), adamw_options(config));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -88,4 +84,4 @@ int64_t load_checkpoint(const std::string& path, Gpt& model, torch::optim::AdamW
 }
 
 }  // namespace dtc::l02
-// exercise generated from solutions/02_baseline/baseline.cpp by scripts/exercises.py; checksum 12a195be2232bc30
+// exercise generated from solutions/02_baseline/baseline.cpp by scripts/exercises.py; checksum 6e2c8e126fa4f7b0

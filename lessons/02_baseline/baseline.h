@@ -25,18 +25,11 @@ namespace dtc::l02 {
 // The training set-up (given)
 // ---------------------------------------------------------------------------------------------
 
-/// Everything that decides a training run.
-struct TrainConfig {
-  GptConfig model;             ///< sequences are model.ctx tokens long
-  int64_t batch = 8;           ///< sequences per optimizer step (--global-batch)
-  uint64_t seed = 1;           ///< seeds the weights and the batches (--seed)
-  double lr = 3e-3;            ///< AdamW learning rate, constant
-  double beta1 = 0.9;          ///< AdamW first-moment decay
-  double beta2 = 0.999;        ///< AdamW second-moment decay
-  double eps = 1e-8;           ///< AdamW epsilon
-  double weight_decay = 0.01;  ///< AdamW decoupled weight decay (PyTorch's default), on every
-                               ///< parameter
-};
+/// Everything that decides a training run: the model, the batch (--global-batch), the seed
+/// (--seed) and AdamW's hyperparameters (lr 3e-3, betas 0.9 and 0.999, eps 1e-8, weight decay
+/// 0.01). Every later training lesson starts from the same struct: dtc::RunConfig, in
+/// dtc/model.h.
+using TrainConfig = RunConfig;
 
 /// The course's GPT for @p config, initialised from config.seed (dtc::init_weights), on
 /// @p device.

@@ -147,11 +147,7 @@ void print_memory(std::ostream& out, const LedgerPrediction& p, const MeasuredMe
 
 int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream& err) {
   // 1. configuration: the flags, checked before anything is built.
-  TrainConfig c;
-  c.model = t.model_config();
-  c.batch = t.train.global_batch;
-  c.seed = t.train.seed;
-  c.lr = t.lr;
+  const TrainConfig c = t.run_config();
   const ByteDataset data = o.data.empty() ? ByteDataset::builtin() : ByteDataset::from_file(o.data);
   data.offset(c.seed, 0, 0, c.model.ctx);  // checks that sequences fit in the corpus
 

@@ -59,9 +59,7 @@ Gpt make_model(const TrainConfig& config, uint64_t seed, const torch::Device& de
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {
-  auto options =
-      torch::optim::AdamWOptions(config.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01);
-  return std::make_unique<torch::optim::AdamW>(model->parameters(), options);
+  return std::make_unique<torch::optim::AdamW>(model->parameters(), adamw_options(config));
 }
 
 torch::Tensor forward_loss(Gpt& model, const Batch& batch) {
@@ -76,7 +74,7 @@ torch::Tensor forward_loss(Gpt& model, const Batch& batch) {
 
 std::vector<Batch> rank_batches(const ByteDataset& data, const TrainConfig& config, int64_t step,
                                 int rank, int world) {
-  const int64_t rows = config.global_batch / world;  // this rank's share of the global batch
+  const int64_t rows = config.batch / world;  // this rank's share of the global batch
   const int64_t micro = rows / config.accum;
   std::vector<Batch> out;
   for (int64_t m = 0; m < config.accum; ++m) {
@@ -208,7 +206,7 @@ class EpochData {
  public:
   EpochData(const ByteDataset& data, const TrainConfig& c, int64_t max_windows, int rank, int world,
             bool set_epoch)
-      : data_(data), c_(c), world_(world), rows_(c.global_batch / world), set_epoch_(set_epoch) {
+      : data_(data), c_(c), world_(world), rows_(c.batch / world), set_epoch_(set_epoch) {
     int64_t windows = window_count(data, c.model.ctx);
     if (max_windows > 0) windows = std::min(windows, max_windows);  // short epochs
     sampler_ = std::make_unique<DistributedSampler>(windows, world, rank, /*shuffle=*/true, c.seed);
@@ -319,7 +317,7 @@ void print_banner(std::ostream& out, const Job& job, const TrainConfig& c, const
                     epochs ? fmt::format("epochs of {} windows (DistributedSampler), {} steps each",
                                          epochs->windows(), epochs->steps_per_epoch())
                            : std::string("lesson 02's batches"),
-                    c.global_batch, world, c.global_batch / world,
+                    c.batch, world, c.batch / world,
                     c.accum > 1 ? fmt::format(" in {} micro-steps", c.accum) : std::string(),
                     c.seed)},
        {"ddp", fmt::format("--sync {}{}, timeout {} s", sync_name(c.sync),
@@ -356,7 +354,7 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
     j["replica_divergence"] = divergence;
     j["pitfall"] = o.pitfall;
     if (epochs) j["same_order_in_epochs_0_and_1"] = same_order;
-    j["config"] = config_json(c.model, c.global_batch, c.seed, c.lr);
+    j["config"] = config_json(c.model, c.batch, c.seed, c.lr);
     print_json_line(out, j);
     return kExitOk;
   }
@@ -382,11 +380,7 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
 
 // The five-part skeleton of README section 2.
 int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream& err) {
-  TrainConfig c;
-  c.model = t.model_config();
-  c.global_batch = t.train.global_batch;
-  c.seed = t.train.seed;
-  c.lr = t.lr;
+  TrainConfig c(t.run_config());
   c.sync = parse_sync(o.sync);
   c.accum = o.accum;
   c.bucket_bytes = static_cast<int64_t>(std::llround(o.bucket_kb * 1024.0));
@@ -400,7 +394,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   // 1. init: who am I (checked before touching the network: bad input is exit 2 on every rank),
   // then join the others. 2. device: from LOCAL_RANK (the pitfall: from RANK).
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
-  check_batch_split(c.global_batch, job.env.world_size, c.accum);
+  check_batch_split(c.batch, job.env.world_size, c.accum);
   if (o.pitfall == "device-from-rank") job.device = device_from_rank(job, err);
   job.connect();
   const int rank = job.rank(), world = job.world();
@@ -424,7 +418,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   // 4. train: each rank its shard of every batch.
   const int64_t last =
       o.pitfall == "uneven-steps" && rank == world - 1 && world > 1 ? steps - 1 : steps;
-  StepLog log(err, talk, first, steps, c.global_batch * c.model.ctx, "[rank 0] ");
+  StepLog log(err, talk, first, steps, c.batch * c.model.ctx, "[rank 0] ");
   for (int64_t step = first; step < last; ++step) {
     const std::vector<Batch> batches =
         epochs ? epochs->batches(step, talk, err) : rank_batches(data, c, step, rank, world);

@@ -29,12 +29,12 @@ SyncMode parse_sync(const std::string& name);
 /// The flag's spelling of @p mode.
 const char* sync_name(SyncMode mode);
 
-/// Everything that decides a data-parallel training run (lesson 02's TrainConfig, plus DDP's).
-struct TrainConfig {
-  GptConfig model;
-  int64_t global_batch = 8;  ///< sequences per optimizer step, summed over all ranks
-  uint64_t seed = 1;         ///< weights and batches
-  double lr = 3e-3;          ///< AdamW, as lesson 02: betas (0.9, 0.999), eps 1e-8, wd 0.01
+/// Everything that decides a data-parallel training run: lesson 02's TrainConfig
+/// (dtc::RunConfig: the model, batch = the global batch, summed over all ranks, the seed,
+/// AdamW's hyperparameters), plus DDP's.
+struct TrainConfig : RunConfig {
+  TrainConfig() = default;
+  explicit TrainConfig(const RunConfig& run) : RunConfig(run) {}
   SyncMode sync = SyncMode::kBucketed;
   int64_t bucket_bytes = 256 * 1024;  ///< the Reducer's bucket cap (--bucket-kb)
   int64_t accum = 1;                  ///< micro-steps per optimizer step (--accum)

@@ -93,10 +93,7 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
   full->to(device);
   TpGpt model(full, tp);
   full = Gpt(nullptr);  // the full copy is freed: from here on, each rank holds 1/tp of it
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(c.lr)
-                                                         .betas({c.beta1, c.beta2})
-                                                         .eps(c.eps)
-                                                         .weight_decay(c.weight_decay));
+  torch::optim::AdamW optimizer(model->parameters(), adamw_options(c));
   const ByteDataset data = ByteDataset::builtin();
   const int64_t rows = c.batch / dp.getSize();
   const int64_t first_row = dp.getRank() * rows;
@@ -232,11 +229,7 @@ void print_report(std::ostream& out, const TrainConfig& c, const Grid& grid, con
 
 int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream& err) {
   // 1. Configuration, checked on every rank before the network is touched.
-  TrainConfig c;
-  c.model = t.model_config();
-  c.batch = t.train.global_batch;
-  c.seed = t.train.seed;
-  c.lr = t.lr;
+  const TrainConfig c = t.run_config();
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
   const Grid grid = choose_grid(job.env.world_size, o, c.model);
   if (c.batch % grid.dp != 0) {

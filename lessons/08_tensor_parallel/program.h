@@ -58,17 +58,9 @@ Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& gri
 // Training (given)
 // ---------------------------------------------------------------------------------------------
 
-/// Everything that decides a training run: lesson 02's TrainConfig, the same defaults.
-struct TrainConfig {
-  GptConfig model;
-  int64_t batch = 8;  ///< global batch (--global-batch), split over the dp replicas
-  uint64_t seed = 1;
-  double lr = 3e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-};
+/// Everything that decides a training run: lesson 02's TrainConfig (dtc::RunConfig), the same
+/// defaults; its batch is the global batch, split over the dp replicas.
+using TrainConfig = RunConfig;
 
 /// Averages every gradient of @p module over @p dp: allreduce SUM, then divide by dp's size
 /// (gloo in LibTorch 1.13 has no ReduceOp::AVG).

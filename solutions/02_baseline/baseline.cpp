@@ -22,11 +22,7 @@ Gpt make_model(const TrainConfig& config, const torch::Device& device) {
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {
-  auto options = torch::optim::AdamWOptions(config.lr)
-                     .betas({config.beta1, config.beta2})
-                     .eps(config.eps)
-                     .weight_decay(config.weight_decay);
-  return std::make_unique<torch::optim::AdamW>(model->parameters(), options);
+  return std::make_unique<torch::optim::AdamW>(model->parameters(), adamw_options(config));
 }
 
 // ---------------------------------------------------------------------------------------------

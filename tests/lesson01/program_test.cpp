@@ -22,19 +22,8 @@ Result run_lesson01(std::vector<std::string> args) {
 using ::dtc::test::last_json_line;
 
 // Each case (arguments, flag) must exit with 2 and a message naming the flag and the fix.
-void expect_usage_errors(
-    const std::vector<std::pair<std::vector<std::string>, std::string>>& cases) {
-  for (const auto& [args, flag] : cases) {
-    std::string joined;
-    for (const auto& a : args) joined += a + " ";
-    SCOPED_TRACE(joined);
-    const Result r = run_lesson01(args);
-    EXPECT_EQ(r.code, 2) << r.err;
-    EXPECT_NE(r.err.find(flag), std::string::npos) << "the message should name " << flag << ":\n"
-                                                   << r.err;
-    EXPECT_NE(r.err.find("HINT"), std::string::npos) << "the message should say how to fix it:\n"
-                                                     << r.err;
-  }
+void expect_usage_errors(const std::vector<::dtc::test::BadInput>& cases) {
+  ::dtc::test::expect_usage_errors("lesson01", cases, run_program);
 }
 
 TEST(L01Program, BareParamsJson) {
@@ -120,7 +109,7 @@ TEST(L01Program, PlanTableAndDoesNotFit) {
 }
 
 TEST(L01ProgramGiven, PlanBadInputExitsWithTwoAndNamesTheFlag) {
-  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+  const std::vector<::dtc::test::BadInput> cases = {
       {{"--plan", "--model", "llama-7b", "--cluster", "tpu-v5"}, "--cluster"},
       {{"--plan", "--model", "llama-7b", "--gpus", "12"}, "--gpus"},
       {{"--plan", "--model", "llama-7b", "--gpus", "16", "--inter-bw", "0"}, "--inter-bw"},
@@ -134,7 +123,7 @@ TEST(L01ProgramGiven, PlanBadInputExitsWithTwoAndNamesTheFlag) {
 }
 
 TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
-  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+  const std::vector<::dtc::test::BadInput> cases = {
       {{"--model", "gpt5"}, "--model"},
       {{"--model", "llama-7b", "--tp", "3"}, "--tp"},
       {{"--params", "7e9", "--zero", "4"}, "--zero"},

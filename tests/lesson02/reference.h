@@ -10,6 +10,7 @@
 
 #include "baseline.h"
 #include "dtc/data.h"
+#include "plain_baseline.h"
 
 namespace dtc::l02::test {
 
@@ -30,24 +31,7 @@ inline const nlohmann::json& reference_case(const std::string& name) {
 }
 
 /// The TrainConfig that a reference case was computed with.
-inline TrainConfig config_of(const nlohmann::json& c) {
-  const auto& j = c.at("config");
-  TrainConfig t;
-  t.model.vocab = j.at("vocab");
-  t.model.ctx = j.at("ctx");
-  t.model.hidden = j.at("hidden");
-  t.model.layers = j.at("layers");
-  t.model.heads = j.at("heads");
-  t.model.tied = j.at("tied");
-  t.seed = j.at("seed");
-  t.batch = j.at("batch");
-  t.lr = j.at("lr");
-  t.beta1 = j.at("betas")[0];
-  t.beta2 = j.at("betas")[1];
-  t.eps = j.at("eps");
-  t.weight_decay = j.at("weight_decay");
-  return t;
-}
+inline TrainConfig config_of(const nlohmann::json& c) { return ::dtc::test::run_config_of(c); }
 
 /// Lesson 01's GPT parameter count (its section 4; REFERENCES.md "GPT-2 style"):
 /// L(12h^2 + 13h) + Vh + ctx*h + 2h, plus Vh for an untied output head.

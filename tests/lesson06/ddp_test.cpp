@@ -37,7 +37,7 @@ TrainConfig tiny(SyncMode sync, int64_t batch = 6) {
   c.model.hidden = 32;
   c.model.heads = 2;
   c.model.ctx = 16;
-  c.global_batch = batch;
+  c.batch = batch;
   c.sync = sync;
   c.bucket_bytes = 8 * 1024;  // several buckets for this model
   return c;
@@ -51,10 +51,7 @@ struct RankRun {
 // The baseline: one process, the whole global batch, plain LibTorch (lesson 02's step:
 // tests/support/plain_baseline.h).
 RankRun baseline(const TrainConfig& c, int64_t steps) {
-  test::AdamWHyper adamw;
-  adamw.lr = c.lr;
-  const test::BaselineRun base =
-      test::plain_baseline(c.model, c.seed, c.global_batch, steps, adamw);
+  const test::BaselineRun base = test::plain_baseline(c, steps);
   return {base.losses, base.params};
 }
 
@@ -177,14 +174,7 @@ TEST(L06Bucketed, UntiedTwelveRowsOnThreeRanksMatchBaseline) {
 // Against PyTorch itself: lesson 02's reference case, 2 ranks of 2 rows each.
 TEST(L06Bucketed, TwoRanksMatchPyTorchLosses) {
   const test::ReferenceCase ref = test::reference_case("tiny_tied");
-  const test::AdamWHyper defaults;
-  ASSERT_EQ(ref.adamw.beta1, defaults.beta1);  // the trainer uses lesson 02's AdamW settings
-  ASSERT_EQ(ref.adamw.weight_decay, defaults.weight_decay);
-  TrainConfig c;
-  c.model = ref.model;
-  c.seed = ref.seed;
-  c.global_batch = ref.batch;
-  c.lr = ref.adamw.lr;
+  TrainConfig c(ref.config);
   c.sync = SyncMode::kBucketed;
   c.bucket_bytes = 64 * 1024;
   const std::vector<float>& want = ref.losses;

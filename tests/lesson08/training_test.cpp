@@ -24,28 +24,14 @@ namespace {
 
 using test::kTimeout;
 
-// PyTorch's run (tests/support/plain_baseline.h reads it) as this lesson's TrainConfig.
-TrainConfig config_of(const test::ReferenceCase& ref) {
-  TrainConfig t;
-  t.model = ref.model;
-  t.seed = ref.seed;
-  t.batch = ref.batch;
-  t.lr = ref.adamw.lr;
-  t.beta1 = ref.adamw.beta1;
-  t.beta2 = ref.adamw.beta2;
-  t.eps = ref.adamw.eps;
-  t.weight_decay = ref.adamw.weight_decay;
-  return t;
-}
-
 // Trains on world thread-ranks as dp x tp; every rank's losses must match.
 void expect_matches(const std::string& ref_name, int dp, int tp) {
   const test::ReferenceCase ref = test::reference_case(ref_name);
-  const TrainConfig c = config_of(ref);
+  const TrainConfig& c = ref.config;
   const std::vector<float>& pytorch = ref.losses;
   const auto steps = static_cast<int64_t>(pytorch.size());
   // The single-process baseline (lesson 02's training step), in plain LibTorch.
-  const test::BaselineRun base = test::plain_baseline(c.model, c.seed, c.batch, steps, ref.adamw);
+  const test::BaselineRun base = test::plain_baseline(c, steps);
   const auto& baseline = base.losses;
   const Grid grid = make_grid(dp * tp, dp, tp);
   std::mutex mu;

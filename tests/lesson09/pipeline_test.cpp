@@ -66,9 +66,7 @@ PipelineRun run_pipeline_here(const PipelineOptions& o, int stages) {
         init_weights(full, o.seed);
         Stage stage = make_stage(full, stages, ctx.rank);
         const auto params = stage.parameters();
-        torch::optim::AdamW optimizer(
-            params,
-            torch::optim::AdamWOptions(o.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
+        torch::optim::AdamW optimizer(params, adamw_options(o));
         const auto ops = make_schedule(o.schedule, stages, o.micro_batches, ctx.rank);
         const ByteDataset data = ByteDataset::builtin();
         std::vector<float> losses;
@@ -100,9 +98,7 @@ PipelineRun run_pipeline_here(const PipelineOptions& o, int stages) {
 
 void expect_baseline(ScheduleKind schedule, int stages, int64_t micro_batches) {
   const PipelineOptions o = small_run(schedule, micro_batches);
-  test::AdamWHyper adamw;
-  adamw.lr = o.lr;
-  const test::BaselineRun base = test::plain_baseline(o.model, o.seed, o.batch, o.steps, adamw);
+  const test::BaselineRun base = test::plain_baseline(o, o.steps);
   const PipelineRun got = run_pipeline_here(o, stages);
   ASSERT_EQ(got.losses.size(), base.losses.size());
   EXPECT_TENSOR_CLOSE(torch::tensor(got.losses), torch::tensor(base.losses), kFp32Steps);

@@ -44,7 +44,8 @@ inline void clear_launch_env() {
 /// One bad command line and the flag its error must name.
 using BadInput = std::pair<std::vector<std::string>, const char*>;
 
-/// Each of @p cases must exit 2 (a usage error) with a message that names its flag.
+/// Each of @p cases must exit 2 (a usage error) with a message that names its flag and a
+/// "HINT: " line that says how to fix it, and no LibTorch backtrace.
 template <class Entry>
 void expect_usage_errors(const std::string& name, const std::vector<BadInput>& cases,
                          Entry&& entry) {
@@ -53,6 +54,8 @@ void expect_usage_errors(const std::string& name, const std::vector<BadInput>& c
     const ProgramRun r = run_in_process(name, args, entry);
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("HINT: "), std::string::npos) << "no fix-it hint:\n" << r.err;
+    EXPECT_EQ(r.err.find("Exception raised from"), std::string::npos) << r.err;
   }
 }
 

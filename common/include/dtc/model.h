@@ -42,6 +42,25 @@ struct GptConfig {
 ///   size below 1, or heads that do not divide hidden.
 void validate(const GptConfig& config);
 
+/// What decides a training run of the course's GPT: its shape, the global batch, the seed and
+/// AdamW's hyperparameters, with lesson 02's defaults (PyTorch's AdamW, lr 3e-3). Lesson 02's
+/// TrainConfig, shared by every later training lesson (dtc::TrainOptions::run_config fills it
+/// from the common flags).
+struct RunConfig {
+  GptConfig model;             ///< sequences are model.ctx tokens long
+  int64_t batch = 8;           ///< sequences per optimizer step, over all ranks (--global-batch)
+  uint64_t seed = 1;           ///< seeds the weights and the batches (--seed)
+  double lr = 3e-3;            ///< AdamW learning rate, constant (--lr)
+  double beta1 = 0.9;          ///< AdamW first-moment decay
+  double beta2 = 0.999;        ///< AdamW second-moment decay
+  double eps = 1e-8;           ///< AdamW epsilon
+  double weight_decay = 0.01;  ///< AdamW decoupled weight decay (PyTorch's default), on every
+                               ///< parameter
+};
+
+/// torch::optim::AdamW's options for @p config: lr, betas, eps and weight decay.
+torch::optim::AdamWOptions adamw_options(const RunConfig& config);
+
 /// Causal multi-head self-attention: c_attn (h -> 3h), softmax over earlier positions, c_proj.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:

@@ -50,6 +50,9 @@ struct TrainOptions {
   /// The model the flags describe: tied unless --untied, checked (dtc::validate).
   /// @throws UsageError naming the flag when the shape does not make a model
   GptConfig model_config() const;
+  /// The run the flags describe: model_config(), --global-batch, --seed and --lr, AdamW's other
+  /// hyperparameters at lesson 02's defaults. @throws UsageError as model_config()
+  RunConfig run_config() const;
 };
 
 /// A training program's command line: CLI11's App with the shared flags, each checked by a
