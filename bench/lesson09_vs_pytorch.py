@@ -11,8 +11,11 @@ largest difference between their losses.
     # smoke size (ctest): --nproc 2 --steps 2 --layers 2 --hidden 32 --seq 16
 
 PyTorch's side: PipelineStage (one per rank, the same blocks as the C++ stage) driven by
-ScheduleGPipe or Schedule1F1B with the loss on the last stage (scale_grads: each micro-batch's
-loss / m, as in the lesson), AdamW with lesson 02's hyperparameters.
+ScheduleGPipe or Schedule1F1B with the loss on the last stage, each micro-batch's mean loss
+unscaled; the schedule's scale_grads then divides the accumulated gradients by m after the last
+backward (PipelineStage.scale_grads: param.grad.div_(m)), where the lesson divides each
+micro-batch's loss by m before its backward: the same gradients, up to the order of fp32
+operations. AdamW with lesson 02's hyperparameters.
 """
 import argparse
 import json

@@ -58,6 +58,11 @@ double BubbleRow::theory() const {
   return (p - 1) / (static_cast<double>(micro_batches) + p - 1);
 }
 
+double BubbleRow::theory_per_compute() const {
+  const auto p = static_cast<double>(bubble.size());
+  return (p - 1) / static_cast<double>(micro_batches);
+}
+
 double BubbleRow::mean_bubble() const {
   double sum = 0;
   for (double b : bubble) sum += b;
@@ -94,8 +99,7 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog*
   Stage stage = build_stage(o, p, s);
   const auto params = stage.parameters();
   // AdamW per stage over its own parameters: elementwise, so p optimizers = the baseline's one.
-  torch::optim::AdamW optimizer(
-      params, torch::optim::AdamWOptions(o.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
+  torch::optim::AdamW optimizer(params, adamw_options(o));
   const auto ops = make_schedule(o.schedule, p, o.micro_batches, s);
   const ByteDataset data = ByteDataset::builtin();
   // On NCCL, a group of sends and receives (dtc::batch_isend_irecv) runs on the communicator of
@@ -139,19 +143,30 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
     for (int64_t m : o.sweep) {
       if (m < 1 || o.batch % m != 0) continue;
       const auto ops = make_schedule(kind, p, m, s);
-      double best_bubble = 1.0;
+      double best_bubble = 1.0, best_per_compute = -1.0;
       int64_t in_flight = 0, peak = -1;
       for (int64_t k = 0; k < std::max<int64_t>(1, o.sweep_steps); ++k) {
         zero_grads(params);
-        comm.barrier()->wait();  // every stage starts the step together
         int64_t before = 0;
         if (counting_allocator_installed()) {
           before = cpu_memory().current;
           reset_cpu_peak();
         }
+        // One window for every stage: it opens when all have passed the first barrier and closes
+        // when the last stage's last op is done. A stage's own end would hide its idle tail:
+        // stage 0 finishes last, the last stage first, so only stage 0 would see the formula.
+        comm.barrier()->wait();
+        const auto t0 = std::chrono::steady_clock::now();
         const StepStats st = run_schedule(stage, comm, ops, batch, m);
+        comm.barrier()->wait();
+        const double window =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (counting_allocator_installed()) peak = std::max(peak, cpu_memory().peak - before);
-        best_bubble = std::min(best_bubble, st.bubble());
+        const double idle = std::max(0.0, window - st.compute_s);
+        best_bubble = std::min(best_bubble, window > 0 ? idle / window : 0.0);
+        const double per_compute = st.compute_s > 0 ? idle / st.compute_s : 0.0;
+        best_per_compute =
+            best_per_compute < 0 ? per_compute : std::min(best_per_compute, per_compute);
         in_flight = st.max_in_flight;
       }
       zero_grads(params);
@@ -159,6 +174,7 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
       row.schedule = kind;
       row.micro_batches = m;
       row.bubble = gather_per_stage(comm, best_bubble, o.device);
+      row.idle_per_compute = gather_per_stage(comm, best_per_compute, o.device);
       for (double v : gather_per_stage(comm, static_cast<double>(in_flight), o.device))
         row.in_flight.push_back(static_cast<int64_t>(v));
       for (double v : gather_per_stage(comm, static_cast<double>(peak), o.device))
@@ -217,6 +233,8 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
                              {"measured", r.bubble},
                              {"mean", r.mean_bubble()},
                              {"theory", r.theory()},
+                             {"idle_per_compute", r.idle_per_compute},
+                             {"theory_per_compute", r.theory_per_compute()},
                              {"in_flight", r.in_flight},
                              {"peak_bytes", r.peak_bytes}});
     }
@@ -230,16 +248,20 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
              log.tokens_per_s(), log.elapsed_s());
   if (rows.empty()) return kExitOk;
   fmt::print(out,
-             "\nThe bubble: idle / total time of one forward-backward step per stage, from "
-             "timestamps\n(best of {} steps), against (p-1)/(m+p-1):\n\n",
+             "\nThe bubble: idle time of one forward-backward step per stage, in one window for "
+             "all stages\n(barrier to barrier, best of {} steps); idle / window against "
+             "(p-1)/(m+p-1), and idle / compute\nagainst Megatron-LM's (p-1)/m:\n\n",
              o.sweep_steps);
-  fmt::print(out, "  {:<9} {:>3}  {:>8} {:>8}  {}\n", "schedule", "m", "theory", "mean",
-             "per stage");
+  fmt::print(out, "  {:<9} {:>3}  {:>8} {:>8}  {:<23} {:>9}  {}\n", "schedule", "m", "theory",
+             "mean", "idle/window per stage", "(p-1)/m", "idle/compute per stage");
   for (const auto& r : rows) {
-    std::vector<std::string> per;
+    std::vector<std::string> per, per_compute;
     for (double b : r.bubble) per.push_back(fmt::format("{:.2f}", b));
-    fmt::print(out, "  {:<9} {:>3}  {:>8.3f} {:>8.3f}  {}\n", schedule_name(r.schedule),
-               r.micro_batches, r.theory(), r.mean_bubble(), fmt::join(per, " "));
+    for (double b : r.idle_per_compute) per_compute.push_back(fmt::format("{:.2f}", b));
+    fmt::print(out, "  {:<9} {:>3}  {:>8.3f} {:>8.3f}  {:<23} {:>9.3f}  {}\n",
+               schedule_name(r.schedule), r.micro_batches, r.theory(), r.mean_bubble(),
+               fmt::format("{}", fmt::join(per, " ")), r.theory_per_compute(),
+               fmt::join(per_compute, " "));
   }
   fmt::print(out,
              "\nActivation memory per stage: micro-batches stored at once (GPipe m, 1F1B "
@@ -291,12 +313,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
     // 1. Configuration, checked on every rank before the network is touched.
     const TrainOptions& t = cli.options();
     Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s), env_lookup);
-    o.model = t.model_config();
+    static_cast<RunConfig&>(o) = t.run_config();
     o.model.tied = false;  // the pipeline's last stage has its own head
     o.steps = t.train.steps;
-    o.seed = t.train.seed;
-    o.batch = t.train.global_batch;
-    o.lr = t.lr;
     o.json = t.train.json;
     o.schedule = parse_schedule(schedule);
     o.device = job.device;

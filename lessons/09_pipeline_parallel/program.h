@@ -17,14 +17,12 @@
 
 namespace dtc::l09 {
 
-/// Everything that decides a pipelined training run.
-struct PipelineOptions {
-  GptConfig model;            ///< tied = false is forced: the pipeline needs its own head
-  int64_t batch = 8;          ///< sequences per optimizer step (--global-batch)
-  uint64_t seed = 1;          ///< seeds the weights and the batches (--seed)
-  double lr = 3e-3;           ///< AdamW, as lesson 02 (betas 0.9/0.999, eps 1e-8, wd 0.01)
-  int64_t steps = 20;         ///< optimizer steps (--steps)
-  int64_t micro_batches = 4;  ///< m (--micro-batches)
+/// Everything that decides a pipelined training run: lesson 02's (dtc::RunConfig: the model,
+/// whose tied = false is forced, the pipeline needing its own head; the batch, the seed,
+/// AdamW's hyperparameters), plus the pipeline's own.
+struct PipelineOptions : RunConfig {
+  int64_t steps = 20;                           ///< optimizer steps (--steps)
+  int64_t micro_batches = 4;                    ///< m (--micro-batches)
   ScheduleKind schedule = ScheduleKind::k1f1b;  ///< --schedule
   /// Micro-batch counts for the bubble measurement (only those that divide the batch); empty:
   /// no measurement.
@@ -50,16 +48,21 @@ std::vector<float> train_pipeline(const PipelineOptions& options, Comm& comm,
 struct BubbleRow {
   ScheduleKind schedule = ScheduleKind::kGpipe;
   int64_t micro_batches = 1;
-  std::vector<double> bubble;       ///< per stage: idle / total of the step (timestamps)
-  std::vector<int64_t> in_flight;   ///< per stage: most micro-batches stored at once
-  std::vector<int64_t> peak_bytes;  ///< per stage: allocator peak above the step's start, or
-                                    ///< -1 when the counting allocator is not installed
-  double theory() const;            ///< (p - 1) / (m + p - 1)
-  double mean_bubble() const;       ///< the mean over stages
+  /// per stage: idle / window, where the window is the same for every stage: from a barrier
+  /// before the step to a barrier after it (so the window ends when the last stage is done)
+  std::vector<double> bubble;
+  std::vector<double> idle_per_compute;  ///< per stage: idle / compute in the same window
+  std::vector<int64_t> in_flight;        ///< per stage: most micro-batches stored at once
+  std::vector<int64_t> peak_bytes;       ///< per stage: allocator peak above the step's start, or
+                                         ///< -1 when the counting allocator is not installed
+  double theory() const;                 ///< idle / window: (p - 1) / (m + p - 1)
+  double theory_per_compute() const;     ///< idle / compute, Megatron-LM's: (p - 1) / m
+  double mean_bubble() const;            ///< the mean over stages
 };
 
 /// Runs options.sweep_steps forward-backward steps (no optimizer step) for each schedule and
-/// each m of options.sweep that divides the batch, and gathers every stage's numbers.
+/// each m of options.sweep that divides the batch, each between two barriers (one window for
+/// every stage), and gathers every stage's numbers (the best of the steps, per stage).
 std::vector<BubbleRow> measure_bubbles(const PipelineOptions& options, Comm& comm);
 
 /// Trains, measures, and prints the report on rank 0 (tables, or one JSON line with "losses",

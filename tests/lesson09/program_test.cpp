@@ -47,6 +47,19 @@ TEST(L09Program, ReportsBubbleAndInFlightOnFourRanks) {
     const bool gpipe = row.at("schedule") == "gpipe";
     // closed form: (p - 1) / (m + p - 1) with p = 4
     EXPECT_DOUBLE_EQ(row.at("theory").get<double>(), 3.0 / (static_cast<double>(m) + 3.0));
+    // Megatron-LM's definition, idle per unit of compute: (p - 1) / m
+    EXPECT_DOUBLE_EQ(row.at("theory_per_compute").get<double>(), 3.0 / static_cast<double>(m));
+    ASSERT_EQ(row.at("measured").size(), 4u);
+    ASSERT_EQ(row.at("idle_per_compute").size(), 4u);
+    for (int s = 0; s < 4; ++s) {
+      // One window w for every stage, idle = w - compute: idle / w = b and idle / compute =
+      // b / (1 - b) are the same measurement, read two ways.
+      const double b = row.at("measured")[s].get<double>();
+      EXPECT_GE(b, 0.0);
+      EXPECT_LT(b, 1.0);
+      EXPECT_NEAR(row.at("idle_per_compute")[s].get<double>(), b / (1.0 - b), 1e-9 + 1e-6 * b)
+          << row.dump();
+    }
     for (int s = 0; s < 4; ++s) {
       // GPipe stores m micro-batches, 1F1B min(m, p - s)
       EXPECT_EQ(row.at("in_flight")[s].get<int64_t>(), gpipe ? m : std::min<int64_t>(m, 4 - s))
