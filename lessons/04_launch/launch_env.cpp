@@ -102,5 +102,16 @@ void require_ranks(const LaunchInfo& info, int min_ranks, const std::vector<std:
                   "(L04RequireRanks.*; hints: README section 9)");
 }
 
+std::string torchrun_command(const MultiNodeJob& job, int node) {
+  // TODO(L04): typed on every node, the commands start one job of hosts x nproc_per_node
+  //   ranks, numbered node by node, its store on hosts[0]:port, every rank running the program
+  //   as given; static: only the node's own number differs; c10d: one command for every node;
+  //   bad input is the header's UsageError (L04Command.*, e2e multinode; hints: README section 9)
+  DTC_TODO("L04", "typed on every node, the commands start one job of hosts x nproc_per_node "
+                  "ranks, numbered node by node, its store on hosts[0]:port, every rank running the program "
+                  "as given; static: only the node's own number differs; c10d: one command for every node; "
+                  "bad input is the header's UsageError (L04Command.*, e2e multinode; hints: README section 9)");
+}
+
 }  // namespace dtc::l04
-// exercise generated from solutions/04_launch/launch_env.cpp by scripts/exercises.py; checksum 67211ec6a090725c
+// exercise generated from solutions/04_launch/launch_env.cpp by scripts/exercises.py; checksum be19291b0b63ce4f

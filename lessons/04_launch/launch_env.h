@@ -132,4 +132,43 @@ torch::Device pick_device(const LaunchInfo& info, int cuda_devices);
 void require_ranks(const LaunchInfo& info, int min_ranks, const std::vector<std::string>& argv,
                    const std::string& torchrun);
 
+// ---------------------------------------------------------------------------------------------
+// Writing the launch command of a multi-node job (yours)
+// ---------------------------------------------------------------------------------------------
+
+/// How the nodes of a job find each other (README section 7).
+enum class Rendezvous {
+  kStatic,  ///< torchrun's default: you number the nodes; node 0 serves the store
+  kC10d,    ///< c10d rendezvous: the agents number themselves in order of arrival
+};
+
+/// A multi-node job, as the person who starts it knows it.
+struct MultiNodeJob {
+  std::vector<std::string> hosts;  ///< one address (or host name) per node; hosts[0] serves
+                                   ///< the job's store (static) or rendezvous (c10d)
+  int nproc_per_node = 1;          ///< ranks on each node (its GPUs)
+  int port = 29500;                ///< the port of that store on hosts[0]
+  std::string job_id = "job";      ///< the job's name (c10d's rendezvous id)
+  Rendezvous rendezvous = Rendezvous::kStatic;
+  std::vector<std::string> program;   ///< what every rank runs: the program, then its arguments
+  std::string torchrun = "torchrun";  ///< how torchrun is started here (may carry flags)
+};
+
+/// The command to type on node @p node of @p job.
+///
+/// Contract, checked by torchrun itself (the end-to-end tests parse every command with
+/// torchrun's own argument parser, then run them, one torchrun per node): typed on every node,
+/// the commands start one job of hosts.size() * nproc_per_node ranks, numbered node by node,
+/// whose store is served on hosts[0] at @p job.port; every rank runs exactly @p job.program (no
+/// Python interpreter in front of it), its arguments arriving unchanged whatever characters
+/// they hold. With Rendezvous::kStatic, two nodes' commands differ only where the node's own
+/// number is written; with kC10d, every node types the same command, the job named job_id.
+/// The command starts with @p job.torchrun as given.
+/// @throws UsageError("--hosts") when there is no host; UsageError("--nproc-per-node") when
+///   nproc_per_node < 1; UsageError("--port") outside 1..65535; UsageError("--node") when
+///   @p node is not in 0..hosts.size()-1; UsageError("--job-id") for an empty job id with
+///   kC10d; UsageError("program") when @p job.program is empty. Each hint says what to pass
+///   instead.
+std::string torchrun_command(const MultiNodeJob& job, int node);
+
 }  // namespace dtc::l04

@@ -2,7 +2,7 @@
 # (launch_env.cpp); the program joins a real job (LibTorch + gloo).
 dtc_add_lesson(04 DIR 04_launch SOURCES launch_env.cpp DRIVER env_vars.cpp program.cpp
                TESTS tests/lesson04/env_vars_test.cpp tests/lesson04/launch_env_test.cpp
-                     tests/lesson04/program_test.cpp
+                     tests/lesson04/program_test.cpp tests/lesson04/command_test.cpp
                LIBS dtc::dist TORCH)
 
 # The torchrun command that works on this build's path (DTC_TORCHRUN, DtcTorch.cmake), for the
@@ -27,7 +27,7 @@ target_include_directories(lesson04_driver PRIVATE "${PROJECT_BINARY_DIR}/lesson
 set(l04_e2e Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson04/e2e.py")
 set(l04_args --program @PROGRAM@ --torchrun-kind ${DTC_L04_TORCHRUN_KIND}
              --venv-torchrun "${DTC_TORCHRUN}")
-foreach(mode torchrun restart mpirun no-launcher)
+foreach(mode torchrun restart mpirun no-launcher multinode-static multinode-c10d)
   string(REPLACE "-" "_" l04_name "${mode}")
   dtc_add_e2e(04 NAME ${l04_name} TIMEOUT 120 COMMAND ${l04_e2e} ${mode} ${l04_args})
 endforeach()

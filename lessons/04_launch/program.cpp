@@ -10,6 +10,7 @@
 #include <fmt/ostream.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -39,7 +40,36 @@ struct Options {
   std::string backend = "gloo";
   int timeout_s = 30;
   int crash_rank = -1;
+  // --hosts: print the launch commands of a multi-node job instead of joining one.
+  MultiNodeJob job;
+  std::string rendezvous = "static";
 };
+
+// --hosts: each node's command (your torchrun_command), one line per node, or one JSON object.
+int print_commands(const Options& o, std::ostream& out) {
+  MultiNodeJob job = o.job;
+  job.rendezvous = o.rendezvous == "c10d" ? Rendezvous::kC10d : Rendezvous::kStatic;
+  job.torchrun = DTC_L04_TORCHRUN;
+  std::vector<std::string> commands;
+  // At least node 0, so that an empty --hosts meets torchrun_command's own error.
+  for (int node = 0; node < std::max<int>(1, static_cast<int>(job.hosts.size())); ++node) {
+    commands.push_back(torchrun_command(job, node));
+  }
+  if (o.json) {
+    print_json_line(out, {{"rendezvous", o.rendezvous},
+                          {"nodes", job.hosts.size()},
+                          {"nproc_per_node", job.nproc_per_node},
+                          {"world_size", job.hosts.size() * job.nproc_per_node},
+                          {"commands", commands}});
+    return kExitOk;
+  }
+  fmt::print(out, "{} node(s) x {} rank(s), {} rendezvous on {}:{}; type on each node:\n\n",
+             job.hosts.size(), job.nproc_per_node, o.rendezvous, job.hosts.front(), job.port);
+  for (size_t node = 0; node < commands.size(); ++node) {
+    fmt::print(out, "  # node {} ({})\n  {}\n\n", node, job.hosts[node], commands[node]);
+  }
+  return kExitOk;
+}
 
 std::string host_name() {
   char buf[256] = {};
@@ -208,9 +238,35 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--crash-rank", o.crash_rank,
                  "this rank exits with an error on the first attempt (watch torchrun restart)")
       ->check(non_negative_count("--crash-rank 1"));
+  // The multi-node launch (README section 7): commands to print, nothing to join. Their values
+  // reach torchrun_command unchecked, which is yours to check (its UsageErrors).
+  auto* hosts = app.add_option("--hosts", o.job.hosts,
+                               "print each node's torchrun command for these nodes (comma-"
+                               "separated, the store's host first) and exit")
+                    ->delimiter(',');
+  app.add_option("--nproc-per-node", o.job.nproc_per_node, "with --hosts: ranks per node")
+      ->needs(hosts)
+      ->capture_default_str();
+  app.add_option("--port", o.job.port, "with --hosts: the store's port on the first host")
+      ->needs(hosts)
+      ->capture_default_str();
+  app.add_option("--rdzv", o.rendezvous, "with --hosts: static (node ranks) or c10d")
+      ->needs(hosts)
+      ->check(one_of({"static", "c10d"}, "rendezvous"))
+      ->capture_default_str();
+  app.add_option("--job-id", o.job.job_id, "with --hosts --rdzv c10d: the rendezvous id")
+      ->needs(hosts)
+      ->capture_default_str();
+  app.add_option("program", o.job.program,
+                 "with --hosts: the program every rank runs and its arguments, after --");
   std::vector<std::string> args(argv, argv + argc);
   return run_cli(
-      app, argc, argv, [&] { return run(o, args, out, err, env); }, err);
+      app, argc, argv,
+      [&] {
+        if (!o.job.hosts.empty() || !o.job.program.empty()) return print_commands(o, out);
+        return run(o, args, out, err, env);
+      },
+      err);
 }
 
 }  // namespace dtc::l04

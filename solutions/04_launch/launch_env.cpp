@@ -199,4 +199,54 @@ void require_ranks(const LaunchInfo& info, int min_ranks, const std::vector<std:
   // END SOLUTION
 }
 
+std::string torchrun_command(const MultiNodeJob& job, int node) {
+  // BEGIN SOLUTION: typed on every node, the commands start one job of hosts x nproc_per_node
+  //   ranks, numbered node by node, its store on hosts[0]:port, every rank running the program
+  //   as given; static: only the node's own number differs; c10d: one command for every node;
+  //   bad input is the header's UsageError (L04Command.*, e2e multinode; hints: README section 9)
+  const int nodes = static_cast<int>(job.hosts.size());
+  if (nodes == 0) {
+    throw UsageError("--hosts", "no host: a job needs at least one node",
+                     "list the nodes, the one that serves the store first: --hosts node0,node1");
+  }
+  if (job.nproc_per_node < 1) {
+    throw UsageError(
+        "--nproc-per-node",
+        fmt::format("is {}, but every node runs at least one rank", job.nproc_per_node),
+        "pass the ranks (GPUs) per node, e.g. --nproc-per-node 8");
+  }
+  if (job.port < 1 || job.port > 65535) {
+    throw UsageError("--port", fmt::format("{} is not a TCP port", job.port),
+                     "pass a port in 1..65535 that is free on the first host, e.g. --port 29500");
+  }
+  if (node < 0 || node >= nodes) {
+    throw UsageError("--node",
+                     fmt::format("node {} is outside 0..{} ({} host(s))", node, nodes - 1, nodes),
+                     "number the nodes from 0, in the order of --hosts");
+  }
+  if (job.program.empty()) {
+    throw UsageError(
+        "program", "no program to run",
+        "put the program and its arguments last, after --, e.g. -- build/bin/lesson06");
+  }
+  std::string rendezvous;
+  if (job.rendezvous == Rendezvous::kStatic) {
+    // Static: every node is told its number and where node 0 serves the store.
+    rendezvous = fmt::format("--node_rank={} --master_addr={} --master_port={}", node,
+                             shell_join({job.hosts[0]}), job.port);
+  } else {
+    // c10d: the agents meet at the endpoint under one id and number themselves.
+    if (job.job_id.empty()) {
+      throw UsageError("--job-id", "c10d rendezvous needs a job id, the same on every node",
+                       "name the job, e.g. --job-id job42");
+    }
+    rendezvous = fmt::format("--rdzv_backend=c10d --rdzv_endpoint={} --rdzv_id={}",
+                             shell_join({fmt::format("{}:{}", job.hosts[0], job.port)}),
+                             shell_join({job.job_id}));
+  }
+  return fmt::format("{} --nnodes={} --nproc_per_node={} {} --no_python {}", job.torchrun, nodes,
+                     job.nproc_per_node, rendezvous, shell_join(job.program));
+  // END SOLUTION
+}
+
 }  // namespace dtc::l04

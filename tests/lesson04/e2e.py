@@ -11,6 +11,10 @@ MODE is one of
     no-launcher  the program alone: exit 2 and the exact torchrun command, which then works
     two-nodes    2 nodes x 2 ranks through c10d rendezvous in network namespaces (exit 77, a
                  skip, where namespaces are not permitted)
+    multinode-static, multinode-c10d
+                 the program's own launch commands for 2 "nodes" x 2 ranks on this machine
+                 (--hosts 127.0.0.1,127.0.0.1: your torchrun_command), read by torchrun's own
+                 argument parser, then run, one torchrun per node, side by side
 
 Every check compares with a closed form: N ranks report ranks 0..N-1, and allreduce(SUM) of
 rank + 1 is N (N + 1) / 2. Each run takes its own free port, so tests may run in parallel.
@@ -183,9 +187,79 @@ def mode_two_nodes(args):
     expect(hosts == {"node0": 2, "node1": 2}, f"2 ranks on host node0, 2 on node1 (got {hosts})")
 
 
+def torchrun_parse(args, command: str) -> dict:
+    """What torchrun's own argument parser (torch.distributed.run.get_args_parser, of the torch
+    that this path's torchrun belongs to) makes of `command` after its first word."""
+    python = (str(pathlib.Path(args.venv_torchrun).with_name("python"))
+              if args.torchrun_kind == "venv" else "/usr/bin/python3")
+    code = ("import json, sys\n"
+            "from torch.distributed.run import get_args_parser\n"
+            "a = vars(get_args_parser().parse_args(sys.argv[1:]))\n"
+            "print(json.dumps({k: v for k, v in a.items() if isinstance(v, (str, int, bool, list))}))")
+    p = subprocess.run([python, "-c", code, *shlex.split(command)[1:]], capture_output=True,
+                       text=True, timeout=60)
+    if p.returncode != 0:
+        raise Failure(f"torchrun's parser rejects the command {command!r}:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout)
+
+
+def mode_multinode(args, rendezvous: str):
+    port = free_port()
+    job_id = f"job{uuid.uuid4().hex[:8]}"
+    program_args = ["--json", "--timeout-s", "60"]
+    p = run([args.program, "--hosts", "127.0.0.1,127.0.0.1", "--nproc-per-node", "2", "--port",
+             str(port), "--rdzv", rendezvous, "--job-id", job_id, "--json", "--", args.program,
+             *program_args])
+    expect(p.returncode == 0, f"the program prints the commands and exits 0 (got {p.returncode})")
+    commands = last_json(p.stdout)["commands"]
+    expect(len(commands) == 2, f"one command per node (got {len(commands)})")
+    for node, command in enumerate(commands):
+        a = torchrun_parse(args, command)
+        print(f"node {node}: torchrun reads {json.dumps(a)}")
+        expect(str(a["nnodes"]) == "2" and str(a["nproc_per_node"]) == "2",
+               f"node {node}: --nnodes 2, --nproc_per_node 2")
+        expect(a["no_python"] is True and a["training_script"] == args.program and
+               a["training_script_args"] == program_args,
+               f"node {node}: every rank runs {args.program} {' '.join(program_args)}, no python")
+        if rendezvous == "static":
+            expect(a["rdzv_backend"] == "static" and a["node_rank"] == node,
+                   f"node {node}: static rendezvous, --node_rank {node}")
+            expect(a["master_addr"] == "127.0.0.1" and a["master_port"] == port,
+                   f"node {node}: the store on the first host, port {port}")
+        else:
+            expect(a["rdzv_backend"] == "c10d" and a["rdzv_endpoint"] == f"127.0.0.1:{port}" and
+                   a["rdzv_id"] == job_id,
+                   f"node {node}: c10d rendezvous at 127.0.0.1:{port}, id {job_id}")
+    if rendezvous == "c10d":
+        expect(commands[0] == commands[1], "c10d: both nodes type the same command")
+    # Both "nodes" at once, as two people would type them on two machines.
+    procs = []
+    for command in commands:
+        print("$ " + command, flush=True)
+        procs.append(subprocess.Popen(shlex.split(command), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=clean_env()))
+    outs = []
+    try:
+        for q in procs:
+            outs.append(q.communicate(timeout=TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        for q in procs:
+            q.kill()
+        raise Failure(f"the two nodes did not finish in {TIMEOUT_S} s (a hang is a bug)")
+    for node, (q, (out, err)) in enumerate(zip(procs, outs)):
+        print(out[-3000:], end="")
+        print(err[-4000:], end="", file=sys.stderr)
+        expect(q.returncode == 0, f"node {node}'s torchrun exits 0 (got {q.returncode})")
+    # Rank 0 prints the job's JSON: on the node that the rendezvous numbered 0.
+    reports = [out for out, _ in outs if out.strip()]
+    expect(len(reports) == 1, f"one node prints rank 0's report (got {len(reports)})")
+    check_job(last_json(reports[0]), "torchrun", 4, 2)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=["torchrun", "restart", "mpirun", "no-launcher", "two-nodes"])
+    ap.add_argument("mode", choices=["torchrun", "restart", "mpirun", "no-launcher", "two-nodes",
+                                     "multinode-static", "multinode-c10d"])
     ap.add_argument("--program", required=True)
     ap.add_argument("--torchrun-kind", choices=["venv", "debian"], required=True)
     ap.add_argument("--venv-torchrun", default=os.path.expanduser(
@@ -193,7 +267,9 @@ def main() -> int:
     ap.add_argument("--two-nodes-script")
     args = ap.parse_args()
     modes = {"torchrun": mode_torchrun, "restart": mode_restart, "mpirun": mode_mpirun,
-             "no-launcher": mode_no_launcher, "two-nodes": mode_two_nodes}
+             "no-launcher": mode_no_launcher, "two-nodes": mode_two_nodes,
+             "multinode-static": lambda a: mode_multinode(a, "static"),
+             "multinode-c10d": lambda a: mode_multinode(a, "c10d")}
     try:
         modes[args.mode](args)
     except Failure as e:
