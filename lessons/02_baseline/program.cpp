@@ -145,6 +145,42 @@ void print_memory(std::ostream& out, const LedgerPrediction& p, const MeasuredMe
              "  activation difference.\n");
 }
 
+// The run's first lines: the model, the data and the training set-up.
+void print_run_header(std::ostream& out, const TrainConfig& c, const Options& o,
+                      const ByteDataset& data, int64_t params, int64_t first, int64_t steps,
+                      const torch::Device& device) {
+  fmt::print(out,
+             "Lesson 02: the single-device baseline\n"
+             "  model   GPT, {} layers, hidden {}, {} heads, seq {}, vocab {} (bytes), {} head: "
+             "{} parameters\n"
+             "  data    {} ({} bytes), {} x {} = {} tokens per step, seed {}\n"
+             "  train   AdamW lr {:g}, steps {}..{}, on {} (LibTorch {})\n",
+             c.model.layers, c.model.hidden, c.model.heads, c.model.ctx, c.model.vocab,
+             c.model.tied ? "tied" : "untied", with_commas(params),
+             o.data.empty() ? "data/coriolanus.txt" : o.data, with_commas(data.size()), c.batch,
+             c.model.ctx, c.batch * c.model.ctx, c.seed, c.lr, first, steps - 1, device.str(),
+             torch_version());
+  out.flush();
+}
+
+// The --json line's "memory": predicted by the ledger, counted from the tensors, and measured
+// by the allocator (null when this run was not measured).
+nlohmann::json memory_json(const LedgerPrediction& predicted, const StateBytes& from_tensors,
+                           const MeasuredMemory* measured) {
+  nlohmann::json mem;
+  mem["predicted"] =
+      bytes_json(predicted.param_bytes, predicted.grad_bytes, predicted.optimizer_bytes);
+  mem["predicted"]["activations"] = predicted.activation_bytes;
+  mem["from_tensors"] = bytes_json(from_tensors.params, from_tensors.grads, from_tensors.optimizer);
+  mem["measured"] = nullptr;
+  if (measured != nullptr) {
+    mem["measured"] = bytes_json(measured->params, measured->grads, measured->optimizer);
+    mem["measured"]["activations"] = measured->activations;
+    mem["measured"]["step_peak"] = measured->step_peak;
+  }
+  return mem;
+}
+
 int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream& err) {
   // 1. configuration: the flags, checked before anything is built.
   const TrainConfig c = t.run_config();
@@ -164,20 +200,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   const bool measure = (device.is_cpu() || device.is_cuda()) && first == 0;
   const int64_t tokens_per_step = c.batch * c.model.ctx;
   const int64_t params = count_parameters(*model);
-  if (!t.train.json) {
-    fmt::print(out,
-               "Lesson 02: the single-device baseline\n"
-               "  model   GPT, {} layers, hidden {}, {} heads, seq {}, vocab {} (bytes), {} head: "
-               "{} parameters\n"
-               "  data    {} ({} bytes), {} x {} = {} tokens per step, seed {}\n"
-               "  train   AdamW lr {:g}, steps {}..{}, on {} (LibTorch {})\n",
-               c.model.layers, c.model.hidden, c.model.heads, c.model.ctx, c.model.vocab,
-               c.model.tied ? "tied" : "untied", with_commas(params),
-               o.data.empty() ? "data/coriolanus.txt" : o.data, with_commas(data.size()), c.batch,
-               c.model.ctx, tokens_per_step, c.seed, c.lr, first, steps - 1, device.str(),
-               torch_version());
-    out.flush();
-  }
+  if (!t.train.json) print_run_header(out, c, o, data, params, first, steps, device);
 
   // 3. the loop: the first step of a fresh run is measured, byte by byte.
   StepLog log(err, /*talk=*/true, first, steps, tokens_per_step);
@@ -207,18 +230,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     j["first_step"] = first;
     j["params"] = params;
     j["config"] = config_json(c.model, c.batch, c.seed, c.lr);
-    nlohmann::json& mem = j["memory"];
-    mem["predicted"] =
-        bytes_json(predicted.param_bytes, predicted.grad_bytes, predicted.optimizer_bytes);
-    mem["predicted"]["activations"] = predicted.activation_bytes;
-    mem["from_tensors"] =
-        bytes_json(from_tensors.params, from_tensors.grads, from_tensors.optimizer);
-    mem["measured"] = nullptr;
-    if (measure) {
-      mem["measured"] = bytes_json(measured.params, measured.grads, measured.optimizer);
-      mem["measured"]["activations"] = measured.activations;
-      mem["measured"]["step_peak"] = measured.step_peak;
-    }
+    j["memory"] = memory_json(predicted, from_tensors, measure ? &measured : nullptr);
     print_json_line(out, j);
     return kExitOk;
   }
