@@ -124,6 +124,8 @@ TEST(L09ProgramGiven, BadFlagsAreUsageErrors) {
     const Result r = run_lesson09(args, kFourRanks);
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("HINT: "), std::string::npos) << "no fix-it hint:\n" << r.err;
+    EXPECT_EQ(r.err.find("Exception raised from"), std::string::npos) << r.err;
   }
   EXPECT_EQ(run_lesson09({"--help"}, {}).code, 0);
 }
