@@ -104,7 +104,10 @@ c10::intrusive_ptr<Comm> new_subgroup(const c10::intrusive_ptr<c10d::Store>& sto
 
 std::vector<c10::intrusive_ptr<c10d::Work>> batch_isend_irecv(Comm& comm,
                                                               const std::vector<P2POp>& ops) {
-  const bool group = ops.size() > 1 && coalesces(comm);
+  // Even one op is a group: on NCCL a lone send or receive runs on a communicator of its two
+  // ranks, a group on the communicator of the whole of comm, and a message sent on one is never
+  // received on the other. One way for every op keeps them all on the same communicator.
+  const bool group = !ops.empty() && coalesces(comm);
   if (group) start_coalescing(comm);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (const P2POp& op : ops) {

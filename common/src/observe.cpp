@@ -14,7 +14,7 @@ RecordingComm::RecordingComm(c10::intrusive_ptr<Comm> inner)
     : Comm(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
 
 int64_t RecordingComm::record(const char* op, int64_t bytes, int peer, const std::string& label,
-                              int64_t id) {
+                              int64_t id, int tag) {
   std::lock_guard<std::mutex> lock(mu_);
   CommEvent e;
   e.op = op;
@@ -23,6 +23,7 @@ int64_t RecordingComm::record(const char* op, int64_t bytes, int peer, const std
   e.peer = peer;
   e.seq = static_cast<int64_t>(events_.size());
   e.id = id;
+  e.tag = tag;
   e.thread = std::this_thread::get_id();
   e.t = std::chrono::steady_clock::now();
   if (counting_allocator_installed()) e.thread_bytes = thread_cpu_memory().current;
@@ -58,6 +59,8 @@ class RecordingComm::RecordedWork : public c10d::Work {
 
 c10::intrusive_ptr<c10d::Work> RecordingComm::wrap(c10::intrusive_ptr<c10d::Work> work,
                                                    int64_t call, const char* op) {
+  // No Work (an NCCL operation inside a group has none of its own): nothing to wrap.
+  if (!work) return work;
   return c10::make_intrusive<RecordedWork>(std::move(work), this, call, op);
 }
 
@@ -146,13 +149,13 @@ c10::intrusive_ptr<c10d::Work> RecordingComm::alltoall_base(at::Tensor& output, 
 
 c10::intrusive_ptr<c10d::Work> RecordingComm::send(std::vector<at::Tensor>& tensors, int dst,
                                                    int tag) {
-  const int64_t call = record("send", tensor_bytes(tensors), dst);
+  const int64_t call = record("send", tensor_bytes(tensors), dst, "", -1, tag);
   return wrap(inner_->send(tensors, dst, tag), call, "send");
 }
 
 c10::intrusive_ptr<c10d::Work> RecordingComm::recv(std::vector<at::Tensor>& tensors, int src,
                                                    int tag) {
-  const int64_t call = record("recv", tensor_bytes(tensors), src);
+  const int64_t call = record("recv", tensor_bytes(tensors), src, "", -1, tag);
   return wrap(inner_->recv(tensors, src, tag), call, "recv");
 }
 
@@ -165,8 +168,7 @@ void RecordingComm::startCoalescing() {
 c10::intrusive_ptr<c10d::Work> RecordingComm::endCoalescing() {
   const int64_t call = record("group_end", 0, -1);
   if (!inner_->supportsCoalescing()) return nullptr;  // gloo: the ops' own Works
-  auto work = inner_->endCoalescing();
-  return work ? wrap(std::move(work), call, "group_end") : work;
+  return wrap(inner_->endCoalescing(), call, "group_end");
 }
 #else
 void RecordingComm::startCoalescing() {

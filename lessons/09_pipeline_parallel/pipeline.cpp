@@ -175,18 +175,22 @@ int64_t max_in_flight(const std::vector<Op>& ops) {
 
 c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tensor, int dst,
                                            int tag) {
-  // TODO(L09): start sending the tensor's values to dst with tag, and return the Work
-  //   without waiting for it (L09P2p.*; README section 6 lists the calls)
-  DTC_TODO("L09", "start sending the tensor's values to dst with tag, and return the Work "
-                  "without waiting for it (L09P2p.*; README section 6 lists the calls)");
+  // TODO(L09): start sending the tensor's values to dst with tag, as a group of one, and
+  //   return the Work without waiting for it (L09P2p.*, L09NcclSafe.*; README section 6 lists
+  //   the calls)
+  DTC_TODO("L09", "start sending the tensor's values to dst with tag, as a group of one, and "
+                  "return the Work without waiting for it (L09P2p.*, L09NcclSafe.*; README section 6 lists "
+                  "the calls)");
 }
 
 torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
                           const torch::Device& device) {
   // TODO(L09): a fresh float tensor of the shape, on the device, holding the message from
-  //   src with tag, returned only once it has arrived (L09P2p.*; README section 6 lists the calls)
+  //   src with tag, received as a group of one and returned only once it has arrived (L09P2p.*,
+  //   L09NcclSafe.*; README section 6 lists the calls)
   DTC_TODO("L09", "a fresh float tensor of the shape, on the device, holding the message from "
-                  "src with tag, returned only once it has arrived (L09P2p.*; README section 6 lists the calls)");
+                  "src with tag, received as a group of one and returned only once it has arrived (L09P2p.*, "
+                  "L09NcclSafe.*; README section 6 lists the calls)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -214,4 +218,4 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum 4f120178131342ff
+// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum f1ea943030d0b931

@@ -140,14 +140,20 @@ int64_t max_in_flight(const std::vector<Op>& ops);
 inline int activation_tag(int64_t micro) { return static_cast<int>(2 * micro); }
 inline int gradient_tag(int64_t micro) { return static_cast<int>(2 * micro + 1); }
 
-/// Starts sending @p tensor (contiguous) to rank @p dst with @p tag: comm.send({tensor}, dst,
-/// tag). Returns the work without waiting: the executor waits for it later (a send may only
-/// complete once the receiver has posted its recv, and the receiver may be busy).
+/// Starts sending @p tensor (contiguous) to rank @p dst with @p tag, as a group of one
+/// (dtc::batch_isend_irecv, dtc/dist.h: on NCCL every message of the pipeline must travel the
+/// same way, the communicator of the whole group; README section 2). Returns the work without
+/// waiting: the executor waits for it later (a send may only complete once the receiver has
+/// posted its receive, and the receiver may be busy).
 c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tensor, int dst,
                                            int tag);
 
 /// Receives a float tensor of shape @p shape from rank @p src with @p tag into a fresh tensor on
-/// @p device, and waits for it (the communicator's timeout turns a missing sender into an error).
+/// @p device, as a group of one (dtc::batch_isend_irecv, as send_tensor), and waits for it. On
+/// gloo the CPU waits until the message is there, and the communicator's timeout turns a missing
+/// sender into an error; on NCCL wait() makes the current CUDA stream wait for the transfer (the
+/// CPU goes on unless TORCH_NCCL_BLOCKING_WAIT=1), and c10d's watchdog aborts the process when
+/// the transfer outlasts the timeout.
 torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
                           const torch::Device& device = torch::kCPU);
 
@@ -182,14 +188,15 @@ struct StepStats {
 ///    output's gradient (b/m, T, h) from stage + 1 (tag gradient_tag(i)) and runs
 ///    torch::autograd::backward({output}, {grad}). A stage other than 0 sends its input's
 ///    gradient to stage - 1 (not waiting). Then drop micro-batch i's tensors.
-/// Safe on NCCL: when an op sends to the neighbour that the next op receives from (1F1B's steady
-/// state: a forward's output goes to stage + 1 and the next backward's gradient comes from
-/// stage + 1; after a backward, the other way round), start that send and that receive together
-/// with dtc::batch_isend_irecv (dtc/dist.h), and wait for the pair's Works before the next op
-/// reads the message. Issued one after the other, both are queued on the stream kept for the two
-/// ranks, the send first, and an NCCL send blocks the stream until the peer receives; the
-/// neighbour does the same, and each send waits for a receive queued behind the other's send
-/// (README section 2). L09NcclSafe.* checks the pairing.
+/// Safe on NCCL (README section 2), under NCCL's rules: one communicator for every message (so
+/// every send and receive is a dtc::batch_isend_irecv group, send_tensor and recv_tensor too);
+/// each rank's groups run in order, and a group completes only when each of its ops has met its
+/// peer's; the k-th message from one rank to another is the k-th receive posted there. No rank
+/// may wait for its own send before its neighbour can receive it: in 1F1B's steady state a
+/// forward's output goes to stage + 1 while the next backward's gradient comes from stage + 1
+/// (and after a backward the other way round), so start such a send together with that receive,
+/// as one group, and wait for the pair before the next op reads the message. L09NcclSafe.*
+/// replays the recorded calls under these rules.
 /// Wait for every send before returning. Fill StepStats: time compute (forward, loss,
 /// backward) separately from the whole step, and count micro-batches in flight.
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,

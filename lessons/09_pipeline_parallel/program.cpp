@@ -54,12 +54,12 @@ std::vector<double> gather_per_stage(Comm& comm, double value, const torch::Devi
 }  // namespace
 
 double BubbleRow::theory() const {
-  const auto p = static_cast<double>(bubble.size());
+  const auto p = static_cast<double>(stages);
   return (p - 1) / (static_cast<double>(micro_batches) + p - 1);
 }
 
 double BubbleRow::theory_per_compute() const {
-  const auto p = static_cast<double>(bubble.size());
+  const auto p = static_cast<double>(stages);
   return (p - 1) / static_cast<double>(micro_batches);
 }
 
@@ -143,9 +143,10 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
     for (int64_t m : o.sweep) {
       if (m < 1 || o.batch % m != 0) continue;
       const auto ops = make_schedule(kind, p, m, s);
-      double best_bubble = 1.0, best_per_compute = -1.0;
+      const auto steps = static_cast<size_t>(std::max<int64_t>(1, o.sweep_steps));
+      std::vector<double> windows(steps), computes(steps);
       int64_t in_flight = 0, peak = -1;
-      for (int64_t k = 0; k < std::max<int64_t>(1, o.sweep_steps); ++k) {
+      for (size_t k = 0; k < steps; ++k) {
         zero_grads(params);
         int64_t before = 0;
         if (counting_allocator_installed()) {
@@ -159,22 +160,35 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
         const auto t0 = std::chrono::steady_clock::now();
         const StepStats st = run_schedule(stage, comm, ops, batch, m);
         comm.barrier()->wait();
-        const double window =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        windows[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        computes[k] = st.compute_s;
         if (counting_allocator_installed()) peak = std::max(peak, cpu_memory().peak - before);
-        const double idle = std::max(0.0, window - st.compute_s);
-        best_bubble = std::min(best_bubble, window > 0 ? idle / window : 0.0);
-        const double per_compute = st.compute_s > 0 ? idle / st.compute_s : 0.0;
-        best_per_compute =
-            best_per_compute < 0 ? per_compute : std::min(best_per_compute, per_compute);
         in_flight = st.max_in_flight;
       }
+      // The best step, the same one for every stage: the shortest window, as the slowest stage saw
+      // it (an allreduce MAX of each step's window).
+      std::vector<at::Tensor> w{torch::tensor(windows, torch::kDouble).to(o.device)};
+      comm.allreduce(w, c10d::AllreduceOptions{c10d::ReduceOp::MAX})->wait();
+      const auto common = w[0].cpu();
+      size_t best = 0;
+      for (size_t k = 1; k < steps; ++k)
+        if (common[k].item<double>() < common[best].item<double>()) best = k;
+      const double window = common[best].item<double>();
+      const double idle = std::max(0.0, window - computes[best]);
       zero_grads(params);
       BubbleRow row;
       row.schedule = kind;
       row.micro_batches = m;
-      row.bubble = gather_per_stage(comm, best_bubble, o.device);
-      row.idle_per_compute = gather_per_stage(comm, best_per_compute, o.device);
+      row.stages = p;
+      row.bubble = gather_per_stage(comm, window > 0 ? idle / window : 0.0, o.device);
+      row.idle_per_compute =
+          gather_per_stage(comm, computes[best] > 0 ? idle / computes[best] : 0.0, o.device);
+      if (!o.device.is_cpu()) {
+        // CUDA kernels run after the CPU has moved on: the executor's clock around them times
+        // their launch, not their work, so idle / window would be meaningless.
+        row.bubble.clear();
+        row.idle_per_compute.clear();
+      }
       for (double v : gather_per_stage(comm, static_cast<double>(in_flight), o.device))
         row.in_flight.push_back(static_cast<int64_t>(v));
       for (double v : gather_per_stage(comm, static_cast<double>(peak), o.device))
@@ -228,15 +242,17 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
     j["stage_blocks"] = layers;
     j["bubble"] = nlohmann::json::array();
     for (const auto& r : rows) {
-      j["bubble"].push_back({{"schedule", schedule_name(r.schedule)},
-                             {"micro_batches", r.micro_batches},
-                             {"measured", r.bubble},
-                             {"mean", r.mean_bubble()},
-                             {"theory", r.theory()},
-                             {"idle_per_compute", r.idle_per_compute},
-                             {"theory_per_compute", r.theory_per_compute()},
-                             {"in_flight", r.in_flight},
-                             {"peak_bytes", r.peak_bytes}});
+      j["bubble"].push_back(
+          {{"schedule", schedule_name(r.schedule)},
+           {"micro_batches", r.micro_batches},
+           {"measured", r.bubble.empty() ? nlohmann::json() : nlohmann::json(r.bubble)},
+           {"mean", r.bubble.empty() ? nlohmann::json() : nlohmann::json(r.mean_bubble())},
+           {"theory", r.theory()},
+           {"idle_per_compute",
+            r.idle_per_compute.empty() ? nlohmann::json() : nlohmann::json(r.idle_per_compute)},
+           {"theory_per_compute", r.theory_per_compute()},
+           {"in_flight", r.in_flight},
+           {"peak_bytes", r.peak_bytes}});
     }
     j["config"] = config_json(o.model, o.batch, o.seed, o.lr);
     print_json_line(out, j);
@@ -249,17 +265,21 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
   if (rows.empty()) return kExitOk;
   fmt::print(out,
              "\nThe bubble: idle time of one forward-backward step per stage, in one window for "
-             "all stages\n(barrier to barrier, best of {} steps); idle / window against "
-             "(p-1)/(m+p-1), and idle / compute\nagainst Megatron-LM's (p-1)/m:\n\n",
-             o.sweep_steps);
+             "all stages\n(barrier to barrier, the best of {} steps); idle / window against "
+             "(p-1)/(m+p-1), and idle / compute\nagainst Megatron-LM's (p-1)/m{}:\n\n",
+             o.sweep_steps,
+             o.device.is_cpu() ? ""
+                               : " (not measured on CUDA: a CPU clock around asynchronous "
+                                 "kernels\ntimes their launch, not their work)");
   fmt::print(out, "  {:<9} {:>3}  {:>8} {:>8}  {:<23} {:>9}  {}\n", "schedule", "m", "theory",
              "mean", "idle/window per stage", "(p-1)/m", "idle/compute per stage");
   for (const auto& r : rows) {
     std::vector<std::string> per, per_compute;
     for (double b : r.bubble) per.push_back(fmt::format("{:.2f}", b));
     for (double b : r.idle_per_compute) per_compute.push_back(fmt::format("{:.2f}", b));
-    fmt::print(out, "  {:<9} {:>3}  {:>8.3f} {:>8.3f}  {:<23} {:>9.3f}  {}\n",
-               schedule_name(r.schedule), r.micro_batches, r.theory(), r.mean_bubble(),
+    const std::string mean = r.bubble.empty() ? "-" : fmt::format("{:.3f}", r.mean_bubble());
+    fmt::print(out, "  {:<9} {:>3}  {:>8.3f} {:>8}  {:<23} {:>9.3f}  {}\n",
+               schedule_name(r.schedule), r.micro_batches, r.theory(), mean,
                fmt::format("{}", fmt::join(per, " ")), r.theory_per_compute(),
                fmt::join(per_compute, " "));
   }

@@ -48,7 +48,8 @@ std::vector<float> train_pipeline(const PipelineOptions& options, Comm& comm,
 struct BubbleRow {
   ScheduleKind schedule = ScheduleKind::kGpipe;
   int64_t micro_batches = 1;
-  /// per stage: idle / window, where the window is the same for every stage: from a barrier
+  int stages = 1;  ///< p
+  /// per stage: idle / window (empty on CUDA: not measured, see measure_bubbles), where the window is the same for every stage: from a barrier
   /// before the step to a barrier after it (so the window ends when the last stage is done)
   std::vector<double> bubble;
   std::vector<double> idle_per_compute;  ///< per stage: idle / compute in the same window
@@ -62,7 +63,9 @@ struct BubbleRow {
 
 /// Runs options.sweep_steps forward-backward steps (no optimizer step) for each schedule and
 /// each m of options.sweep that divides the batch, each between two barriers (one window for
-/// every stage), and gathers every stage's numbers (the best of the steps, per stage).
+/// every stage), and gathers every stage's numbers from the step with the shortest window. On
+/// CUDA the bubble is not measured (the executor's CPU clock around asynchronous kernels times
+/// their launch): bubble and idle_per_compute stay empty.
 std::vector<BubbleRow> measure_bubbles(const PipelineOptions& options, Comm& comm);
 
 /// Trains, measures, and prints the report on rank 0 (tables, or one JSON line with "losses",

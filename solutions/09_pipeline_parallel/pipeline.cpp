@@ -197,20 +197,22 @@ int64_t max_in_flight(const std::vector<Op>& ops) {
 
 c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tensor, int dst,
                                            int tag) {
-  // BEGIN SOLUTION: start sending the tensor's values to dst with tag, and return the Work
-  //   without waiting for it (L09P2p.*; README section 6 lists the calls)
-  std::vector<at::Tensor> buffer{tensor.contiguous()};
-  return comm.send(buffer, dst, tag);
+  // BEGIN SOLUTION: start sending the tensor's values to dst with tag, as a group of one, and
+  //   return the Work without waiting for it (L09P2p.*, L09NcclSafe.*; README section 6 lists
+  //   the calls)
+  auto works = batch_isend_irecv(comm, {{P2POp::kSend, tensor.contiguous(), dst, tag}});
+  return works.empty() ? c10::intrusive_ptr<c10d::Work>() : works.front();
   // END SOLUTION
 }
 
 torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
                           const torch::Device& device) {
   // BEGIN SOLUTION: a fresh float tensor of the shape, on the device, holding the message from
-  //   src with tag, returned only once it has arrived (L09P2p.*; README section 6 lists the calls)
-  std::vector<at::Tensor> buffer{torch::empty(shape, torch::dtype(torch::kFloat).device(device))};
-  comm.recv(buffer, src, tag)->wait();
-  return buffer[0];
+  //   src with tag, received as a group of one and returned only once it has arrived (L09P2p.*,
+  //   L09NcclSafe.*; README section 6 lists the calls)
+  torch::Tensor buffer = torch::empty(shape, torch::dtype(torch::kFloat).device(device));
+  for (auto& work : batch_isend_irecv(comm, {{P2POp::kRecv, buffer, src, tag}})) work->wait();
+  return buffer;
   // END SOLUTION
 }
 

@@ -3,8 +3,10 @@
 // GPT, untied, the same AdamW and the same batches as lesson 02), never by the code under test.
 // Tolerance: dtc::kFp32Steps (the sum of m scaled micro-batch gradients differs from the full
 // batch's gradient only by the order of fp32 additions, compounded over a few steps).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -201,62 +203,143 @@ TEST(L09Split, StagesShareTheFullModelsWeights) {
   EXPECT_TENSOR_CLOSE(x, full->forward(b.inputs), kExact);
 }
 
-// NCCL's deadlock, seen on gloo. A RecordingComm around each stage's communicator logs every
-// send, receive and group (outside the executor). Wherever a stage sends to a neighbour and its
-// next point-to-point call receives from that same neighbour (1F1B's steady state, and GPipe's
-// turn from forwards to backwards), the two must be one group (dtc::batch_isend_irecv): on NCCL
-// the receive would otherwise wait behind the send on the stream of that pair of ranks, and two
-// neighbours doing so wait on each other once a message is larger than NCCL's buffering. gloo
-// buffers sends and never deadlocks here, so only the recorded order can tell.
-TEST(L09NcclSafe, SendAndTheNextReceiveFromTheSamePeerAreOneGroup) {
-  for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1f1b}) {
-    for (int stages : {2, 3}) {
-      SCOPED_TRACE(std::string(schedule == ScheduleKind::kGpipe ? "gpipe" : "1f1b") + ", " +
-                   std::to_string(stages) + " stages");
-      const PipelineOptions o = small_run(schedule, 4);
-      std::vector<std::vector<CommEvent>> events(static_cast<size_t>(stages));
-      run_ranks(
-          stages,
-          [&](RankContext& ctx) {
-            auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
-            Gpt full(o.model);
-            init_weights(full, o.seed);
-            Stage stage = make_stage(full, stages, ctx.rank);
-            const auto ops = make_schedule(schedule, stages, o.micro_batches, ctx.rank);
-            run_schedule(stage, *rec, ops,
-                         ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx),
-                         o.micro_batches);
-            events[static_cast<size_t>(ctx.rank)] = rec->events();
-          },
-          kTimeout);
-      int pairs = 0;
-      for (int rank = 0; rank < stages; ++rank) {
-        struct Call {
-          std::string op;
-          int peer;
-          int group;  // -1: outside any group
-        };
-        std::vector<Call> calls;
-        int group = -1, groups = 0;
-        for (const CommEvent& e : events[static_cast<size_t>(rank)]) {
-          if (e.op == "group_start") group = groups++;
-          if (e.op == "group_end") group = -1;
-          if (e.op == "send" || e.op == "recv") calls.push_back({e.op, e.peer, group});
+// NCCL's rules, replayed on what each stage's communicator saw. A RecordingComm around each
+// stage logs every send, receive and group (outside the executor); the replay then runs the
+// recorded calls as NCCL would (its ncclSend/ncclRecv reference and its point-to-point guide):
+//   - every point-to-point call must be a group (dtc::batch_isend_irecv): on NCCL a lone call
+//     runs on a communicator of its two ranks, a group on the whole group's, and a message sent
+//     on one is never received on the other;
+//   - a rank's groups run one after the other; a group completes once each of its ops has met
+//     its peer's, and the ops of one group progress together;
+//   - the k-th send from rank r to q meets the k-th receive posted on q from r: NCCL has no
+//     tags, so their tags must agree, or NCCL would deliver another micro-batch's tensor.
+// A replay that stops with groups left is a deadlock on NCCL. gloo never shows it: its sends and
+// receives are matched by tag, and the executor never waits for a send before its receive.
+struct P2pCall {
+  bool send = false;
+  int peer = -1;
+  int tag = -1;
+  int64_t bytes = 0;
+  int64_t nth = 0;  // among this rank's calls of the same kind with the same peer
+  bool met = false;
+};
+
+// Each rank's groups of calls, in the order they were issued; "" when every call is in a group,
+// else what is not.
+std::string group_calls(const std::vector<std::vector<CommEvent>>& events,
+                        std::vector<std::vector<std::vector<P2pCall>>>& groups) {
+  std::string lone;
+  groups.assign(events.size(), {});
+  for (size_t r = 0; r < events.size(); ++r) {
+    std::map<std::pair<bool, int>, int64_t> count;
+    bool open = false;
+    for (const CommEvent& e : events[r]) {
+      if (e.op == "group_start") {
+        open = true;
+        groups[r].emplace_back();
+      } else if (e.op == "group_end") {
+        open = false;
+      } else if (e.op == "send" || e.op == "recv") {
+        const bool send = e.op == "send";
+        P2pCall c{send, e.peer, e.tag, e.bytes, count[{send, e.peer}]++, false};
+        if (!open) {
+          lone += fmt::format("stage {}: {} stage {} (tag {}) outside any group\n", r,
+                              send ? "send to" : "receive from", e.peer, e.tag);
+          groups[r].emplace_back();
         }
-        for (size_t k = 0; k + 1 < calls.size(); ++k) {
-          const Call& a = calls[k];
-          const Call& b = calls[k + 1];
-          if (a.op != "send" || b.op != "recv" || a.peer != b.peer) continue;
-          ++pairs;
-          EXPECT_TRUE(a.group >= 0 && a.group == b.group)
-              << "stage " << rank << ": send to " << a.peer << " (call " << k
-              << ") and the receive from " << b.peer
-              << " after it are not one group: on NCCL each waits behind the other's send";
-        }
+        groups[r].back().push_back(c);
       }
-      EXPECT_GT(pairs, 0) << "no send is followed by a receive from the same stage";
     }
   }
+  return lone;
+}
+
+// Replays the groups under NCCL's rules. @return "" when every group completes, else why not.
+std::string replay_as_nccl(std::vector<std::vector<std::vector<P2pCall>>> groups) {
+  const size_t n = groups.size();
+  std::vector<size_t> head(n, 0);
+  std::string wrong;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t r = 0; r < n; ++r) {
+      if (head[r] >= groups[r].size()) continue;
+      for (P2pCall& c : groups[r][head[r]]) {
+        if (c.met) continue;
+        const auto q = static_cast<size_t>(c.peer);
+        if (q >= n || head[q] >= groups[q].size()) continue;
+        for (P2pCall& d : groups[q][head[q]]) {
+          if (d.met || d.send == c.send || d.peer != static_cast<int>(r) || d.nth != c.nth)
+            continue;
+          if (d.tag != c.tag || d.bytes != c.bytes) {
+            wrong += fmt::format(
+                "stage {}'s message {} to stage {} is tag {} ({} bytes), but stage {}'s receive "
+                "{} from {} expects tag {} ({} bytes): NCCL, which has no tags, would deliver it\n",
+                c.send ? r : q, c.nth, c.send ? q : r, c.send ? c.tag : d.tag,
+                c.send ? c.bytes : d.bytes, c.send ? q : r, c.nth, c.send ? r : q,
+                c.send ? d.tag : c.tag, c.send ? d.bytes : c.bytes);
+          }
+          c.met = d.met = true;
+          progress = true;
+          break;
+        }
+      }
+      const auto& g = groups[r][head[r]];
+      if (std::all_of(g.begin(), g.end(), [](const P2pCall& c) { return c.met; })) {
+        ++head[r];
+        progress = true;
+      }
+    }
+  }
+  std::string stuck;
+  for (size_t r = 0; r < n; ++r) {
+    if (head[r] >= groups[r].size()) continue;
+    stuck +=
+        fmt::format("  stage {} waits in its group {} of {}:", r, head[r] + 1, groups[r].size());
+    for (const P2pCall& c : groups[r][head[r]]) {
+      if (!c.met)
+        stuck +=
+            fmt::format(" {} {} (tag {});", c.send ? "send to" : "receive from", c.peer, c.tag);
+    }
+    stuck += "\n";
+  }
+  if (!stuck.empty()) wrong += "deadlock on NCCL:\n" + stuck;
+  return wrong;
+}
+
+TEST(L09NcclSafe, EveryTransferIsAGroupAndNothingDeadlocksUnderNcclRules) {
+  int checked = 0;
+  for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1f1b}) {
+    for (int stages : {2, 3, 4}) {
+      for (int64_t m : {1, 2, 3, 4, 8}) {  // fewer micro-batches than stages too (no steady phase)
+        SCOPED_TRACE(fmt::format("{}, {} stages, {} micro-batches",
+                                 schedule == ScheduleKind::kGpipe ? "gpipe" : "1f1b", stages, m));
+        PipelineOptions o = small_run(schedule, m);
+        o.batch = 24;  // divisible by every m above
+        std::vector<std::vector<CommEvent>> events(static_cast<size_t>(stages));
+        run_ranks(
+            stages,
+            [&](RankContext& ctx) {
+              auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+              Gpt full(o.model);
+              init_weights(full, o.seed);
+              Stage stage = make_stage(full, stages, ctx.rank);
+              const auto ops = make_schedule(schedule, stages, m, ctx.rank);
+              run_schedule(stage, *rec, ops,
+                           ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx), m);
+              events[static_cast<size_t>(ctx.rank)] = rec->events();
+            },
+            kTimeout);
+        std::vector<std::vector<std::vector<P2pCall>>> groups;
+        const std::string lone = group_calls(events, groups);
+        EXPECT_EQ(lone, "") << "every send and receive goes through dtc::batch_isend_irecv:\n"
+                            << lone;
+        const std::string replay = replay_as_nccl(groups);
+        EXPECT_EQ(replay, "") << replay;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 30);
 }
 
 TEST(L09P2p, SendAndRecvMoveActivationsBothWays) {

@@ -71,14 +71,18 @@ struct P2POp {
 };
 
 /// Starts @p ops together and returns what to wait on, as torch.distributed.batch_isend_irecv
-/// does. On a communicator that coalesces (NCCL) the ops form one group (ncclGroupStart/End):
-/// a send to rank q and a receive from q then progress together. Issued one by one instead,
-/// both are queued on the stream kept for that pair of ranks, the send first, and an NCCL send
-/// is "blocking for the GPU" until q's receive runs (NCCL's ncclSend reference); if q does the
-/// same, each waits on the other. On gloo, whose sends never wait for a receive, the ops are
-/// posted in order. On NCCL the group runs on the communicator of the whole of @p comm, which
-/// its first collective creates with every rank taking part: run one collective over @p comm
-/// before the first batch (torch.distributed.batch_isend_irecv's documentation asks the same).
+/// does. On a communicator that coalesces (NCCL) the ops form one group (ncclGroupStart/End), a
+/// single op too: a send to rank q and a receive from q then progress together, and every group
+/// runs on the communicator of the whole of @p comm. Send every point-to-point message of a
+/// program this way. Issued one by one instead (comm.send, comm.recv), an NCCL send is
+/// "blocking for the GPU" (NCCL's ncclSend reference) on a stream kept for its two ranks, so two
+/// neighbours that each send before they receive wait on each other; and a lone op runs on a
+/// communicator of its two ranks (c10d's lazy mode), so a message sent lone is never received
+/// by a grouped receive, or the other way round. On gloo, which has no groups, the ops are
+/// posted in order.
+/// On NCCL the whole group's communicator is created by the group's first collective, with every
+/// rank of @p comm taking part: run one collective over @p comm before the first batch
+/// (torch.distributed.batch_isend_irecv's documentation asks the same).
 /// @return the Works to wait on before the received tensors are read or the sent ones reused
 std::vector<c10::intrusive_ptr<c10d::Work>> batch_isend_irecv(Comm& comm,
                                                               const std::vector<P2POp>& ops);

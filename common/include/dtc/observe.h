@@ -29,6 +29,7 @@ struct CommEvent {
   std::string label;  ///< mark(): the test's label; empty otherwise
   int64_t bytes = 0;  ///< this rank's input bytes (recv: the bytes received; allgather: sent)
   int peer = -1;      ///< send/recv: the other rank; broadcast/reduce: the root; else -1
+  int tag = -1;       ///< send/recv: the tag; else -1
   int64_t seq = 0;    ///< position among this RecordingComm's events, from 0
   int64_t id = -1;    ///< wait: the seq of the call whose Work was waited on
   /// The bytes of CPU storage the calling thread had allocated and not freed at the call
@@ -100,7 +101,7 @@ class RecordingComm : public Comm {
 
  private:
   int64_t record(const char* op, int64_t bytes, int peer, const std::string& label = "",
-                 int64_t id = -1);
+                 int64_t id = -1, int tag = -1);
   c10::intrusive_ptr<c10d::Work> wrap(c10::intrusive_ptr<c10d::Work> work, int64_t call,
                                       const char* op);
   class RecordedWork;
