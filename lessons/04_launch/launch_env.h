@@ -158,12 +158,17 @@ struct MultiNodeJob {
 ///
 /// Contract, checked by torchrun itself (the end-to-end tests parse every command with
 /// torchrun's own argument parser, then run them, one torchrun per node): typed on every node,
-/// the commands start one job of hosts.size() * nproc_per_node ranks, numbered node by node,
-/// whose store is served on hosts[0] at @p job.port; every rank runs exactly @p job.program (no
-/// Python interpreter in front of it), its arguments arriving unchanged whatever characters
-/// they hold. With Rendezvous::kStatic, two nodes' commands differ only where the node's own
-/// number is written; with kC10d, every node types the same command, the job named job_id.
-/// The command starts with @p job.torchrun as given.
+/// the commands start one job of hosts.size() * nproc_per_node ranks, numbered node by node;
+/// every rank runs exactly @p job.program (no Python interpreter in front of it), its arguments
+/// arriving unchanged through a POSIX shell whatever characters they hold. With
+/// Rendezvous::kStatic the command for hosts[k] makes that node node k (GROUP_RANK k), node 0
+/// serves the job's store at hosts[0]:port, and two nodes' commands differ only where the node's
+/// own number is written. With kC10d every node types the same command: the agents meet at the
+/// rendezvous served on hosts[0]:port under job_id and number themselves in order of arrival
+/// (the job's store is then served by whichever agent became node 0). The command starts with
+/// @p job.torchrun as given, and spells torchrun's options with underscores
+/// (--nproc_per_node), the only spelling torchrun 1.13 reads; 2.x reads both. No
+/// --standalone: it means one node.
 /// @throws UsageError("--hosts") when there is no host; UsageError("--nproc-per-node") when
 ///   nproc_per_node < 1; UsageError("--port") outside 1..65535; UsageError("--node") when
 ///   @p node is not in 0..hosts.size()-1; UsageError("--job-id") for an empty job id with

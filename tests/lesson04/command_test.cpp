@@ -39,14 +39,22 @@ std::vector<std::string> shell_words(const std::string& line) {
     } else if (c == '"') {
       in_word = true;
       for (++i; i < line.size() && line[i] != '"'; ++i) {
-        if (line[i] == '\\' && i + 1 < line.size() && (line[i + 1] == '"' || line[i + 1] == '\\'))
+        if (line[i] == '\\' && i + 1 < line.size() &&
+            std::string("\"\\$`").find(line[i + 1]) != std::string::npos) {
           ++i;
+        } else if (line[i] == '$' || line[i] == '`') {
+          throw std::runtime_error("a shell would expand the " + std::string(1, line[i]) +
+                                   " inside \"...\" of: " + line);
+        }
         word += line[i];
       }
       if (i >= line.size()) throw std::runtime_error("unclosed \" in: " + line);
     } else if (c == '\\' && i + 1 < line.size()) {
       in_word = true;
       word += line[++i];
+    } else if (std::string("$`;&|<>()*?[]{}~#!").find(c) != std::string::npos) {
+      throw std::runtime_error(std::string("a shell would treat the unquoted ") + c +
+                               " specially in: " + line);
     } else {
       in_word = true;
       word += c;
@@ -63,8 +71,8 @@ struct Torchrun {
 };
 
 // torchrun's options that take no value (torch/distributed/run.py).
-const std::set<std::string> kTorchrunFlagsWithoutValue = {"standalone", "no_python", "module",
-                                                          "run_path", "m"};
+const std::set<std::string> kTorchrunFlagsWithoutValue = {
+    "standalone", "no_python", "module", "run_path", "m", "virtual_local_rank"};
 
 // Reads @p command, which must start with the words of @p torchrun.
 Torchrun read_torchrun(const std::string& command, const std::string& torchrun) {
@@ -78,7 +86,14 @@ Torchrun read_torchrun(const std::string& command, const std::string& torchrun) 
   Torchrun t;
   size_t i = prefix.size();
   for (; i < words.size() && words[i].rfind("-", 0) == 0; ++i) {
+    if (words[i] == "--") {  // the end of torchrun's options: the program follows
+      ++i;
+      break;
+    }
     std::string name = words[i].substr(words[i].rfind("--", 0) == 0 ? 2 : 1);
+    const std::string spelled = name.substr(0, name.find('='));
+    EXPECT_EQ(spelled.find('-'), std::string::npos)
+        << "--" << spelled << ": torchrun 1.13 reads only the underscore spelling: " << command;
     std::string value;
     const size_t eq = name.find('=');
     const bool has_value = eq != std::string::npos;
@@ -114,6 +129,23 @@ std::string option(const Torchrun& t, const std::string& name) {
   return it == t.options.end() ? "(not given)" : it->second;
 }
 
+// --nnodes as torchrun reads it: "N" or "MIN:MAX"; the fixed count N, or "(elastic)".
+std::string node_count(const Torchrun& t) {
+  const std::string v = option(t, "nnodes");
+  const size_t colon = v.find(':');
+  if (colon == std::string::npos) return v;
+  return v.substr(0, colon) == v.substr(colon + 1) ? v.substr(0, colon) : "(elastic) " + v;
+}
+
+// Where static rendezvous finds node 0's store: --rdzv_endpoint, else --master_addr and
+// --master_port with torchrun's defaults (127.0.0.1, 29500).
+std::string static_endpoint(const Torchrun& t) {
+  if (t.options.count("rdzv_endpoint")) return option(t, "rdzv_endpoint");
+  const std::string addr = t.options.count("master_addr") ? option(t, "master_addr") : "127.0.0.1";
+  const std::string port = t.options.count("master_port") ? option(t, "master_port") : "29500";
+  return addr + ":" + port;
+}
+
 TEST(L04Command, StaticNumbersEachNodeAndPointsAllAtTheFirst) {
   const MultiNodeJob job = three_nodes(Rendezvous::kStatic);
   std::vector<Torchrun> nodes;
@@ -121,12 +153,12 @@ TEST(L04Command, StaticNumbersEachNodeAndPointsAllAtTheFirst) {
     SCOPED_TRACE("node " + std::to_string(node));
     const std::string command = torchrun_command(job, node);
     const Torchrun t = read_torchrun(command, job.torchrun);
-    EXPECT_EQ(option(t, "nnodes"), "3") << command;
+    EXPECT_EQ(node_count(t), "3") << command;
     EXPECT_EQ(option(t, "nproc_per_node"), "8") << command;
     EXPECT_EQ(option(t, "node_rank"), std::to_string(node)) << command;
-    EXPECT_EQ(option(t, "master_addr"), "10.0.0.1") << command;
-    EXPECT_EQ(option(t, "master_port"), "29500") << command;
+    EXPECT_EQ(static_endpoint(t), "10.0.0.1:29500") << "node 0's store: " << command;
     EXPECT_TRUE(t.options.count("no_python")) << "ranks run the program itself: " << command;
+    EXPECT_EQ(t.options.count("standalone"), 0u) << "--standalone means one node: " << command;
     const std::string backend = option(t, "rdzv_backend");
     EXPECT_TRUE(backend == "(not given)" || backend == "static") << command;
     EXPECT_EQ(t.program, job.program) << command;
@@ -148,8 +180,9 @@ TEST(L04Command, C10dIsOneCommandForEveryNode) {
   const std::string command = torchrun_command(job, 0);
   EXPECT_EQ(torchrun_command(job, 1), command) << "c10d: every node types the same command";
   const Torchrun t = read_torchrun(command, job.torchrun);
-  EXPECT_EQ(option(t, "nnodes"), "2") << command;
+  EXPECT_EQ(node_count(t), "2") << command;
   EXPECT_EQ(option(t, "nproc_per_node"), "8") << command;
+  EXPECT_EQ(t.options.count("standalone"), 0u) << "--standalone means one node: " << command;
   EXPECT_EQ(option(t, "rdzv_backend"), "c10d") << command;
   EXPECT_EQ(option(t, "rdzv_endpoint"), "node0:29400") << command;
   EXPECT_EQ(option(t, "rdzv_id"), "job42") << command;
@@ -161,15 +194,15 @@ TEST(L04Command, C10dIsOneCommandForEveryNode) {
 TEST(L04Command, ArgumentsArriveUnchangedThroughTheShell) {
   MultiNodeJob job = three_nodes(Rendezvous::kStatic);
   job.torchrun = "/opt/venv/bin/torchrun --redirects 2 --tee 2";
-  job.program = {"./my program", "--name", "it's", "a\"b", "$HOME", "", "semi;colon", "*"};
+  job.program = {"./my program", "--name", "it's", "a\"b", "$HOME", "`id`", "",
+                 "semi;colon",   "*",      "a\\b", "~",    "#x"};
   for (int node : {0, 2}) {
     const std::string command = torchrun_command(job, node);
     EXPECT_EQ(command.rfind(job.torchrun + " ", 0), 0u)
         << "starts with the given torchrun: " << command;
     const Torchrun t = read_torchrun(command, job.torchrun);
     EXPECT_EQ(t.program, job.program) << command;
-    EXPECT_EQ(option(t, "nnodes"), "3")
-        << "torchrun's own flags first, then the job's: " << command;
+    EXPECT_EQ(node_count(t), "3") << "torchrun's own flags first, then the job's: " << command;
   }
 }
 

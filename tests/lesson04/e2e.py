@@ -216,27 +216,29 @@ def mode_multinode(args, rendezvous: str):
     for node, command in enumerate(commands):
         a = torchrun_parse(args, command)
         print(f"node {node}: torchrun reads {json.dumps(a)}")
-        expect(str(a["nnodes"]) == "2" and str(a["nproc_per_node"]) == "2",
+        expect(str(a["nnodes"]) in ("2", "2:2") and str(a["nproc_per_node"]) == "2",
                f"node {node}: --nnodes 2, --nproc_per_node 2")
+        expect(a["standalone"] is False, f"node {node}: no --standalone (it means one node)")
         expect(a["no_python"] is True and a["training_script"] == args.program and
                a["training_script_args"] == program_args,
                f"node {node}: every rank runs {args.program} {' '.join(program_args)}, no python")
         if rendezvous == "static":
             expect(a["rdzv_backend"] == "static" and a["node_rank"] == node,
                    f"node {node}: static rendezvous, --node_rank {node}")
-            expect(a["master_addr"] == "127.0.0.1" and a["master_port"] == port,
-                   f"node {node}: the store on the first host, port {port}")
+            endpoint = a["rdzv_endpoint"] or f"{a['master_addr']}:{a['master_port']}"
+            expect(endpoint == f"127.0.0.1:{port}",
+                   f"node {node}: node 0's store on the first host, port {port} (got {endpoint})")
         else:
             expect(a["rdzv_backend"] == "c10d" and a["rdzv_endpoint"] == f"127.0.0.1:{port}" and
                    a["rdzv_id"] == job_id,
                    f"node {node}: c10d rendezvous at 127.0.0.1:{port}, id {job_id}")
     if rendezvous == "c10d":
         expect(commands[0] == commands[1], "c10d: both nodes type the same command")
-    # Both "nodes" at once, as two people would type them on two machines.
+    # Both "nodes" at once, as two people would type them into a shell on two machines.
     procs = []
     for command in commands:
         print("$ " + command, flush=True)
-        procs.append(subprocess.Popen(shlex.split(command), stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(["/bin/sh", "-c", command], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=clean_env()))
     outs = []
     try:
