@@ -38,6 +38,7 @@ from e2e_common import digest_ratios, free_port  # noqa: E402
 
 TIMEOUT_S = 100
 RTOL, ATOL = 1e-3, 1e-5
+DIGEST_REL, DIGEST_SUM_REL = 1e-2, 5e-2  # the parameters' digest after 20 steps (compare_losses)
 COMMON = ["--steps", "20", "--seed", "1", "--json"]
 
 
@@ -97,20 +98,28 @@ def baseline_losses(args):
 
 def compare_losses(got, want, what):
     """The losses, and the parameters' digest (dtc/digest.h): each parameter's sum of squares
-    within 1%, and its sum within 1% of sqrt(numel x sumsq). After 20 AdamW steps the
-    summation-order differences have grown where gradients are near eps: measured in this
-    test, the worst parameter uses 0.55 of that tolerance. The digest is a check for gross
-    errors (a replica that did not step, another initialisation); the unit tests compare every
-    element after a few steps."""
+    within 1%, and its sum within 5% of sqrt(numel x sumsq). The digest is a check for gross
+    errors (a replica that did not step, another initialisation: the sums of squares show
+    them); the unit tests compare every element after a few steps. The sums are the loose
+    part: the key slice of c_attn.bias has an exactly zero gradient (softmax ignores a
+    constant added to every key), so AdamW moves it by rounding noise, which differs with the
+    summation order and OpenBLAS's kernels. Measured on the light path after 20 steps, the
+    worst sum against 1% of its scale: 0.35-0.67 with OPENBLAS_CORETYPE set to Sandybridge,
+    Haswell, SkylakeX, Zen or Prescott, 1.33 with OpenBLAS choosing the kernel itself (as on a
+    fresh Debian machine), all on h.0.attn.c_attn.bias; sums of squares stay within 0.2%."""
     expect(len(got["losses"]) == len(want["losses"]), f"{what}: {len(want['losses'])} losses")
     worst = max(abs(g - w) / (ATOL + RTOL * abs(w)) for g, w in zip(got["losses"], want["losses"]))
     expect(worst <= 1.0, f"{what}: every loss within rtol {RTOL} + atol {ATOL} of lesson02's "
                          f"(worst {worst:.3f} of the tolerance)")
-    ratios = digest_ratios(got.get("param_digest"), want.get("param_digest"), 1e-2, ATOL)
+    ratios = digest_ratios(got.get("param_digest"), want.get("param_digest"), DIGEST_REL, ATOL,
+                           DIGEST_SUM_REL)
     expect(bool(ratios), f"{what}: param_digest names and sizes are lesson02's")
-    worst = max(r for _, r, _, _ in ratios)
-    expect(worst <= 1.0, f"{what}: every parameter's sum and sum of squares within 1% of "
-                         f"lesson02's (worst {worst:.3f} of the tolerance)")
+    name, worst, g, w = max(ratios, key=lambda r: r[1])
+    expect(worst <= 1.0, f"{what}: every parameter's sum of squares within {DIGEST_REL:.0%} "
+                         f"and sum within {DIGEST_SUM_REL:.0%} of lesson02's (worst "
+                         f"{worst:.3f} of the tolerance: "
+                         f"{name}, sum {g['sum']:.6g} vs {w['sum']:.6g}, sumsq {g['sumsq']:.6g} "
+                         f"vs {w['sumsq']:.6g})")
 
 
 def mode_torchrun(args):

@@ -9,11 +9,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def digest_ratios(got, want, rel, atol):
+def digest_ratios(got, want, rel, atol, sum_rel=None):
     """Compares two "param_digest" lists (dtc/digest.h) parameter by parameter: for each, the
-    larger of |sumsq - sumsq'| / (rel sumsq' + atol) and |sum - sum'| / (rel sqrt(numel
-    sumsq') + atol), the sum measured against its own scale. At most 1 where they agree.
-    Returns [(name, ratio, got, want)], or None when the names or sizes differ."""
+    larger of |sumsq - sumsq'| / (rel sumsq' + atol) and |sum - sum'| / (sum_rel sqrt(numel
+    sumsq') + atol), the sum measured against its own scale (sum_rel: rel unless given). At
+    most 1 where they agree. Returns [(name, ratio, got, want)], or None when the names or
+    sizes differ."""
+    sum_rel = rel if sum_rel is None else sum_rel
     got, want = got or [], want or []
     if len(got) != len(want) or any(g["name"] != w["name"] or g["numel"] != w["numel"]
                                     for g, w in zip(got, want)):
@@ -22,6 +24,6 @@ def digest_ratios(got, want, rel, atol):
     for g, w in zip(got, want):
         scale = (w["numel"] * w["sumsq"]) ** 0.5
         ratio = max(abs(g["sumsq"] - w["sumsq"]) / (rel * w["sumsq"] + atol),
-                    abs(g["sum"] - w["sum"]) / (rel * scale + atol))
+                    abs(g["sum"] - w["sum"]) / (sum_rel * scale + atol))
         out.append((w["name"], ratio, g, w))
     return out
