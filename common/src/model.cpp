@@ -170,6 +170,13 @@ void init_weights(Gpt& model, uint64_t seed) {
   }
 }
 
+Gpt make_gpt(const GptConfig& config, uint64_t seed, const torch::Device& device) {
+  Gpt model(config);
+  init_weights(model, seed);
+  model->to(device);
+  return model;
+}
+
 torch::Device default_device() {
   const char* env = std::getenv("DTC_DEVICE");
   const std::string want = env ? env : "";

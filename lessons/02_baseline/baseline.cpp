@@ -15,10 +15,7 @@ namespace dtc::l02 {
 // ---------------------------------------------------------------------------------------------
 
 Gpt make_model(const TrainConfig& config, const torch::Device& device) {
-  Gpt model(config.model);
-  init_weights(model, config.seed);
-  model->to(device);
-  return model;
+  return make_gpt(config.model, config.seed, device);
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {
@@ -84,4 +81,4 @@ int64_t load_checkpoint(const std::string& path, Gpt& model, torch::optim::AdamW
 }
 
 }  // namespace dtc::l02
-// exercise generated from solutions/02_baseline/baseline.cpp by scripts/exercises.py; checksum 6e2c8e126fa4f7b0
+// exercise generated from solutions/02_baseline/baseline.cpp by scripts/exercises.py; checksum 3afb1532a8979d62

@@ -52,10 +52,7 @@ const char* sync_name(SyncMode mode) {
 }
 
 Gpt make_model(const TrainConfig& config, uint64_t seed, const torch::Device& device) {
-  Gpt model(config.model);
-  init_weights(model, seed);
-  model->to(device);
-  return model;
+  return make_gpt(config.model, seed, device);
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {

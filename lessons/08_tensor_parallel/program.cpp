@@ -88,9 +88,7 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
                      "pass a global batch that dp divides, e.g. --global-batch 8 --dp 2");
   }
   // The full model first, with the baseline's exact weights; then this rank keeps its slices.
-  Gpt full(c.model);
-  init_weights(full, c.seed);
-  full->to(device);
+  Gpt full = make_gpt(c.model, c.seed, device);
   TpGpt model(full, tp);
   full = Gpt(nullptr);  // the full copy is freed: from here on, each rank holds 1/tp of it
   torch::optim::AdamW optimizer(model->parameters(), adamw_options(c));

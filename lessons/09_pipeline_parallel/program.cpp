@@ -31,9 +31,7 @@ GptConfig untied(GptConfig c) {
 
 // This rank's stage, from the baseline's initial weights, on options.device.
 Stage build_stage(const PipelineOptions& o, int stages, int stage) {
-  Gpt full(untied(o.model));
-  init_weights(full, o.seed);  // every rank builds the whole model, keeps its part
-  full->to(o.device);
+  Gpt full = make_gpt(untied(o.model), o.seed, o.device);  // every rank builds it all
   return make_stage(full, stages, stage);  // the other modules are freed with `full`
 }
 

@@ -15,10 +15,7 @@ namespace dtc::l02 {
 // ---------------------------------------------------------------------------------------------
 
 Gpt make_model(const TrainConfig& config, const torch::Device& device) {
-  Gpt model(config.model);
-  init_weights(model, config.seed);
-  model->to(device);
-  return model;
+  return make_gpt(config.model, config.seed, device);
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {

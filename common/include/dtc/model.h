@@ -136,6 +136,10 @@ TORCH_MODULE(Gpt);
 /// weights 1, and every bias 0.
 void init_weights(Gpt& model, uint64_t seed);
 
+/// The course's GPT for @p config, its initial weights from @p seed (init_weights), on @p device:
+/// the same weights on every rank and in every lesson.
+Gpt make_gpt(const GptConfig& config, uint64_t seed, const torch::Device& device = torch::kCPU);
+
 /// The same value init_weights() gives element @p index of @p name (for tests).
 float init_value(uint64_t seed, const std::string& name, int64_t index, int64_t layers);
 
