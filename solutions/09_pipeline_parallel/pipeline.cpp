@@ -268,9 +268,9 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
         message = recv_tensor(comm, act_shape, source(op), tag(op), device);
       }
     }
-    // 2. The op itself, and what it sends on (to whom, with which tag).
+    // 2. The op itself, and what it sends on (to whom; its own tag, tag(op)).
     torch::Tensor outgoing;
-    int dest = -1, out_tag = 0;
+    int dest = -1;
     const auto t0 = Clock::now();
     if (op.kind == Op::kForward) {
       torch::Tensor input = first ? batch.inputs.narrow(0, op.micro * rows, rows)  // (b/m, T)
@@ -285,7 +285,6 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
       } else {
         outgoing = out.detach();
         dest = s + 1;
-        out_tag = activation_tag(op.micro);
       }
       inputs[i] = input;
       outputs[i] = out;
@@ -299,7 +298,6 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
       if (!first) {
         outgoing = inputs[i].grad();
         dest = s - 1;
-        out_tag = gradient_tag(op.micro);
       }
       inputs[i] = torch::Tensor();  // the micro-batch's activations are freed here
       outputs[i] = torch::Tensor();
@@ -312,10 +310,10 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
     const Op* next = k + 1 < ops.size() ? &ops[k + 1] : nullptr;
     if (next != nullptr && source(*next) == dest) {
       ahead = torch::empty(act_shape, torch::dtype(torch::kFloat).device(device));
-      ahead_works = batch_isend_irecv(comm, {{P2POp::kSend, outgoing.contiguous(), dest, out_tag},
+      ahead_works = batch_isend_irecv(comm, {{P2POp::kSend, outgoing.contiguous(), dest, tag(op)},
                                              {P2POp::kRecv, ahead, dest, tag(*next)}});
     } else {
-      sends.push_back(send_tensor(comm, outgoing, dest, out_tag));
+      sends.push_back(send_tensor(comm, outgoing, dest, tag(op)));
     }
   }
   for (auto& work : sends) work->wait();
