@@ -13,6 +13,7 @@
 
 #include "dtc/errors.h"
 #include "launch_env.h"
+#include "usage_error.h"
 
 namespace dtc::l04 {
 namespace {
@@ -206,19 +207,6 @@ TEST(L04Command, ArgumentsArriveUnchangedThroughTheShell) {
   }
 }
 
-void expect_command_error(const std::function<void()>& f, const std::string& subject) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    EXPECT_EQ(e.subject(), subject) << e.what();
-    EXPECT_NE(std::string(e.what()).find("HINT:"), std::string::npos)
-        << "the message should say what to pass instead:\n"
-        << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected UsageError(" << subject << "), but nothing was thrown";
-}
-
 TEST(L04Command, BadJobsAreUsageErrors) {
   const MultiNodeJob good = three_nodes(Rendezvous::kStatic);
   auto with = [&](const std::function<void(MultiNodeJob&)>& change) {
@@ -226,18 +214,16 @@ TEST(L04Command, BadJobsAreUsageErrors) {
     change(j);
     return j;
   };
-  expect_command_error([&] { torchrun_command(with([](MultiNodeJob& j) { j.hosts.clear(); }), 0); },
-                       "--hosts");
-  expect_command_error(
-      [&] { torchrun_command(with([](MultiNodeJob& j) { j.nproc_per_node = 0; }), 0); },
-      "--nproc-per-node");
-  expect_command_error([&] { torchrun_command(with([](MultiNodeJob& j) { j.port = 0; }), 0); },
-                       "--port");
-  expect_command_error([&] { torchrun_command(with([](MultiNodeJob& j) { j.port = 65536; }), 0); },
-                       "--port");
-  expect_command_error([&] { torchrun_command(good, 3); }, "--node");
-  expect_command_error([&] { torchrun_command(good, -1); }, "--node");
-  expect_command_error(
+  expect_usage([&] { torchrun_command(with([](MultiNodeJob& j) { j.hosts.clear(); }), 0); },
+               "--hosts");
+  expect_usage([&] { torchrun_command(with([](MultiNodeJob& j) { j.nproc_per_node = 0; }), 0); },
+               "--nproc-per-node");
+  expect_usage([&] { torchrun_command(with([](MultiNodeJob& j) { j.port = 0; }), 0); }, "--port");
+  expect_usage([&] { torchrun_command(with([](MultiNodeJob& j) { j.port = 65536; }), 0); },
+               "--port");
+  expect_usage([&] { torchrun_command(good, 3); }, "--node");
+  expect_usage([&] { torchrun_command(good, -1); }, "--node");
+  expect_usage(
       [&] {
         torchrun_command(with([](MultiNodeJob& j) {
                            j.rendezvous = Rendezvous::kC10d;
@@ -246,8 +232,8 @@ TEST(L04Command, BadJobsAreUsageErrors) {
                          0);
       },
       "--job-id");
-  expect_command_error(
-      [&] { torchrun_command(with([](MultiNodeJob& j) { j.program.clear(); }), 0); }, "program");
+  expect_usage([&] { torchrun_command(with([](MultiNodeJob& j) { j.program.clear(); }), 0); },
+               "program");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "dtc/errors.h"
 #include "env_vars.h"
 #include "launch_env.h"
+#include "usage_error.h"
 
 namespace dtc::l04 {
 namespace {
@@ -49,25 +50,6 @@ EnvMap with(EnvMap vars, const std::string& name, const std::string& value) {
 EnvMap without(EnvMap vars, const std::string& name) {
   vars.erase(name);
   return vars;
-}
-
-// Runs @p f, which must throw UsageError about @p subject whose message contains @p text.
-// Any other exception (a TODO(L04) stub's included) propagates and fails the test with its text.
-void expect_usage(const std::function<void()>& f, const std::string& subject,
-                  const std::string& text = "") {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    EXPECT_EQ(e.subject(), subject) << e.what();
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos)
-        << "expected the message to contain '" << text << "', got:\n"
-        << e.what();
-    EXPECT_NE(std::string(e.what()).find("HINT:"), std::string::npos)
-        << "the message should say how to fix it:\n"
-        << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected UsageError(" << subject << "), but nothing was thrown";
 }
 
 // A valid single-node torchrun rank to mutate: rank 1 of 2.
