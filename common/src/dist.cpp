@@ -108,7 +108,7 @@ std::vector<c10::intrusive_ptr<c10d::Work>> batch_isend_irecv(Comm& comm,
   // ranks, a group on the communicator of the whole of comm, and a message sent on one is never
   // received on the other. One way for every op keeps them all on the same communicator.
   const bool group = !ops.empty() && coalesces(comm);
-  if (group) start_coalescing(comm);
+  if (group) comm.startCoalescing();
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (const P2POp& op : ops) {
     std::vector<at::Tensor> tensors{op.tensor};

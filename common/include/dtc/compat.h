@@ -77,8 +77,8 @@ inline c10::intrusive_ptr<Comm> new_nccl_comm(const c10::intrusive_ptr<c10d::Sto
 // Grouped point-to-point (lesson 09: dtc::batch_isend_irecv)
 // ---------------------------------------------------------------------------------------------
 
-/// Whether a batch of operations on @p comm can be bracketed by start_coalescing() and
-/// end_coalescing(). 2.x asks the backend (gloo's would throw; NCCL runs the group as one
+/// Whether a batch of operations on @p comm can be bracketed by comm.startCoalescing() (the same
+/// call on both generations) and end_coalescing(). 2.x asks the backend (gloo's would throw; NCCL runs the group as one
 /// launch, ncclGroupStart/End); on 1.13 always, as the base class's pair does nothing.
 inline bool coalesces(Comm& comm) {
 #if TORCH_VERSION_MAJOR >= 2
@@ -89,10 +89,7 @@ inline bool coalesces(Comm& comm) {
 #endif
 }
 
-/// Opens a group: the operations until end_coalescing() are launched together.
-inline void start_coalescing(Comm& comm) { comm.startCoalescing(); }
-
-/// Closes the group opened by start_coalescing(). @p works are the Works its operations
+/// Closes the group opened by comm.startCoalescing(). @p works are the Works its operations
 /// returned (1.13 records its completion events on them). @return 2.x: one Work for the whole
 /// group, or null; 1.13: null (wait on @p works).
 inline c10::intrusive_ptr<c10d::Work> end_coalescing(
