@@ -127,6 +127,46 @@ function(dtc_add_lesson num)
     set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${labels_file}")
   endforeach()
 
+  # The mutants of this lesson in DTC_MUTANT_SUBSET (top CMakeLists.txt): the solution library
+  # with the mutated file (scripts/mutants.py --write-mutant), linked with the same test objects.
+  foreach(entry IN LISTS DTC_MUTANT_SUBSET)
+    if(NOT entry MATCHES "^${num}/(.+)$")
+      continue()
+    endif()
+    set(mid "${CMAKE_MATCH_1}")
+    string(MAKE_C_IDENTIFIER "${mid}" mtarget)
+    set(mtarget ${name}_mutant_${mtarget})
+    set(mdir "${PROJECT_BINARY_DIR}/mutants/${num}_${mid}")
+    set(mutants_py "${PROJECT_SOURCE_DIR}/scripts/mutants.py")
+    execute_process(COMMAND "${Python3_EXECUTABLE}" "${mutants_py}" --write-mutant ${num} ${mid} "${mdir}"
+      OUTPUT_VARIABLE mfile OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "mutant ${num}/${mid} of DTC_MUTANT_SUBSET: ${err}")
+    endif()
+    set(catalogue "${PROJECT_SOURCE_DIR}/tests/mutants/lesson${num}.toml")
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${catalogue}")
+    add_custom_command(OUTPUT "${mdir}/${mfile}"
+      COMMAND "${Python3_EXECUTABLE}" "${mutants_py}" --write-mutant ${num} ${mid} "${mdir}"
+      DEPENDS "${sdir}/${mfile}" "${catalogue}" "${mutants_py}"
+      COMMENT "Mutant ${num}/${mid}: ${mfile}" VERBATIM)
+    set(files)
+    foreach(f IN LISTS L_SOURCES)
+      if(f STREQUAL mfile)
+        list(APPEND files "${mdir}/${f}")
+      else()
+        list(APPEND files "${sdir}/${f}")
+      endif()
+    endforeach()
+    add_library(${mtarget}_lib STATIC ${files})
+    target_include_directories(${mtarget}_lib PUBLIC "${ldir}" PRIVATE "${sdir}")
+    target_link_libraries(${mtarget}_lib PUBLIC ${L_LIBS})
+    add_executable(${mtarget}_tests $<TARGET_OBJECTS:${name}_testobj> ${driver_objs})
+    target_link_libraries(${mtarget}_tests PRIVATE ${mtarget}_lib dtc_test_support ${test_main})
+    set_target_properties(${mtarget}_tests PROPERTIES
+      RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests/mutants")
+    list(APPEND pch_targets ${mtarget}_lib)
+  endforeach()
+
   if(L_TORCH)
     foreach(t IN LISTS pch_targets)
       dtc_use_torch_pch(${t})

@@ -4,6 +4,8 @@
     scripts/mutants.py [--lessons 06 09] [--build build-mutants] [--list] [--only ID ...]
                        [--trust-reference]
     make mutants [LESSON=06]
+    scripts/mutants.py --write-mutant NN ID DIR      (the build: DIR/<file>, the mutated file)
+    scripts/mutants.py --check-built NN:ID:MUTANT_TESTS:SOLUTION_TESTS ...   (ctest mutants.subset)
 
 The catalogue is tests/mutants/lessonNN.toml, one [[mutant]] table per mistake:
 
@@ -23,6 +25,13 @@ The unmutated solution is graded first and must score full marks. --trust-refere
 that (for `make test`, whose solution suites grade the same code): each mutant must then name
 its `killed_by` and be killed by such a test failing (its lesson built, its tests run to
 the end), so that a broken build, a crash or a hang cannot pass for a kill.
+
+The subset that `make test` runs (ctest mutants.subset, the list DTC_MUTANT_SUBSET in the top
+CMakeLists.txt) is built inside the course's own build instead: each mutant's file is written by
+--write-mutant, compiled into its own copy of the lesson's solution library and linked with the
+lesson's test objects (the same objects as the solution suite's), and --check-built runs only
+the mutant's killed_by tests: killed when they fail there (a failed test, not a crash or a
+hang) and pass on the reference solution's test binary.
 
 Prints one line per mutant, a table per lesson, and a last line `mutants: K killed of N`.
 Exits 0 when every mutant is killed, 1 when one survives (or the catalogue does not apply to
@@ -102,6 +111,92 @@ def stage_solutions(staged: pathlib.Path, topics):
                 shutil.copyfile(sol, dst)
 
 
+def find_mutant(nn: str, mid: str):
+    topics = lesson_dirs()
+    if nn not in topics:
+        raise CatalogueError(f"no lesson {nn}")
+    for m in load(nn, topics[nn]):
+        if m["id"] == mid:
+            return m
+    raise CatalogueError(f"no mutant '{mid}' in tests/mutants/lesson{nn}.toml\n"
+                         "HINT: scripts/mutants.py --list shows the catalogue")
+
+
+def write_mutant(nn: str, mid: str, out_dir: pathlib.Path) -> int:
+    """Writes the mutated file into out_dir (untouched when it is current) and prints its name."""
+    m = find_mutant(nn, mid)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / m["file"]
+    if not target.exists() or target.read_text() != m["mutated"]:
+        target.write_text(m["mutated"])
+    print(m["file"])
+    return 0
+
+
+def run_filtered(binary: str, pattern: str, timeout: int):
+    """Runs the tests of binary that match pattern; (status, failed test names, ran count)."""
+    import json
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        report = pathlib.Path(tmp) / "report.json"
+        try:
+            r = subprocess.run([binary, f"--gtest_filter={pattern}", f"--gtest_output=json:{report}"],
+                               capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "hang", [], 0
+        if r.returncode not in (0, 1) or not report.exists():
+            return f"crash (exit {r.returncode})", [], 0
+        data = json.loads(report.read_text())
+    ran, failed = 0, []
+    for suite in data.get("testsuites", []):
+        for t in suite.get("testsuite", []):
+            if t.get("result") != "COMPLETED" or t.get("status") != "RUN":
+                continue
+            name = f"{suite['name']}.{t['name']}"
+            if not fnmatch.fnmatchcase(name, pattern):
+                continue
+            ran += 1
+            if t.get("failures"):
+                failed.append(name)
+    return "ok", failed, ran
+
+
+def check_built(specs, timeout: int) -> int:
+    """ctest mutants.subset: each built mutant's killed_by tests fail, and pass on the reference."""
+    killed = 0
+    for spec in specs:
+        try:
+            nn, mid, mutant_bin, solution_bin = spec.split(":", 3)
+            m = find_mutant(nn, mid)
+        except (ValueError, CatalogueError) as e:
+            print(f"mutants.py: --check-built {spec}: {e}", file=sys.stderr)
+            return 2
+        pattern = m.get("killed_by")
+        if not pattern:
+            print(f"mutants.py: {mid} has no killed_by\nHINT: add killed_by = \"Suite.*\" to its "
+                  "catalogue entry", file=sys.stderr)
+            return 2
+        t0 = time.monotonic()
+        status, failed, ran = run_filtered(mutant_bin, pattern, timeout)
+        ref_status, ref_failed, ref_ran = run_filtered(solution_bin, pattern, timeout)
+        if ref_status != "ok" or ref_failed or ref_ran == 0:
+            how = (f"the reference fails its killing tests ({ref_status}, "
+                   f"{len(ref_failed)} failed of {ref_ran} matching {pattern})")
+            ok = False
+        elif status != "ok":
+            how, ok = f"not killed by {pattern}: {status}", False
+        elif not failed:
+            how, ok = f"SURVIVED: {ran} test(s) matching {pattern} pass", False
+        else:
+            how, ok = f"{len(failed)} of {ran} lost ({failed[0]})", True
+        killed += ok
+        print(f"  {'killed  ' if ok else 'NOT KILLED'} lesson{nn} {mid:28} {how}  "
+              f"[{time.monotonic() - t0:.0f} s]", flush=True)
+    print(f"mutants: {killed} killed of {len(specs)}")
+    return 0 if killed == len(specs) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lessons", nargs="*", help="lesson numbers (default: every catalogue)")
@@ -113,7 +208,20 @@ def main() -> int:
     ap.add_argument("--trust-reference", action="store_true",
                     help="do not grade the reference solution first; each mutant must be "
                          "killed by a failing test that matches its killed_by")
+    ap.add_argument("--write-mutant", nargs=3, metavar=("NN", "ID", "DIR"),
+                    help="write mutant ID's file into DIR and print its name (the build uses it)")
+    ap.add_argument("--check-built", nargs="+", metavar="NN:ID:MUTANT_TESTS:SOLUTION_TESTS",
+                    help="run the killed_by tests of built mutants (ctest mutants.subset)")
     args = ap.parse_args()
+    try:
+        if args.write_mutant:
+            nn, mid, out_dir = args.write_mutant
+            return write_mutant(nn, mid, pathlib.Path(out_dir))
+        if args.check_built:
+            return check_built(args.check_built, args.timeout)
+    except (CatalogueError, tomllib.TOMLDecodeError) as e:
+        print(f"mutants.py: {e}", file=sys.stderr)
+        return 1
 
     topics = lesson_dirs()
     wanted = args.lessons or sorted(p.stem[len("lesson"):] for p in CATALOGUE.glob("lesson*.toml"))
