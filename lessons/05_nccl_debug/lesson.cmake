@@ -1,9 +1,11 @@
 # Lesson 05: NCCL and communication debugging. The exercise is debug_aids.cpp (the "who is
-# missing" barrier and collective fingerprints); the doctor, the fault lab and the NCCL log
-# parser are given (driver).
-dtc_add_lesson(05 DIR 05_nccl_debug SOURCES debug_aids.cpp
-               DRIVER debug_given.cpp doctor.cpp nccl_log.cpp program.cpp
+# missing" barrier and collective fingerprints) and nccl_reading.cpp (the transport between two
+# ranks and why; NCCL's choice of interface); the doctor, the fault lab and the NCCL log parser are
+# given (driver).
+dtc_add_lesson(05 DIR 05_nccl_debug SOURCES debug_aids.cpp nccl_reading.cpp flight_recorder.cpp
+               DRIVER debug_given.cpp doctor.cpp flight_recorder_given.cpp nccl_log.cpp program.cpp
                TESTS tests/lesson05/debug_aids_test.cpp tests/lesson05/given_test.cpp
+                     tests/lesson05/nccl_reading_test.cpp tests/lesson05/flight_recorder_test.cpp
                LIBS dtc::dist TORCH)
 
 # The tests read the constructed NCCL logs in tests/lesson05/data. A generated header, not a
@@ -31,10 +33,42 @@ if(DTC_TORCHRUN)
   dtc_add_e2e(05 NAME fault.missing-rank TIMEOUT 60 COMMAND ${l05_fault} --exit 1
     --output "DIAGNOSIS: barrier 'start': rank\\(s\\) 1 of 2 never arrived" --
     --timeout-ms 3000 fault --case missing-rank)
+  # PyTorch's own who-is-missing barrier (gloo's monitoredBarrier) names the rank that never came.
+  dtc_add_e2e(05 NAME fault.stuck-rank TIMEOUT 60 COMMAND ${l05_fault} --exit 1
+    --output "DIAGNOSIS: monitoredBarrier: .*Ranks? 1 failed to pass monitoredBarrier" --
+    --timeout-ms 3000 fault --case stuck-rank)
+  # The Flight Recorder's dumps of a real hang, read by your analyze_flight_recorder (skips where
+  # LibTorch has no Flight Recorder for gloo: 1.13).
+  dtc_add_e2e(05 NAME fault.flight-recorder TIMEOUT 120 SKIP_RETURN_CODE 77 COMMAND
+    Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson05/fr_e2e.py" --torchrun
+    "${DTC_TORCHRUN}" "--torchrun-flags=${_dtc_e2e_flags}" --program @PROGRAM@)
   dtc_add_e2e(05 NAME fault.none TIMEOUT 60 COMMAND ${l05_fault} --exit 0
     --output "2 ranks: barrier passed, 2 collectives matched" -- --timeout-ms 3000 fault
     --case none)
 endif()
+
+# Your nccl_reading.cpp through the program, one process each (no launcher): the transport
+# between two ranks of a sample log and the variables behind it, and NCCL's choice of interface
+# on a made-up list. The variables they read are set here (env -u: none inherited from the shell).
+set(l05_read env -u NCCL_SOCKET_IFNAME -u NCCL_P2P_DISABLE -u NCCL_SHM_DISABLE -u NCCL_P2P_LEVEL
+    -u NCCL_IB_DISABLE -u NCCL_NET -u NCCL_NET_GDR_LEVEL)
+set(l05_e2e "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tests/support/e2e_run.py" --nproc 0
+    --program @PROGRAM@)
+set(l05_data "${PROJECT_SOURCE_DIR}/tests/lesson05/data")
+dtc_add_e2e(05 NAME nccl-log.link-sockets-on-one-node TIMEOUT 60 COMMAND ${l05_read}
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 ${l05_e2e} --exit 1 --json-equals family=\"NET/Socket\"
+  --json-equals same_node=true --json-equals healthy=false
+  "--json-equals=variables=[\"NCCL_P2P_DISABLE\",\"NCCL_SHM_DISABLE\"]"
+  -- nccl-log "${l05_data}/nccl_1node_2gpu_socket.log" --link 0 1 --json)
+dtc_add_e2e(05 NAME nccl-log.link-infiniband TIMEOUT 60 COMMAND ${l05_read} ${l05_e2e} --exit 0
+  --json-equals family=\"NET/IB\" --json-equals gpu_direct=true --json-equals same_node=false
+  --json-equals healthy=true -- nccl-log "${l05_data}/nccl_2node_4gpu_ib.log" --link 3 0 --json)
+dtc_add_e2e(05 NAME interfaces.prefix-takes-the-vlan TIMEOUT 60 COMMAND ${l05_read}
+  NCCL_SOCKET_IFNAME=eth0 ${l05_e2e} --exit 1 "--json-equals=picked=[\"eth0\",\"eth0.100\"]"
+  --json-equals ok=false -- interfaces --interfaces lo,eth0,eth0.100 --cluster eth0 --json)
+dtc_add_e2e(05 NAME interfaces.exact-name TIMEOUT 60 COMMAND ${l05_read} NCCL_SOCKET_IFNAME==eth0
+  ${l05_e2e} --exit 0 "--json-equals=picked=[\"eth0\"]" --json-equals ok=true -- interfaces
+  --interfaces lo,eth0,eth0.100 --cluster eth0 --json)
 
 # gpu_mfu (bench/gpu_mfu.cpp): MFU of the course's GPT; on a CPU machine only its smoke run.
 add_executable(gpu_mfu "${PROJECT_SOURCE_DIR}/bench/gpu_mfu.cpp")

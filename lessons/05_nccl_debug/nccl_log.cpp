@@ -23,7 +23,9 @@ NcclLogSummary parse_nccl_log(std::istream& in) {
   static const std::regex ring_re(R"(Channel (\d+)/(\d+) :((?:\s+\d+)+)\s*$)");
   // "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
   static const std::regex conn_re(
-      R"(Channel \d+/\d+ : \d+\[[0-9a-fx]+\] -> \d+\[[0-9a-fx]+\].* via (\S+))");
+      R"(Channel (\d+)/\d+ : (\d+)\[[0-9a-fx]+\] -> (\d+)\[[0-9a-fx]+\](?: \[(send|receive)\])?.* via (\S+))");
+  // NCCL's own prefix "node0:3101:3170 [0] NCCL INFO" (after any launcher prefix): the host.
+  static const std::regex host_re(R"(([^\s:\[\]]+):\d+:\d+ \[\d+\] $)");
   // "NCCL INFO Trees [0] 1/-1/-1->0->-1 [1] 1/-1/-1->0->-1"
   static const std::regex trees_re(R"(Trees((?: \[\d+\] \S+)+))");
   static const std::regex tree_item_re(R"(\[(\d+)\] (\S+))");
@@ -61,12 +63,15 @@ NcclLogSummary parse_nccl_log(std::istream& in) {
         it = s.comms.end() - 1;
       }
       const int rank = std::stoi(m[2]);
+      std::smatch h;
+      const std::string prefix = line.substr(0, info);
+      if (std::regex_search(prefix, h, host_re)) s.hosts.emplace(rank, h[1]);
       if (std::find(it->ranks_seen.begin(), it->ranks_seen.end(), rank) == it->ranks_seen.end()) {
         it->ranks_seen.push_back(rank);
         std::sort(it->ranks_seen.begin(), it->ranks_seen.end());
       }
     } else if (std::regex_search(text, m, conn_re)) {
-      const std::string via = m[1];
+      const std::string via = m[5];
       ++s.transports[via];
       // The family: "NET/IB/0" -> "NET/IB", "P2P/CUMEM/read" -> "P2P", "SHM/direct/direct" -> "SHM"
       std::string family = via.substr(0, via.find('/'));
@@ -75,6 +80,7 @@ NcclLogSummary parse_nccl_log(std::istream& in) {
         family = via.substr(0, second);
       }
       ++s.transport_families[family];
+      s.links.push_back({std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3]), m[4], via, family});
     } else if (std::regex_search(text, m, ring_re)) {
       const int channel = std::stoi(m[1]);
       s.channels = std::max(s.channels, std::stoi(m[2]));

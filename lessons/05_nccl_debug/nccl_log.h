@@ -23,6 +23,16 @@ struct NcclComm {
   std::vector<int> ranks_seen;  ///< ranks that logged this comm's init line, ascending
 };
 
+/// One connection line: "Channel 00/0 : 1[1] -> 2[0] [send] via NET/IB/0/GDRDMA".
+struct NcclLink {
+  int channel = 0;     ///< 0 for "Channel 00/0"
+  int from = 0;        ///< the sending rank (1 above)
+  int to = 0;          ///< the receiving rank (2 above)
+  std::string side;    ///< "send", "receive" (network connections log both ends), "" otherwise
+  std::string via;     ///< "NET/IB/0/GDRDMA", "P2P/CUMEM/read", "SHM/direct/direct", ...
+  std::string family;  ///< "NET/IB", "NET/Socket", "P2P", "SHM": via up to its transport's name
+};
+
 /// A summary of an NCCL_DEBUG=INFO log.
 struct NcclLogSummary {
   std::string version;  ///< "2.21.5" (from "NCCL version 2.21.5+cuda12.4")
@@ -39,6 +49,10 @@ struct NcclLogSummary {
   std::map<std::string, int> transports;
   /// Transport family ("P2P", "SHM", "NET/IB", "NET/Socket", ...) -> connections.
   std::map<std::string, int> transport_families;
+  std::vector<NcclLink> links;  ///< every connection line, in the log's order
+  /// Rank -> host, from the "host:pid:tid [dev]" prefix of the rank's "comm ... rank R" line
+  /// (ranks whose line has no such prefix are absent).
+  std::map<int, std::string> hosts;
   std::vector<std::string> warnings;  ///< the text after "NCCL WARN"
   int lines = 0;                      ///< lines read
   int nccl_lines = 0;                 ///< lines with "NCCL INFO" or "NCCL WARN"

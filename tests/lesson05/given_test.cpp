@@ -289,6 +289,30 @@ TEST(L05NcclLogGiven, TwoNodesInfiniBand) {
   EXPECT_EQ(s.transports.at("NET/IB/0/GDRDMA"), 8);
 }
 
+TEST(L05NcclLogGiven, LinksAndHosts) {
+  auto s = parse_sample("nccl_2node_4gpu_ib.log");
+  ASSERT_EQ(s.links.size(), 12u);  // grep -c " via " nccl_2node_4gpu_ib.log
+  EXPECT_EQ(s.links[0].channel, 0);
+  EXPECT_EQ(s.links[0].from, 0);
+  EXPECT_EQ(s.links[0].to, 1);
+  EXPECT_EQ(s.links[0].side, "");
+  EXPECT_EQ(s.links[0].via, "P2P/CUMEM/read");
+  EXPECT_EQ(s.links[0].family, "P2P");
+  EXPECT_EQ(s.links[2].channel, 0);
+  EXPECT_EQ(s.links[2].from, 1);
+  EXPECT_EQ(s.links[2].to, 2);
+  EXPECT_EQ(s.links[2].side, "send");
+  EXPECT_EQ(s.links[2].family, "NET/IB");
+  EXPECT_EQ(s.links[4].side, "receive");
+  EXPECT_EQ(s.hosts,
+            (std::map<int, std::string>{{0, "node0"}, {1, "node0"}, {2, "node1"}, {3, "node1"}}));
+  // A launcher's own prefix before NCCL's is skipped; a line without NCCL's prefix gives no host.
+  std::istringstream text(
+      "[rank1]:gpu7:12:34 [1] NCCL INFO comm 0x1 rank 1 nRanks 2 nNodes 1 localRanks 2\n"
+      "NCCL INFO comm 0x2 rank 0 nRanks 2 nNodes 1 localRanks 2\n");
+  EXPECT_EQ(parse_nccl_log(text).hosts, (std::map<int, std::string>{{1, "gpu7"}}));
+}
+
 TEST(L05NcclLogGiven, SocketsOnOneNodeGiveAHint) {
   auto s = parse_sample("nccl_1node_2gpu_socket.log");
   EXPECT_EQ(s.channels, 1);

@@ -25,7 +25,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+// PyTorch's Flight Recorder, generic over backends and recording gloo's collectives too, from
+// 2.8 (pytorch/pytorch#152614); 1.13 has it for NCCL only, with no C++ dump call for gloo.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#include <torch/csrc/distributed/c10d/FlightRecorder.hpp>
+#define DTC_HAVE_FLIGHT_RECORDER 1
+#endif
+
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +59,24 @@ inline constexpr bool kHaveNccl = false;
 inline std::string torch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
          std::to_string(TORCH_VERSION_PATCH);
+}
+
+/// Whether this LibTorch records gloo's collectives in the Flight Recorder (2.8 on).
+#if defined(DTC_HAVE_FLIGHT_RECORDER)
+inline constexpr bool kHaveFlightRecorder = true;
+#else
+inline constexpr bool kHaveFlightRecorder = false;
+#endif
+
+/// This process's Flight Recorder trace as JSON (c10d::dump_fr_trace_json: the recorded
+/// collectives of every group in the process, and each group's last enqueued and completed
+/// sequence numbers, "pg_status"); std::nullopt where LibTorch has no Flight Recorder for gloo.
+inline std::optional<std::string> flight_recorder_json() {
+#if defined(DTC_HAVE_FLIGHT_RECORDER)
+  return c10d::dump_fr_trace_json(/*includeCollectives=*/true, /*onlyActive=*/false);
+#else
+  return std::nullopt;
+#endif
 }
 
 /// A gloo communicator; @p device is from make_gloo_device().
