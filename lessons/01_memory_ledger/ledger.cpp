@@ -91,6 +91,11 @@ void validate(const ModelConfig& m) {
   }
 }
 
+Attention resolved_attention(const ModelConfig& model, const TrainingSetup& setup) {
+  if (setup.attention != Attention::kAuto) return setup.attention;
+  return model.arch == Arch::kLlama ? Attention::kFlash : Attention::kEager;
+}
+
 void validate(const TrainingSetup& s, const ModelConfig* m) {
   require_positive(s.dp, "--dp", "the data-parallel degree");
   require_positive(s.tp, "--tp", "the tensor-parallel degree");
@@ -196,4 +201,4 @@ double train_time_seconds(double params, double tokens, double peak_flops, doubl
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/ledger.cpp by scripts/exercises.py; checksum 961e5121e6fd8952
+// exercise generated from solutions/01_memory_ledger/ledger.cpp by scripts/exercises.py; checksum 5642011f4f516a9a

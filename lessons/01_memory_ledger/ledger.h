@@ -93,6 +93,15 @@ enum class Recompute {
   kFull,       ///< store only each layer's input; recompute the whole layer in backward
 };
 
+/// How the attention core is computed, which decides whether the s x s scores are stored.
+enum class Attention {
+  kAuto,   ///< FlashAttention for the LLaMA family, eager for GPT (see resolved_attention())
+  kEager,  ///< softmax(QK^T)V as separate ops: the scores (and their dropout) are stored
+  /// One fused kernel (FlashAttention, PyTorch's SDPA flash backend): no s x s tensor is
+  /// stored; backward recomputes the scores from Q, K, V and each row's fp32 logsumexp.
+  kFlash,
+};
+
 /// Everything about a training run that changes memory, besides the model.
 struct TrainingSetup {
   Precision precision = Precision::kMixed;
@@ -107,7 +116,13 @@ struct TrainingSetup {
   int64_t micro_batch = 1;  ///< b, sequences per micro-batch on one GPU
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;  ///< Megatron sequence parallelism (shards norms/dropout by tp)
+  Attention attention = Attention::kAuto;
 };
+
+/// The attention @p setup asks for, with kAuto resolved for @p model: kFlash for the LLaMA
+/// family (what its training stacks run), kEager for GPT (whose presets reproduce Korthikanti et
+/// al.'s Table 2, measured with eager attention). Given.
+Attention resolved_attention(const ModelConfig& model, const TrainingSetup& setup);
 
 /// Checks a set-up, and its fit with @p model when one is given (nullptr: a bare parameter
 /// count).
@@ -177,6 +192,9 @@ StateBytes zero_state_bytes(double params, const BytesPerParam& per_param, int z
 ///     MLP's F-wide tensors, the output projections' inputs); the rest is replicated unless
 ///     sequence_parallel, which splits it by tp as well;
 ///   - selective recomputation drops the attention-score (s x s) tensors;
+///   - FlashAttention (resolved_attention() is kFlash) stores no s x s tensor either, but keeps
+///     each query row's logsumexp per head, in fp32: 4asb bytes, split by tp (selective
+///     recomputation drops that too);
 ///   - full recomputation keeps only the block's input, 2sbh (split by tp with sequence
 ///     parallelism).
 /// README.md lists every stored tensor.

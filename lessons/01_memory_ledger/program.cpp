@@ -34,6 +34,8 @@ const std::map<std::string, Optimizer> kOptimizers = {{"sgd", Optimizer::kSgd},
                                                       {"adam8bit", Optimizer::kAdam8bit}};
 const std::map<std::string, Recompute> kRecomputes = {
     {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
+const std::map<std::string, Attention> kAttentions = {
+    {"auto", Attention::kAuto}, {"eager", Attention::kEager}, {"flash", Attention::kFlash}};
 const std::map<std::string, Arch> kArchs = {{"llama", Arch::kLlama}, {"gpt", Arch::kGpt}};
 
 template <class Map>
@@ -76,6 +78,7 @@ struct Options {
   std::string precision = "mixed";
   std::string optimizer = "adam";
   std::string recompute = "none";
+  std::string attention = "auto";
   std::string tokens;
   int64_t gpus = 0;
   double peak_tflops = 989.0;  // H100 SXM, dense BF16
@@ -117,6 +120,7 @@ nlohmann::json ledger_json(const Ledger& l, const ModelConfig* model, const Opti
                 {"micro_batch", s.micro_batch},
                 {"recompute", name_of(kRecomputes, s.recompute)},
                 {"sequence_parallel", s.sequence_parallel}};
+  if (model) j["setup"]["attention"] = name_of(kAttentions, resolved_attention(*model, s));
   j["params_per_replica"] = l.params_per_replica;
   j["bytes_per_param"] = {{"params", l.per_param.params},
                           {"grads", l.per_param.grads},
@@ -146,8 +150,10 @@ void print_ledger(std::ostream& out, const Ledger& l, const ModelConfig* model, 
              name_of(kPrecisions, s.precision), s.fp32_grad_accum ? " (+fp32 grad accum)" : "",
              name_of(kOptimizers, s.optimizer), s.zero_stage, s.dp, s.tp, s.pp);
   if (model) {
-    fmt::print(out, ", seq {}, micro-batch {}, recompute {}{}", s.seq, s.micro_batch,
-               name_of(kRecomputes, s.recompute), s.sequence_parallel ? ", sequence parallel" : "");
+    fmt::print(out, ", seq {}, micro-batch {}, recompute {}, {} attention{}", s.seq, s.micro_batch,
+               name_of(kRecomputes, s.recompute),
+               name_of(kAttentions, resolved_attention(*model, s)),
+               s.sequence_parallel ? ", sequence parallel" : "");
   }
   fmt::print(out, "\n\n  {:<18} {:>12} {:>12} {:>12} {:>8}\n", "per device", "bytes/param", "GB",
              "GiB", "share");
@@ -437,6 +443,7 @@ int run(const Options& o_in, std::ostream& out) {
   s.precision = kPrecisions.at(o.precision);
   s.optimizer = kOptimizers.at(o.optimizer);
   s.recompute = kRecomputes.at(o.recompute);
+  s.attention = kAttentions.at(o.attention);
   if (o.gpu_mem_gb <= 0) {
     throw UsageError("--gpu-mem", "must be positive", "pass the GPU's memory in GB, e.g. 80");
   }
@@ -542,6 +549,10 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--micro-batch", o.setup.micro_batch, "micro-batch size b")->capture_default_str();
   app.add_option("--recompute", o.recompute, "none, selective or full")
       ->check(CLI::IsMember({"none", "selective", "full"}))
+      ->capture_default_str();
+  app.add_option("--attention", o.attention,
+                 "auto (flash for LLaMA, eager for GPT), eager (stores the s x s scores) or flash")
+      ->check(CLI::IsMember({"auto", "eager", "flash"}))
       ->capture_default_str();
   app.add_flag("--sequence-parallel", o.setup.sequence_parallel,
                "Megatron sequence parallelism (with --tp)");

@@ -91,6 +91,11 @@ void validate(const ModelConfig& m) {
   }
 }
 
+Attention resolved_attention(const ModelConfig& model, const TrainingSetup& setup) {
+  if (setup.attention != Attention::kAuto) return setup.attention;
+  return model.arch == Arch::kLlama ? Attention::kFlash : Attention::kEager;
+}
+
 void validate(const TrainingSetup& s, const ModelConfig* m) {
   require_positive(s.dp, "--dp", "the data-parallel degree");
   require_positive(s.tp, "--tp", "the tensor-parallel degree");
@@ -222,6 +227,8 @@ double activation_bytes_per_layer(const ModelConfig& m, const TrainingSetup& set
   // (1 byte) and its output.
   double scores = 2 * a * s * s * b;
   if (dropout) scores += a * s * s * b + 2 * a * s * s * b;
+  // FlashAttention: none of those; the fp32 logsumexp of each query row, per head.
+  if (resolved_attention(m, setup) == Attention::kFlash) scores = 4 * a * s * b;
 
   switch (setup.recompute) {
     case Recompute::kFull: return 2 * sbh / (setup.sequence_parallel ? t : 1.0);

@@ -216,9 +216,10 @@ TEST(L01Activations, ScalesWithBatchAndSequence) {
 
 TEST(L01Activations, LlamaBlockShape) {
   // The generalisation to LLaMA's block: no dropout (no masks, no dropout output), a
-  // three-matrix MLP storing three F-wide tensors, and K, V of width kv_dim.
+  // three-matrix MLP storing three F-wide tensors, and K, V of width kv_dim; eager attention.
   ModelConfig m = preset("llama-7b");
   TrainingSetup setup = mixed_adam();
+  setup.attention = Attention::kEager;
   const double s = 2048, b = 1, h = 4096, a = 32, f = 11008;
   // Per the README's table: 8 sbh outside TP regions; Q, K, V, out-proj input 8 sbh; the MLP
   // 6 sbF; softmax output 2 a s^2 b.
@@ -230,6 +231,57 @@ TEST(L01Activations, LlamaBlockShape) {
   gqa.kv_heads = 8;
   EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup) - activation_bytes_per_layer(gqa, setup),
                    2 * 2 * s * b * (h - 8 * 128), 1e-12, "closed form: K and V are 2sb*kv_dim");
+}
+
+TEST(L01Activations, FlashAttentionStoresNoScores) {
+  // FlashAttention keeps Q, K, V and the output (already counted) and each query row's fp32
+  // logsumexp per head, 4asb bytes (FlashAttention-2, Algorithm 1; PyTorch's
+  // _scaled_dot_product_flash_attention returns it as a float tensor of shape (b, a, s)); the
+  // scores, their dropout mask and output are never stored (the mask is regenerated from the
+  // RNG state).
+  const ModelConfig m = gpt3();
+  const double s = 2048, b = 1, h = 12288, a = 96;
+  TrainingSetup setup = mixed_adam();
+  setup.attention = Attention::kFlash;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup), 34 * s * b * h + 4 * a * s * b, 1e-12,
+                   "closed form: Table 2's 34sbh, and 4asb of logsumexp instead of 5as^2b");
+  for (int64_t t : {2, 8}) {
+    SCOPED_TRACE(testing::Message() << "tp " << t);
+    setup.tp = t;
+    setup.sequence_parallel = false;
+    EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup),
+                     s * b * h * (10 + 24.0 / t) + 4 * a * s * b / t, 1e-12,
+                     "closed form: the logsumexp is split with the heads");
+    setup.sequence_parallel = true;
+    EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup), (34 * s * b * h + 4 * a * s * b) / t,
+                     1e-12, "closed form: sequence parallelism splits the rest too");
+  }
+  // Selective recomputation recomputes the attention core: the logsumexp goes too.
+  setup.tp = 1;
+  setup.sequence_parallel = false;
+  setup.recompute = Recompute::kSelective;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup), 34 * s * b * h, 1e-12,
+                   "closed form: 34sbh, as selective recompute with eager attention");
+  // Linear in s, unlike eager attention.
+  setup.recompute = Recompute::kNone;
+  TrainingSetup longer = setup;
+  longer.seq = 4 * setup.seq;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, longer), 4 * activation_bytes_per_layer(m, setup),
+                   1e-12, "closed form: no s^2 term with FlashAttention");
+}
+
+TEST(L01Activations, AutoIsFlashForLlamaAndEagerForGpt) {
+  const ModelConfig llama = preset("llama-7b");
+  TrainingSetup setup = mixed_adam();  // attention left at its default, kAuto
+  EXPECT_EQ(resolved_attention(llama, setup), Attention::kFlash);
+  EXPECT_EQ(resolved_attention(gpt3(), setup), Attention::kEager);
+  const double s = 2048, b = 1, h = 4096, a = 32, f = 11008;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(llama, setup),
+                   16 * s * b * h + 6 * s * b * f + 4 * a * s * b, 1e-12,
+                   "closed form: a LLaMA block with FlashAttention by default");
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(gpt3(), setup),
+                   s * b * 12288 * (34 + 5 * 96 * s / 12288), 1e-12,
+                   "GPT by default: Korthikanti's eager Table 2");
 }
 
 // ---------------------------------------------------------------------------------------------
