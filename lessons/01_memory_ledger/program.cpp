@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <ostream>
+#include <regex>
 
 #include "dtc/cli.h"
 #include "dtc/errors.h"
@@ -79,6 +80,7 @@ struct Options {
   std::string optimizer = "adam";
   std::string recompute = "none";
   std::string attention = "auto";
+  std::string compare;  // --plan --compare DPxTPxPPxCP[:ZERO[:RECOMPUTE]]
   std::string tokens;
   int64_t gpus = 0;
   double peak_tflops = 989.0;  // H100 SXM, dense BF16
@@ -317,6 +319,22 @@ nlohmann::json plan_json(const PlanRequest& req, const Plan& p,
           {"strategies", strategies}};
 }
 
+// One line for a mix and what it costs: the runner-up and --compare use it.
+std::string mix_line(const Mix& m) {
+  return fmt::format("dp {} x tp {} x pp {} x cp {} = {} GPUs, ZeRO stage {}, recompute {}", m.dp,
+                     m.tp, m.pp, m.cp, m.gpus(), m.zero_stage, name_of(kRecomputes, m.recompute));
+}
+
+std::string cost_line(const Evaluation& e) {
+  return fmt::format(
+      "{:.2f} GB of {:.1f} GB per GPU ({}); step: compute {:.3g} s x (1 + bubble {:.3f}) + "
+      "communication {:.3g} s = {:.3g} s",
+      e.ledger.total_bytes() / kGB, e.capacity_bytes / kGB,
+      !e.fits ? "does NOT fit"
+              : (!e.batch_ok ? "fits, but not every replica gets a micro-batch" : "fits"),
+      e.compute_time_s, e.bubble, e.comm_time_s, e.step_time_s);
+}
+
 void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
                 const std::vector<StrategyRow>& rows, int64_t n) {
   const Cluster& c = req.cluster;
@@ -383,6 +401,17 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
              "  step: compute {:.3g} s x (1 + bubble {:.3f}) + communication {:.3g} s (no overlap) "
              "= {:.3g} s\n",
              e.compute_time_s, e.bubble, e.comm_time_s, e.step_time_s);
+  if (p.runner_up) {
+    const Evaluation& r = *p.runner_up;
+    const double ratio = r.step_time_s / e.step_time_s;
+    fmt::print(out, "  runner-up ({}): {}\n    {}\n    {}\n", family_name(p.runner_up_family),
+               mix_line(r.mix), cost_line(r),
+               ratio >= 1 ? fmt::format("{:.0f}% slower a step than the pick", (ratio - 1) * 100)
+                          : fmt::format("{:.0f}% FASTER a step than the pick: the decision tree "
+                                        "takes the first branch that fits ({} before {})",
+                                        (1 - ratio) * 100, family_name(p.family),
+                                        family_name(p.runner_up_family)));
+  }
   if (!p.fits) {
     if (p.needs_gpus > 0) {
       fmt::print(out, "  does NOT fit on this cluster: needs {} GPUs ({} nodes of {})\n",
@@ -426,13 +455,62 @@ int run_plan(const Options& o, const std::optional<ModelConfig>& model, std::ost
   req.mfu = o.mfu;
   req.tokens = o.tokens.empty() ? 1e12 : parse_count(o.tokens, "--tokens");
   validate(req);  // all input checked before any arithmetic
+  std::optional<Mix> compared;
+  if (!o.compare.empty()) {
+    static const std::regex mix_re(
+        R"((\d+)x(\d+)x(\d+)x(\d+)(?::([0-3]))?(?::(none|selective|full))?)");
+    std::smatch mm;
+    const auto bad = [&](const std::string& why) {
+      return UsageError("--compare", "'" + o.compare + "' " + why,
+                        "give DPxTPxPPxCP[:ZERO[:RECOMPUTE]], e.g. --compare 128x8x16x1:1:none "
+                        "(Llama 3 405B's layout)");
+    };
+    if (!std::regex_match(o.compare, mm, mix_re)) throw bad("is not a mix");
+    Mix m;
+    m.dp = std::stoll(mm[1]);
+    m.tp = std::stoll(mm[2]);
+    m.pp = std::stoll(mm[3]);
+    m.cp = std::stoll(mm[4]);
+    if (mm[5].matched) m.zero_stage = std::stoi(mm[5]);
+    if (mm[6].matched) m.recompute = kRecomputes.at(mm[6]);
+    if (m.dp < 1 || m.tp < 1 || m.pp < 1 || m.cp < 1) throw bad("has a degree below 1");
+    if (m.gpus() != req.gpus) {
+      throw bad(fmt::format("uses {} GPUs, not the --gpus {} of the plan", m.gpus(), req.gpus));
+    }
+    if (req.model.heads % m.tp || req.model.kv_heads % m.tp || req.model.ffn % m.tp) {
+      throw bad(fmt::format("has a tp {} that does not divide the heads, kv-heads and ffn", m.tp));
+    }
+    if (m.pp > req.model.layers) throw bad("has more stages than the model has layers");
+    compared = m;
+  }
   const Plan p = plan(req);
   const int64_t n = std::min(req.gpus, req.cluster.gpus_per_node);
   const std::vector<StrategyRow> rows = strategy_table(req, n);
+  const std::optional<Evaluation> cmp =
+      compared ? std::optional<Evaluation>(evaluate(req, *compared)) : std::nullopt;
   if (o.json) {
-    print_json_line(out, plan_json(req, p, rows));
+    auto j = plan_json(req, p, rows);
+    const auto brief = [](const Evaluation& e) {
+      return nlohmann::json{{"dp", e.mix.dp},
+                            {"tp", e.mix.tp},
+                            {"pp", e.mix.pp},
+                            {"cp", e.mix.cp},
+                            {"zero_stage", e.mix.zero_stage},
+                            {"recompute", name_of(kRecomputes, e.mix.recompute)},
+                            {"per_gpu_bytes", e.ledger.total_bytes()},
+                            {"fits", e.fits && e.batch_ok},
+                            {"bubble", e.bubble},
+                            {"step_time_s", e.step_time_s}};
+    };
+    j["runner_up"] = p.runner_up ? brief(*p.runner_up) : nlohmann::json(nullptr);
+    if (cmp) j["compare"] = brief(*cmp);
+    print_json_line(out, j);
   } else {
     print_plan(out, req, p, rows, n);
+    if (cmp) {
+      fmt::print(out, "\nCompared mix: {}\n  {}\n  {:.2f}x the pick's step time\n",
+                 mix_line(cmp->mix), cost_line(*cmp), cmp->step_time_s / p.eval.step_time_s);
+    }
   }
   return kExitOk;
 }
@@ -569,6 +647,10 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   auto* plan = app.add_flag("--plan", o.plan,
                             "compare the five strategies and recommend a mix (dp, tp, pp, cp, "
                             "ZeRO, recompute) for --model on --cluster with --gpus");
+  app.add_option("--compare", o.compare,
+                 "with --plan: also cost this mix, DPxTPxPPxCP[:ZERO[:RECOMPUTE]] "
+                 "(e.g. 128x8x16x1:1:none)")
+      ->needs(plan);
   app.add_option("--cluster", o.cluster, "with --plan: dgx-h100, h200x8, dgx-a100, pcie-ethernet")
       ->capture_default_str()
       ->needs(plan);

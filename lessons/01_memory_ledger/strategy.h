@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -241,6 +242,11 @@ struct Plan {
   int64_t needs_gpus = 0;   ///< when !fits: the smallest G * 2^k that fits; 0 if none up to 2^20
   double train_time_s = 0;  ///< train_time_seconds(P, tokens, peak, mfu, G)
   double train_time_1gpu_s = 0;  ///< the same on one GPU: "won't finish"
+  /// When fits: the fastest mix, over every family's candidates, that fits, feeds every replica
+  /// and has another layout (dp, tp, pp, cp) than eval's: what the decision tree passed over.
+  /// It can be faster than the pick: the tree takes the first branch that fits. Set by plan().
+  std::optional<Evaluation> runner_up;
+  Family runner_up_family = Family::kDdp;
 };
 
 /// The outline's decision tree on exactly req.gpus GPUs; fits == false when nothing fits
@@ -263,7 +269,7 @@ Plan choose_mix(const PlanRequest& req);
 std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Family f);
 
 /// The plan for @p req: validate(), choose_mix(), and when nothing fits the GPU count that
-/// would (needs_gpus); then the time to train on G GPUs and on one. Given.
+/// would (needs_gpus), else the runner-up; then the time to train on G GPUs and on one. Given.
 /// @throws dtc::UsageError for bad input (validate()).
 Plan plan(const PlanRequest& req);
 

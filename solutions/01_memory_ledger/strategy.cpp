@@ -644,6 +644,24 @@ Plan plan(const PlanRequest& req) {
       }
     }
   }
+  if (p.fits) {
+    // The runner-up: the fastest other layout that fits, whatever the branch.
+    const Mix& chosen = p.eval.mix;
+    for (Family f :
+         {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline, Family::kContext}) {
+      for (const Mix& m : candidates(req, f)) {
+        if (m.dp == chosen.dp && m.tp == chosen.tp && m.pp == chosen.pp && m.cp == chosen.cp) {
+          continue;
+        }
+        const Evaluation e = evaluate(req, m);
+        if (!e.fits || !e.batch_ok) continue;
+        if (!p.runner_up || e.step_time_s < p.runner_up->step_time_s) {
+          p.runner_up = e;
+          p.runner_up_family = f;
+        }
+      }
+    }
+  }
   const double params = static_cast<double>(count_params(req.model));
   const double peak = req.cluster.peak_tflops * 1e12;
   p.train_time_s = train_time_seconds(params, req.tokens, peak, req.mfu, req.gpus);

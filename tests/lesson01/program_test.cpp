@@ -118,8 +118,39 @@ TEST(L01ProgramGiven, PlanBadInputExitsWithTwoAndNamesTheFlag) {
       {{"--plan", "--model", "llama-7b", "--global-batch", "-4"}, "--global-batch"},
       {{"--plan", "--params", "7e9"}, "--plan"},
       {{"--plan", "--model", "llama-7b", "--tokens", "lots"}, "--tokens"},
+      {{"--plan", "--model", "llama-7b", "--compare", "8x1x1"}, "--compare"},
+      {{"--plan", "--model", "llama-7b", "--compare", "4x1x1x1"}, "--compare"},  // 8 GPUs
+      {{"--plan", "--model", "llama-7b", "--compare", "1x3x1x1"}, "--compare"},
+      {{"--plan", "--model", "llama-7b", "--compare", "8x1x1x1:4"}, "--compare"},
+      {{"--model", "llama-7b", "--compare", "8x1x1x1"}, "--compare"},  // needs --plan
   };
   expect_usage_errors(cases);
+}
+
+TEST(L01Program, RunnerUpAndAComparedLayout) {
+  // Llama 3 405B's published layout (Llama 3 paper, Table 4: tp 8, cp 1, pp 16, dp 128 on
+  // 16,384 H100s, 8K sequences, 16M-token batches), costed by the same model as the plan.
+  const Result r = run_lesson01({"--plan", "--model", "llama3-405b", "--cluster", "dgx-h100",
+                                 "--gpus", "16384", "--seq", "8192", "--global-batch", "2048",
+                                 "--compare", "128x8x16x1:1:none", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = last_json_line(r.out);
+  const auto& cmp = j.at("compare");
+  EXPECT_EQ(cmp.at("dp").get<int64_t>(), 128);
+  EXPECT_EQ(cmp.at("tp").get<int64_t>(), 8);
+  EXPECT_EQ(cmp.at("pp").get<int64_t>(), 16);
+  EXPECT_EQ(cmp.at("recompute").get<std::string>(), "none");
+  // Closed form of the cost model's plain 1F1B bubble: (pp - 1) / m, m = 2048 / 128 = 16.
+  EXPECT_DOUBLE_EQ(cmp.at("bubble").get<double>(), 15.0 / 16.0);
+  // The runner-up is another layout that fits, costed the same way.
+  const auto& up = j.at("runner_up");
+  ASSERT_FALSE(up.is_null());
+  EXPECT_TRUE(up.at("fits").get<bool>());
+  const auto& plan = j.at("plan");
+  EXPECT_FALSE(up.at("dp") == plan.at("dp") && up.at("tp") == plan.at("tp") &&
+               up.at("pp") == plan.at("pp") && up.at("cp") == plan.at("cp"))
+      << "the runner-up must be another layout";
+  EXPECT_LE(up.at("per_gpu_bytes").get<double>(), 0.9 * 80e9);
 }
 
 TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
