@@ -514,8 +514,8 @@ Plan plan(const PlanRequest& req) {
   if (p.fits) {
     // The runner-up: the fastest other layout that fits, whatever the branch.
     const Mix& chosen = p.eval.mix;
-    for (Family f : {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline,
-                     Family::kContext}) {
+    for (Family f :
+         {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline, Family::kContext}) {
       for (const Mix& m : candidates(req, f)) {
         if (m.dp == chosen.dp && m.tp == chosen.tp && m.pp == chosen.pp && m.cp == chosen.cp) {
           continue;
@@ -625,4 +625,4 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum 0e9a7b67b674b885
+// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum 4257d72496d87155
