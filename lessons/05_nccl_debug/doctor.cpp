@@ -89,7 +89,15 @@ void check_ifnames(const EnvLookup& env, const Machine& machine, Report& r) {
   }
   if (auto v = env("NCCL_SOCKET_IFNAME")) {
     std::string list = *v;
-    if (!list.empty() && list[0] == '^') {
+    if (list.size() < 2) {
+      // NCCL reads the variable only when it has 2 characters or more (ncclFindInterfaces).
+      r.warn("NCCL_SOCKET_IFNAME",
+             fmt::format("'{}' is ignored: NCCL reads values of 2 characters or more, and chooses "
+                         "by itself",
+                         *v),
+             "give a whole prefix or an exact name, e.g. NCCL_SOCKET_IFNAME==eth0 (the value "
+             "=eth0), or unset it");
+    } else if (list[0] == '^') {
       r.ok("NCCL_SOCKET_IFNAME", fmt::format("'{}' excludes interfaces; not checked", *v));
     } else {
       const bool exact = !list.empty() && list[0] == '=';

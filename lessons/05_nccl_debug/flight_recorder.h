@@ -53,9 +53,17 @@ struct FrVerdict {
 /// entry for @p pg_id in pg_status has enqueued nothing in it.
 /// The call at seq is the entry with that pg_id and collective_seq_id (not a p2p one):
 /// profiling_name, then each input's dtype and sizes: "gloo:all_reduce(Float[4, 8], Long[2])".
+/// What this assumes, as the fault lab's dumps satisfy it: the group's ops are collectives (no
+/// send/recv: on NCCL, p2p ops move pg_status's counters too) run one at a time (gloo records a
+/// completion when its worker finishes an op, so with several async ops in flight the counter can
+/// pass a stuck earlier one), and @p pg_id names the same group in every rank's process (it is
+/// process-local: in a job with subgroups, match groups by pg_config's name instead). A rank
+/// that is in no dump is not seen at all; sizes are compared as they are, which would flag the
+/// legitimately uneven inputs of scatter, gather or all_to_all. torchfrtrace handles all of
+/// these; this is its first step.
 /// @param dumps one per rank, any order, each rank once
-/// @throws std::invalid_argument when a dump is not JSON, has no "pg_status", or a rank appears
-///   twice; the message names the rank.
+/// @throws std::invalid_argument when there is no dump, a dump is not JSON, has no "pg_status"
+///   or a counter that is not a number, or a rank appears twice; the message names the rank.
 FrVerdict analyze_flight_recorder(const std::vector<FrDump>& dumps, const std::string& pg_id = "0");
 
 /// One paragraph for a person, e.g.

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "dtc/todo.h"
@@ -14,12 +16,27 @@ namespace dtc::l05 {
 namespace {
 
 // (maybe_unused: the untouched exercise does not call these helpers yet.)
-// Whether env sets name to one of values (compared exactly, as NCCL reads them).
+// Whether env sets name to one of values, compared without regard to case.
 [[maybe_unused]] bool set_to(const EnvLookup& env, const std::string& name,
                              std::initializer_list<const char*> values) {
   const auto v = env(name);
   if (!v) return false;
-  return std::any_of(values.begin(), values.end(), [&](const char* x) { return *v == x; });
+  return std::any_of(values.begin(), values.end(), [&](const char* x) {
+    const std::string w = x;
+    return v->size() == w.size() && std::equal(v->begin(), v->end(), w.begin(), [](char c, char d) {
+             return std::tolower(static_cast<unsigned char>(c)) ==
+                    std::tolower(static_cast<unsigned char>(d));
+           });
+  });
+}
+
+// An integer variable as NCCL reads it (strtoll): set, a number, and not 0.
+[[maybe_unused]] bool nonzero(const EnvLookup& env, const std::string& name) {
+  const auto v = env(name);
+  if (!v || v->empty()) return false;
+  char* end = nullptr;
+  const long long n = std::strtoll(v->c_str(), &end, 0);
+  return end != v->c_str() && n != 0;
 }
 
 [[maybe_unused]] bool starts_with(const std::string& s, const std::string& prefix) {
@@ -35,11 +52,11 @@ namespace {
 }  // namespace
 
 std::optional<LinkReading> read_link(const NcclLogSummary& log, int from, int to) {
-  // TODO(L05): the first connection line from -> to (either end's), its family and
-  //   GPUDirect RDMA, and same_node from both ranks' hosts; nullopt when there is none, and
+  // TODO(L05): the first connection line from -> to (either end's), its family, GPUDirect
+  //   RDMA on any of its lines, and same_node from both ranks' hosts; nullopt when there is none, and
   //   std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; README section 9)
-  DTC_TODO("L05", "the first connection line from -> to (either end's), its family and "
-                  "GPUDirect RDMA, and same_node from both ranks' hosts; nullopt when there is none, and "
+  DTC_TODO("L05", "the first connection line from -> to (either end's), its family, GPUDirect "
+                  "RDMA on any of its lines, and same_node from both ranks' hosts; nullopt when there is none, and "
                   "std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; README section 9)");
 }
 
@@ -74,4 +91,4 @@ std::optional<LinkDiagnosis> check_socket_ifname(const EnvLookup& env,
 }
 
 }  // namespace dtc::l05
-// exercise generated from solutions/05_nccl_debug/nccl_reading.cpp by scripts/exercises.py; checksum a0f112b5b3335074
+// exercise generated from solutions/05_nccl_debug/nccl_reading.cpp by scripts/exercises.py; checksum f3f292dc4c4ac1c6

@@ -51,6 +51,7 @@ FrVerdict analyze_flight_recorder(const std::vector<FrDump>& dumps, const std::s
     long long enqueued = 0, completed = 0;
     nlohmann::json entries;
   };
+  if (dumps.empty()) throw std::invalid_argument("no dump: give every rank's");
   std::map<int, Progress> ranks;
   for (const auto& d : dumps) {
     if (ranks.count(d.rank)) {
@@ -71,8 +72,13 @@ FrVerdict analyze_flight_recorder(const std::vector<FrDump>& dumps, const std::s
     Progress p;
     const auto& status = j.at("pg_status");
     if (status.contains(pg_id)) {
-      p.enqueued = counter(status.at(pg_id), "last_enqueued_collective");
-      p.completed = counter(status.at(pg_id), "last_completed_collective");
+      try {
+        p.enqueued = counter(status.at(pg_id), "last_enqueued_collective");
+        p.completed = counter(status.at(pg_id), "last_completed_collective");
+      } catch (const std::exception& e) {
+        throw std::invalid_argument(
+            fmt::format("rank {}'s pg_status counters are not numbers ({})", d.rank, e.what()));
+      }
     }
     p.entries = j.value("entries", nlohmann::json::array());
     ranks.emplace(d.rank, std::move(p));

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "dtc/todo.h"
@@ -14,12 +16,27 @@ namespace dtc::l05 {
 namespace {
 
 // (maybe_unused: the untouched exercise does not call these helpers yet.)
-// Whether env sets name to one of values (compared exactly, as NCCL reads them).
+// Whether env sets name to one of values, compared without regard to case.
 [[maybe_unused]] bool set_to(const EnvLookup& env, const std::string& name,
                              std::initializer_list<const char*> values) {
   const auto v = env(name);
   if (!v) return false;
-  return std::any_of(values.begin(), values.end(), [&](const char* x) { return *v == x; });
+  return std::any_of(values.begin(), values.end(), [&](const char* x) {
+    const std::string w = x;
+    return v->size() == w.size() && std::equal(v->begin(), v->end(), w.begin(), [](char c, char d) {
+             return std::tolower(static_cast<unsigned char>(c)) ==
+                    std::tolower(static_cast<unsigned char>(d));
+           });
+  });
+}
+
+// An integer variable as NCCL reads it (strtoll): set, a number, and not 0.
+[[maybe_unused]] bool nonzero(const EnvLookup& env, const std::string& name) {
+  const auto v = env(name);
+  if (!v || v->empty()) return false;
+  char* end = nullptr;
+  const long long n = std::strtoll(v->c_str(), &end, 0);
+  return end != v->c_str() && n != 0;
 }
 
 [[maybe_unused]] bool starts_with(const std::string& s, const std::string& prefix) {
@@ -35,8 +52,8 @@ namespace {
 }  // namespace
 
 std::optional<LinkReading> read_link(const NcclLogSummary& log, int from, int to) {
-  // BEGIN SOLUTION: the first connection line from -> to (either end's), its family and
-  //   GPUDirect RDMA, and same_node from both ranks' hosts; nullopt when there is none, and
+  // BEGIN SOLUTION: the first connection line from -> to (either end's), its family, GPUDirect
+  //   RDMA on any of its lines, and same_node from both ranks' hosts; nullopt when there is none, and
   //   std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; README section 9)
   const auto it = std::find_if(log.links.begin(), log.links.end(),
                                [&](const NcclLink& l) { return l.from == from && l.to == to; });
@@ -53,7 +70,10 @@ std::optional<LinkReading> read_link(const NcclLogSummary& log, int from, int to
   r.to = to;
   r.via = it->via;
   r.family = it->family;
-  r.gpu_direct = starts_with(it->via, "NET/") && it->via.find("/GDRDMA") != std::string::npos;
+  r.gpu_direct = std::any_of(log.links.begin(), log.links.end(), [&](const NcclLink& l) {
+    return l.from == from && l.to == to && starts_with(l.via, "NET/") &&
+           l.via.find("/GDRDMA") != std::string::npos;
+  });
   r.same_node = a->second == b->second;
   return r;
   // END SOLUTION
@@ -63,16 +83,19 @@ LinkDiagnosis explain_link(const LinkReading& link, const EnvLookup& env) {
   // BEGIN SOLUTION: apply the contract's rules: the expected transport is healthy; otherwise
   //   name the variables set that forced each step down, in the rules' order
   //   (L05Reading.Explain*; README section 9)
-  std::vector<std::string> p2p_off;
-  if (set_to(env, "NCCL_P2P_DISABLE", {"1"})) p2p_off.push_back("NCCL_P2P_DISABLE");
-  if (set_to(env, "NCCL_P2P_LEVEL", {"LOC", "0"})) p2p_off.push_back("NCCL_P2P_LEVEL");
-  const bool shm_off = set_to(env, "NCCL_SHM_DISABLE", {"1"});
+  std::vector<std::string> p2p_off;  // at most one: NCCL reads the level only without DISABLE
+  if (nonzero(env, "NCCL_P2P_DISABLE")) {
+    p2p_off.push_back("NCCL_P2P_DISABLE");
+  } else if (env("NCCL_P2P_LEVEL") && !set_to(env, "NCCL_P2P_LEVEL", {"SYS", "4", "5"})) {
+    p2p_off.push_back("NCCL_P2P_LEVEL");
+  }
+  const bool shm_off = nonzero(env, "NCCL_SHM_DISABLE");
   LinkDiagnosis d;
   const std::string& f = link.family;
   const bool net = starts_with(f, "NET/");
-  if (f != "P2P" && f != "SHM" && f != "NET/IB" && f != "NET/Socket") {
+  if (f != "P2P" && f != "SHM" && !net) {
     throw std::invalid_argument("unknown transport family '" + f +
-                                "': expected P2P, SHM, NET/IB or NET/Socket");
+                                "': expected P2P, SHM or NET/<network>");
   }
   if (link.same_node) {
     if (f == "P2P") {
@@ -90,8 +113,9 @@ LinkDiagnosis explain_link(const LinkReading& link, const EnvLookup& env) {
       d.variables = p2p_off;
       if (shm_off) d.variables.push_back("NCCL_SHM_DISABLE");
       d.why = d.variables.empty()
-                  ? "the network between ranks of one node: P2P and SHM both failed (a "
-                    "container without --ipc=host, a small /dev/shm); look for NCCL WARN lines"
+                  ? "the network between ranks of one node, with nothing set against P2P or SHM: "
+                    "they were impossible (ranks in containers without a shared IPC namespace: "
+                    "--ipc=host), or NCCL preferred the NIC (NCCL_NET_DISABLE_INTRA=1 forbids it)"
                   : "the network between ranks of one node, because " + join(d.variables) +
                         (d.variables.size() > 1 ? " are" : " is") + " set: unset them";
     }
@@ -110,17 +134,20 @@ LinkDiagnosis explain_link(const LinkReading& link, const EnvLookup& env) {
   } else if (f == "NET/IB") {
     if (set_to(env, "NCCL_NET_GDR_LEVEL", {"LOC", "0"}))
       d.variables.push_back("NCCL_NET_GDR_LEVEL");
-    d.why = d.variables.empty()
-                ? "InfiniBand without GPUDirect RDMA: is nvidia-peermem loaded, and the NIC near "
-                  "the GPU (NCCL_NET_GDR_LEVEL)?"
-                : "InfiniBand without GPUDirect RDMA, because NCCL_NET_GDR_LEVEL forbids it";
-  } else if (net) {
-    if (set_to(env, "NCCL_IB_DISABLE", {"1"})) d.variables.push_back("NCCL_IB_DISABLE");
+    d.healthy = d.variables.empty();
+    d.why = d.healthy ? "InfiniBand without GPUDirect RDMA: the NIC is too far from the GPU, or "
+                        "nvidia-peermem is not loaded (`lsmod | grep peermem`)"
+                      : "InfiniBand without GPUDirect RDMA, because NCCL_NET_GDR_LEVEL forbids it";
+  } else if (f == "NET/Socket") {
+    if (nonzero(env, "NCCL_IB_DISABLE")) d.variables.push_back("NCCL_IB_DISABLE");
     if (set_to(env, "NCCL_NET", {"Socket"})) d.variables.push_back("NCCL_NET");
     d.why = d.variables.empty()
                 ? "sockets between nodes: NCCL found no usable IB/RoCE device (look for "
                   "'NET/IB : No device found', and NCCL_IB_HCA)"
                 : "sockets between nodes, because " + join(d.variables) + " chose them";
+  } else {
+    d.healthy = true;
+    d.why = "a network plugin (" + f + ") between nodes";
   }
   return d;
   // END SOLUTION
@@ -176,7 +203,8 @@ std::optional<LinkDiagnosis> check_socket_ifname(const EnvLookup& env,
   LinkDiagnosis d;
   d.variables = {"NCCL_SOCKET_IFNAME"};
   const std::string setting = value ? "NCCL_SOCKET_IFNAME=" + *value : "NCCL_SOCKET_IFNAME unset";
-  const std::string fix = "set NCCL_SOCKET_IFNAME==" + cluster_interface + " (an exact name)";
+  const std::string fix = "set NCCL_SOCKET_IFNAME==" + cluster_interface +
+                          " (the value =" + cluster_interface + ", an exact name)";
   if (picked.empty()) {
     d.why = fmt::format(
         "{} selects no interface: NCCL fails at bootstrap (no socket interface "

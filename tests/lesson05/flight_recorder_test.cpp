@@ -152,16 +152,61 @@ TEST(L05FlightRecorder, AllCompletedOnlyWhenEveryRankCompletedTheLastEnqueued) {
 }
 
 TEST(L05FlightRecorder, OnlyTheAskedGroupsEntriesAndNoP2p) {
-  // Group 1 and a p2p op share sequence number 2 with group 0's broadcast: only the latter counts.
+  // Group 1 and a p2p op share sequence number 2 with group 0's broadcast: only the latter counts
+  // (the format is the same for every backend; gloo itself records no p2p ops).
   const std::vector<nlohmann::json> entries{
       entry(1, 2, "gloo:all_gather", {{3}}, {"Float"}, false),
-      entry(0, 2, "gloo:send", {{9}}, {"Float"}, false, /*p2p=*/true),
+      entry(0, 2, "nccl:send", {{9}}, {"Float"}, false, /*p2p=*/true),  // gloo records no p2p
       entry(0, 2, "gloo:broadcast", {{2, 3}}, {"Long"}, false)};
   const auto v =
       analyze_flight_recorder({{0, dump("2", "1", entries)}, {1, dump("2", "1", entries)}});
   EXPECT_EQ(v.seq, 2);
   EXPECT_EQ(v.calls, (Calls{{0, "gloo:broadcast(Long[2, 3])"}, {1, "gloo:broadcast(Long[2, 3])"}}));
   EXPECT_EQ(v.waiting, (Ranks{0, 1}));
+}
+
+TEST(L05FlightRecorder, AnotherGroupIsReadFromItsOwnStatus) {
+  // Group "1" is stuck at #4 while group "0" is healthy; asked for "1", the verdict is group 1's.
+  const auto dump_two = [](const std::string& enq1, const std::string& comp1,
+                           const std::vector<nlohmann::json>& entries) {
+    nlohmann::json j{
+        {"version", "2.10"},
+        {"entries", entries},
+        {"pg_status",
+         {{"0", {{"last_enqueued_collective", "9"}, {"last_completed_collective", "9"}}},
+          {"1", {{"last_enqueued_collective", enq1}, {"last_completed_collective", comp1}}}}}};
+    return j.dump();
+  };
+  const auto e0 = entry(0, 4, "gloo:all_reduce", {{1}}, {"Float"}, true);
+  const auto e1 = entry(1, 4, "gloo:all_gather", {{6}}, {"Float"}, false);
+  const std::vector<FrDump> dumps{{0, dump_two("4", "3", {e0, e1})}, {1, dump_two("3", "3", {e0})}};
+  EXPECT_TRUE(analyze_flight_recorder(dumps, "0").all_completed);
+  const auto v = analyze_flight_recorder(dumps, "1");
+  EXPECT_EQ(v.seq, 4);
+  EXPECT_EQ(v.missing, (Ranks{1}));
+  EXPECT_EQ(v.waiting, (Ranks{0}));
+  EXPECT_EQ(v.calls, (Calls{{0, "gloo:all_gather(Float[6])"}}));
+}
+
+TEST(L05FlightRecorder, SameOpOtherSizesOrDtypesIsAMismatch) {
+  const auto v = analyze_flight_recorder(
+      {{0, dump("1", "0", {entry(0, 1, "gloo:all_reduce", {{4}}, {"Float"}, false)})},
+       {1, dump("1", "0", {entry(0, 1, "gloo:all_reduce", {{8}}, {"Float"}, false)})},
+       {2, dump("1", "0", {entry(0, 1, "gloo:all_reduce", {{4}}, {"Double"}, false)})}});
+  EXPECT_TRUE(v.mismatch);
+  EXPECT_EQ(v.calls.at(1), "gloo:all_reduce(Float[8])");
+  EXPECT_EQ(v.calls.at(2), "gloo:all_reduce(Double[4])");
+}
+
+TEST(L05FlightRecorder, RanksAreListedAscendingWhateverTheDumpsOrder) {
+  const auto ar = entry(0, 1, "gloo:all_reduce", {{4}}, {"Float"}, true);
+  const auto bc = entry(0, 2, "gloo:broadcast", {{2}}, {"Float"}, false);
+  const auto v = analyze_flight_recorder({{3, dump("1", "1", {ar})},
+                                          {2, dump("2", "1", {ar, bc})},
+                                          {1, dump("1", "1", {ar})},
+                                          {0, dump("2", "1", {ar, bc})}});
+  EXPECT_EQ(v.missing, (Ranks{1, 3}));
+  EXPECT_EQ(v.waiting, (Ranks{0, 2}));
 }
 
 TEST(L05FlightRecorder, CallsListEveryInput) {
@@ -207,6 +252,10 @@ TEST(L05FlightRecorder, BadDumpsAreClearErrorsNamingTheRank) {
   EXPECT_NE(message_of({{0, ok}, {3, "not json {"}}).find("rank 3"), std::string::npos);
   EXPECT_NE(message_of({{0, ok}, {2, R"({"entries": []})"}}).find("rank 2"), std::string::npos);
   EXPECT_NE(message_of({{1, ok}, {1, ok}}).find("rank 1"), std::string::npos);
+  const std::string bad_counter =
+      R"({"entries": [], "pg_status": {"0": {"last_enqueued_collective": "two"}}})";
+  EXPECT_NE(message_of({{0, ok}, {5, bad_counter}}).find("rank 5"), std::string::npos);
+  EXPECT_THROW(analyze_flight_recorder({}), std::invalid_argument);
 }
 
 TEST(L05FlightRecorderGiven, DescribeNamesTheRanksAndTheCall) {

@@ -92,6 +92,9 @@ TEST(L05DoctorGiven, InterfaceNames) {
   EXPECT_EQ(subjects(f, Severity::kWarning), std::multiset<std::string>{"NCCL_SOCKET_IFNAME"});
   EXPECT_NE(f[0].fix.find("lo, eth0, eth1, ib0"), std::string::npos) << f[0].fix;
   EXPECT_EQ(worst(f), Severity::kError);
+  // One character: NCCL ignores it (ncclFindInterfaces reads values of 2 characters or more).
+  f = run_doctor(lookup({{"NCCL_SOCKET_IFNAME", "e"}}), fake_machine());
+  EXPECT_EQ(subjects(f, Severity::kWarning), std::multiset<std::string>{"NCCL_SOCKET_IFNAME"});
   // NCCL: '=' means exact ("=eth" matches nothing), '^' excludes (not checked).
   f = run_doctor(lookup({{"NCCL_SOCKET_IFNAME", "=eth"}}), fake_machine());
   EXPECT_EQ(worst(f), Severity::kError);

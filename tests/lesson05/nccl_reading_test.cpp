@@ -95,6 +95,31 @@ TEST(L05Reading, ReadLinkSocketsInsideANode) {
   EXPECT_FALSE(r->gpu_direct);
 }
 
+TEST(L05Reading, ReadLinkGpuDirectOnEitherSide) {
+  // The sender reads GPU memory directly only where NCCL_NET_GDR_READ allows it (by default from
+  // Ampere on), the receiver writes it: the two lines of one connection can differ, NIC too.
+  std::istringstream text(
+      "a:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0\n"
+      "b:2:2 [0] NCCL INFO comm 0x2 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0\n"
+      "a:1:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0\n"
+      "b:2:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [receive] via NET/IB/1/GDRDMA\n");
+  const auto r = read_link(parse_nccl_log(text), 0, 1);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->gpu_direct);
+  EXPECT_EQ(r->via, "NET/IB/0");  // the first line's
+  EXPECT_FALSE(r->same_node);
+}
+
+TEST(L05Reading, ReadLinkNeedsBothHosts) {
+  // Rank 0's host is known, rank 1's is not; then the other way round.
+  for (const char* known : {"0", "1"}) {
+    std::istringstream text(std::string("a:1:1 [0] NCCL INFO comm 0x1 rank ") + known +
+                            " nRanks 2 nNodes 1 localRanks 2 localRank 0\n"
+                            "a:1:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n");
+    EXPECT_THROW(read_link(parse_nccl_log(text), 0, 1), std::invalid_argument) << known;
+  }
+}
+
 TEST(L05Reading, ReadLinkWithoutTheRanksHostIsAnError) {
   // A log cut to its connection lines: the hosts of the ranks are gone.
   std::istringstream cut(
@@ -150,19 +175,30 @@ TEST(L05Reading, ExplainNamesOnlyTheVariablesThatForcedTheStepDown) {
   auto d = explain_link(link("NET/Socket", true),
                         env_of({{"NCCL_SHM_DISABLE", "1"}, {"NCCL_P2P_LEVEL", "LOC"}}));
   EXPECT_EQ(d.variables, (Names{"NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE"}));
-  // The legacy number 0 is LOC; another level (NVL) does not disable P2P here.
+  // The legacy number 0 is LOC; NVL forbids P2P between GPUs without NVLink: a reason for SHM.
   d = explain_link(link("SHM", true), env_of({{"NCCL_P2P_LEVEL", "0"}}));
   EXPECT_FALSE(d.healthy);
   EXPECT_EQ(d.variables, (Names{"NCCL_P2P_LEVEL"}));
   d = explain_link(link("SHM", true),
                    env_of({{"NCCL_P2P_LEVEL", "NVL"}, {"NCCL_SHM_DISABLE", "1"}}));
-  EXPECT_TRUE(d.healthy);  // SHM was used: NCCL_SHM_DISABLE did not force anything
-  EXPECT_TRUE(d.variables.empty());
-  // A variable set to 0 disables nothing.
+  EXPECT_FALSE(d.healthy);
+  EXPECT_EQ(d.variables, (Names{"NCCL_P2P_LEVEL"}));  // SHM was used: its switch forced nothing
+  // SYS (and its legacy numbers 4, 5) allows P2P at any distance: it explains nothing.
+  for (const char* level : {"SYS", "4", "5"}) {
+    d = explain_link(link("SHM", true), env_of({{"NCCL_P2P_LEVEL", level}}));
+    EXPECT_TRUE(d.healthy) << level;
+    EXPECT_TRUE(d.variables.empty()) << level;
+  }
+  // A switch set to 0 disables nothing; any other number does, as NCCL parses integers.
   d = explain_link(link("SHM", true), env_of({{"NCCL_P2P_DISABLE", "0"}}));
   EXPECT_TRUE(d.variables.empty());
   d = explain_link(link("SHM", true), env_of({{"NCCL_P2P_DISABLE", "1"}}));
   EXPECT_EQ(d.variables, (Names{"NCCL_P2P_DISABLE"}));
+  // With P2P disabled, NCCL never reads the level: only the switch is named.
+  d = explain_link(
+      link("NET/Socket", true),
+      env_of({{"NCCL_P2P_DISABLE", "2"}, {"NCCL_P2P_LEVEL", "LOC"}, {"NCCL_SHM_DISABLE", "1"}}));
+  EXPECT_EQ(d.variables, (Names{"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"}));
 }
 
 TEST(L05Reading, ExplainTheNetworkInsideANodeWithNothingSet) {
@@ -176,21 +212,30 @@ TEST(L05Reading, ExplainSocketsBetweenNodes) {
   auto d = explain_link(link("NET/Socket", false), env_of({{"NCCL_IB_DISABLE", "1"}}));
   EXPECT_FALSE(d.healthy);
   EXPECT_EQ(d.variables, (Names{"NCCL_IB_DISABLE"}));
+  d = explain_link(link("NET/Socket", false), env_of({{"NCCL_IB_DISABLE", "2"}}));
+  EXPECT_EQ(d.variables, (Names{"NCCL_IB_DISABLE"}));  // an integer: not 0 disables
   d = explain_link(link("NET/Socket", false),
-                   env_of({{"NCCL_NET", "Socket"}, {"NCCL_P2P_DISABLE", "1"}}));
-  EXPECT_EQ(d.variables, (Names{"NCCL_NET"}));  // P2P does not matter between nodes
+                   env_of({{"NCCL_NET", "socket"}, {"NCCL_P2P_DISABLE", "1"}}));
+  EXPECT_EQ(d.variables, (Names{"NCCL_NET"}));  // any case; P2P does not matter between nodes
   d = explain_link(link("NET/Socket", false), env_of({{"NCCL_NET", "IB"}}));
   EXPECT_FALSE(d.healthy);
   EXPECT_TRUE(d.variables.empty());  // no usable IB device: nothing in the environment
+  // A network plugin (the SHARP plugin's IBext, say) between nodes is NCCL's own choice.
+  d = explain_link(link("NET/IBext", false), env_of({}));
+  EXPECT_TRUE(d.healthy);
 }
 
 TEST(L05Reading, ExplainInfiniBandWithoutGpuDirect) {
   auto d = explain_link(link("NET/IB", false, false), env_of({{"NCCL_NET_GDR_LEVEL", "LOC"}}));
   EXPECT_FALSE(d.healthy);
   EXPECT_EQ(d.variables, (Names{"NCCL_NET_GDR_LEVEL"}));
+  d = explain_link(link("NET/IB", false, false), env_of({{"NCCL_NET_GDR_LEVEL", "0"}}));
+  EXPECT_EQ(d.variables, (Names{"NCCL_NET_GDR_LEVEL"}));
+  // Nothing set: the topology or the driver (nvidia-peermem) decided, as with SHM in a node.
   d = explain_link(link("NET/IB", false, false), env_of({{"NCCL_NET_GDR_LEVEL", "PHB"}}));
-  EXPECT_FALSE(d.healthy);
+  EXPECT_TRUE(d.healthy);
   EXPECT_TRUE(d.variables.empty());
+  EXPECT_FALSE(d.why.empty());
 }
 
 TEST(L05Reading, ExplainRejectsWhatCannotBe) {
