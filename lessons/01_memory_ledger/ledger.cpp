@@ -91,6 +91,10 @@ void validate(const ModelConfig& m) {
   }
 }
 
+int64_t first_stage_embedding_params(const ModelConfig& m) {
+  return m.vocab * m.hidden + (m.arch == Arch::kGpt ? m.ctx * m.hidden : 0);
+}
+
 Attention resolved_attention(const ModelConfig& model, const TrainingSetup& setup) {
   if (setup.attention != Attention::kAuto) return setup.attention;
   return model.arch == Arch::kLlama ? Attention::kFlash : Attention::kEager;
@@ -178,11 +182,13 @@ Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelCon
   Ledger out;
   out.params = params;
   // TODO(L01): fill the rest of out as Ledger documents it: one device's share of a
-  //   replica split by tp * pp, its states sharded by ZeRO, and all L layers' activations when
-  //   the model is known. Tests: L01Ledger.*; hints: README section 8
+  //   replica split by tp * pp (whole blocks and the embedding on the first stage when the model
+  //   is known), its states sharded by ZeRO, and the first stage's activations under 1F1B.
+  //   Tests: L01Ledger.*; hints: README section 8
   DTC_TODO("L01", "fill the rest of out as Ledger documents it: one device's share of a "
-                  "replica split by tp * pp, its states sharded by ZeRO, and all L layers' activations when "
-                  "the model is known. Tests: L01Ledger.*; hints: README section 8");
+                  "replica split by tp * pp (whole blocks and the embedding on the first stage when the model "
+                  "is known), its states sharded by ZeRO, and the first stage's activations under 1F1B. "
+                  "Tests: L01Ledger.*; hints: README section 8");
   return out;
 }
 
@@ -201,4 +207,4 @@ double train_time_seconds(double params, double tokens, double peak_flops, doubl
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/ledger.cpp by scripts/exercises.py; checksum 5642011f4f516a9a
+// exercise generated from solutions/01_memory_ledger/ledger.cpp by scripts/exercises.py; checksum 23fb995811af0dce

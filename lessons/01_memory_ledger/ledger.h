@@ -202,8 +202,10 @@ double activation_bytes_per_layer(const ModelConfig& model, const TrainingSetup&
 
 /// One device's memory for training.
 struct Ledger {
-  int64_t params = 0;                     ///< parameters of the whole model
-  double params_per_replica = 0;          ///< parameters one data-parallel replica holds: P/(tp*pp)
+  int64_t params = 0;  ///< parameters of the whole model
+  /// Parameters one GPU holds of its replica, before ZeRO: P/(tp*pp) for a bare count; with the
+  /// model, the first stage's share (compute_ledger()).
+  double params_per_replica = 0;
   BytesPerParam per_param;                ///< bytes per parameter before sharding
   StateBytes state;                       ///< parameters, gradients, optimizer states per device
   double per_layer_activation_bytes = 0;  ///< activation_bytes_per_layer(); 0 without a shape
@@ -212,14 +214,22 @@ struct Ledger {
   double total_bytes() const { return state.total() + activation_bytes; }
 };
 
-/// The ledger for one device.
+/// The parameters of the input embedding, which the first pipeline stage holds besides its
+/// blocks: V h, and GPT's ctx h position embeddings (its tied head is the same V h matrix).
+/// Given.
+int64_t first_stage_embedding_params(const ModelConfig& model);
+
+/// The ledger for one device, the one that holds the most: the first pipeline stage.
 ///
-/// Tensor and pipeline parallelism split the model: one replica holds params / (tp * pp)
-/// parameters (an even split; embeddings are not treated specially). ZeRO then shards that
-/// replica's states over dp ranks. Activations: with @p model, per_layer x layers. (Per device
-/// this holds with pipeline parallelism too: under 1F1B the first stage keeps pp micro-batches
-/// in flight, each through layers/pp blocks; Korthikanti sec. 4.2.3.) Without a model
-/// (nullptr: a bare parameter count) there are no activations.
+/// Tensor and pipeline parallelism split the model. With a bare parameter count (@p model
+/// nullptr) one GPU's share of a replica is params / (tp * pp), an even split, and there are no
+/// activations. With @p model and pp > 1 a stage holds whole blocks: the first holds
+/// ceil(layers / pp) of them (each of count_params() with 1 layer minus with 0 layers) and the
+/// input embedding (first_stage_embedding_params()), split by tp; with pp = 1 the GPU holds
+/// params / tp. ZeRO then shards that share's states over dp ranks. Activations, with @p model:
+/// per_layer x ceil(layers / pp) x pp, the first stage's under 1F1B: it keeps pp micro-batches
+/// in flight, each through its ceil(layers / pp) blocks (Korthikanti sec. 4.2.3: L layers'
+/// worth when pp divides L).
 Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelConfig* model);
 
 /// Seconds to train a model of @p params parameters on @p tokens tokens: 6 * N * D FLOPs

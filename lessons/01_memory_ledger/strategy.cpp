@@ -373,11 +373,11 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   std::string pp = fmt::format("pp {}: ", mix.pp);
   if (const GroupTraffic* t = traffic(Strategy::kPp)) {
     pp += fmt::format(
-        "too many layers for the GPUs of one tensor group: {} layers in {} stages of about {:.3g}; "
-        "only activations cross a stage boundary, {} per GPU a step, {} on {}, so stages may "
-        "sit on different nodes; the 1F1B bubble (pp-1)/m costs {:.1f}% of compute",
-        req.model.layers, mix.pp,
-        static_cast<double>(req.model.layers) / static_cast<double>(mix.pp), gb(t->bytes_per_gpu),
+        "too many layers for the GPUs of one tensor group: {} layers in {} stages of at most {} "
+        "(the first also holds the input embedding); only activations cross a stage boundary, "
+        "{} per GPU a step, {} on {}, so stages may sit on different nodes; the 1F1B bubble "
+        "(pp-1)/m costs {:.1f}% of compute",
+        req.model.layers, mix.pp, (req.model.layers + mix.pp - 1) / mix.pp, gb(t->bytes_per_gpu),
         secs(t->seconds), link(t->crosses_nodes), 100.0 * e.bubble);
   } else {
     pp += "no pipeline: the layers fit without one, and there is no bubble";
@@ -625,4 +625,4 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum 4257d72496d87155
+// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum fde6151250ffeced

@@ -91,6 +91,10 @@ void validate(const ModelConfig& m) {
   }
 }
 
+int64_t first_stage_embedding_params(const ModelConfig& m) {
+  return m.vocab * m.hidden + (m.arch == Arch::kGpt ? m.ctx * m.hidden : 0);
+}
+
 Attention resolved_attention(const ModelConfig& model, const TrainingSetup& setup) {
   if (setup.attention != Attention::kAuto) return setup.attention;
   return model.arch == Arch::kLlama ? Attention::kFlash : Attention::kEager;
@@ -244,14 +248,28 @@ Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelCon
   Ledger out;
   out.params = params;
   // BEGIN SOLUTION: fill the rest of out as Ledger documents it: one device's share of a
-  //   replica split by tp * pp, its states sharded by ZeRO, and all L layers' activations when
-  //   the model is known. Tests: L01Ledger.*; hints: README section 8
-  out.params_per_replica = static_cast<double>(params) / static_cast<double>(setup.tp * setup.pp);
+  //   replica split by tp * pp (whole blocks and the embedding on the first stage when the model
+  //   is known), its states sharded by ZeRO, and the first stage's activations under 1F1B.
+  //   Tests: L01Ledger.*; hints: README section 8
+  const double tp = static_cast<double>(setup.tp);
+  out.params_per_replica = static_cast<double>(params) / (tp * static_cast<double>(setup.pp));
+  // Whole blocks per stage: the first holds ceil(L / pp) of them and the input embedding.
+  const int64_t stage_layers = model ? (model->layers + setup.pp - 1) / setup.pp : 0;
+  if (model != nullptr && setup.pp > 1) {
+    ModelConfig one = *model, none = *model;
+    one.layers = 1;
+    none.layers = 0;
+    const double block = static_cast<double>(count_params(one) - count_params(none));
+    out.params_per_replica = (static_cast<double>(stage_layers) * block +
+                              static_cast<double>(first_stage_embedding_params(*model))) /
+                             tp;
+  }
   out.per_param = bytes_per_param(setup.precision, setup.optimizer, setup.fp32_grad_accum);
   out.state = zero_state_bytes(out.params_per_replica, out.per_param, setup.zero_stage, setup.dp);
   if (model != nullptr) {
     out.per_layer_activation_bytes = activation_bytes_per_layer(*model, setup);
-    out.activation_bytes = out.per_layer_activation_bytes * static_cast<double>(model->layers);
+    out.activation_bytes =
+        out.per_layer_activation_bytes * static_cast<double>(stage_layers * setup.pp);
   }
   // END SOLUTION
   return out;

@@ -469,11 +469,11 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   std::string pp = fmt::format("pp {}: ", mix.pp);
   if (const GroupTraffic* t = traffic(Strategy::kPp)) {
     pp += fmt::format(
-        "too many layers for the GPUs of one tensor group: {} layers in {} stages of about {:.3g}; "
-        "only activations cross a stage boundary, {} per GPU a step, {} on {}, so stages may "
-        "sit on different nodes; the 1F1B bubble (pp-1)/m costs {:.1f}% of compute",
-        req.model.layers, mix.pp,
-        static_cast<double>(req.model.layers) / static_cast<double>(mix.pp), gb(t->bytes_per_gpu),
+        "too many layers for the GPUs of one tensor group: {} layers in {} stages of at most {} "
+        "(the first also holds the input embedding); only activations cross a stage boundary, "
+        "{} per GPU a step, {} on {}, so stages may sit on different nodes; the 1F1B bubble "
+        "(pp-1)/m costs {:.1f}% of compute",
+        req.model.layers, mix.pp, (req.model.layers + mix.pp - 1) / mix.pp, gb(t->bytes_per_gpu),
         secs(t->seconds), link(t->crosses_nodes), 100.0 * e.bubble);
   } else {
     pp += "no pipeline: the layers fit without one, and there is no bubble";

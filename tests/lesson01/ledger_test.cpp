@@ -301,19 +301,51 @@ TEST(L01Ledger, Outline7bStaticMemory) {
 }
 
 TEST(L01Ledger, TensorAndPipelineSplitTheModel) {
-  // Closed form: one replica holds P / (tp * pp); ZeRO then shards over dp.
-  const ModelConfig m = preset("llama-7b");
+  // A bare count splits evenly: P / (tp * pp); ZeRO then shards over dp.
   TrainingSetup setup = mixed_adam();
   setup.tp = 2;
   setup.pp = 4;
   setup.dp = 8;
   setup.zero_stage = 1;
   const double p = 6738415616.0;
-  const Ledger l = compute_ledger(6738415616LL, setup, &m);
+  Ledger l = compute_ledger(6738415616LL, setup, nullptr);
   EXPECT_DOUBLE_EQ(l.params_per_replica, p / 8);
   EXPECT_DOUBLE_EQ(l.state.params, 2 * p / 8);
   EXPECT_DOUBLE_EQ(l.state.grads, 2 * p / 8);
   EXPECT_DOUBLE_EQ(l.state.optimizer, 12 * p / 8 / 8);
+  // With the model, whole blocks per stage: the first stage holds 32 / 4 = 8 of LLaMA-7B's
+  // blocks (202,383,360 parameters each, README section 3's table) and the 32,000 x 4096 input
+  // embedding, split over tp 2.
+  const ModelConfig m = preset("llama-7b");
+  l = compute_ledger(6738415616LL, setup, &m);
+  const double first = (8 * 202383360.0 + 32000.0 * 4096) / 2;
+  EXPECT_DOUBLE_EQ(l.params_per_replica, first);
+  EXPECT_DOUBLE_EQ(l.state.params, 2 * first);
+  EXPECT_DOUBLE_EQ(l.state.optimizer, 12 * first / 8);
+  // Without pipeline parallelism the GPU holds its tp share of everything.
+  setup.pp = 1;
+  l = compute_ledger(6738415616LL, setup, &m);
+  EXPECT_DOUBLE_EQ(l.params_per_replica, p / 2);
+}
+
+TEST(L01Ledger, StagesHoldWholeLayers) {
+  // 126 layers in 64 stages: the first stage holds ceil(126 / 64) = 2 blocks, not 1.97, and
+  // under 1F1B keeps 64 micro-batches in flight through them: 128 layers' worth of activations.
+  const ModelConfig m = preset("llama3-405b");
+  ASSERT_EQ(m.layers, 126);
+  TrainingSetup setup = mixed_adam();
+  setup.tp = 8;
+  setup.pp = 64;
+  setup.sequence_parallel = true;
+  const Ledger l = compute_ledger(count_params(m), setup, &m);
+  EXPECT_CLOSE_REL(l.activation_bytes, 128 * activation_bytes_per_layer(m, setup), 1e-12,
+                   "closed form: ceil(L/pp) x pp layers on the first stage");
+  ModelConfig one = m, none = m;
+  one.layers = 1;
+  none.layers = 0;
+  const double block = static_cast<double>(count_params(one) - count_params(none));
+  EXPECT_CLOSE_REL(l.params_per_replica, (2 * block + static_cast<double>(m.vocab * m.hidden)) / 8,
+                   1e-12, "closed form: 2 blocks and the input embedding, over tp 8");
 }
 
 TEST(L01Ledger, ActivationsForEveryLayer) {
