@@ -2,7 +2,7 @@
 // the machine, with a fix for every finding.
 //   build/bin/lesson05 doctor
 //   GLOO_SOCKET_IFNAME=eth9 CUDA_VISIBLE_DEVICES=0,0 build/bin/lesson05 doctor   # two errors
-// tests/lesson05/doctor_test.cpp (suite L05DoctorGiven) runs it on made-up environments and a
+// tests/lesson05/given_test.cpp (suite L05DoctorGiven) runs it on made-up environments and a
 // made-up machine (Machine), so that every finding is checked without breaking a real network.
 #pragma once
 
