@@ -13,8 +13,12 @@
 // --no-check runs the collectives without fingerprints, to see what happens without the aid.
 #include "program.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 
 #include <nlohmann/json.hpp>
 
@@ -363,10 +367,34 @@ int run_fr_analyze(const Options& o, std::ostream& out) {
   return v.all_completed ? kExitOk : kExitFailure;
 }
 
+// The interfaces NCCL's socket code considers here (src/os/linux.cc): running, with an IPv4 or
+// IPv6 address (not the IPv6 loopback), in getifaddrs() order, IPv4 ones first, each name once.
+std::vector<std::string> nccl_visible_interfaces() {
+  std::vector<std::string> v4, v6;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return {};
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || !(a->ifa_flags & IFF_RUNNING)) continue;
+    const int family = a->ifa_addr->sa_family;
+    if (family == AF_INET6 &&
+        IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr)) {
+      continue;
+    }
+    auto& out = family == AF_INET ? v4 : v6;
+    if (family != AF_INET && family != AF_INET6) continue;
+    if (std::find(out.begin(), out.end(), a->ifa_name) == out.end()) out.push_back(a->ifa_name);
+  }
+  freeifaddrs(list);
+  for (const auto& n : v6) {
+    if (std::find(v4.begin(), v4.end(), n) == v4.end()) v4.push_back(n);
+  }
+  return v4;
+}
+
 // interfaces [--cluster IF]: what NCCL_SOCKET_IFNAME selects here (your nccl_pick_interfaces()),
 // and whether that is the cluster's network (your check_socket_ifname()).
 int run_interfaces(const Options& o, const EnvLookup& env, std::ostream& out) {
-  const auto names = o.interfaces.empty() ? real_machine().interfaces() : o.interfaces;
+  const auto names = o.interfaces.empty() ? nccl_visible_interfaces() : o.interfaces;
   const auto value = env("NCCL_SOCKET_IFNAME");
   const auto picked = nccl_pick_interfaces(value, names);
   std::optional<LinkDiagnosis> d;
@@ -434,7 +462,8 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   fr->add_flag("--json", o.json, "one JSON object");
   auto* ifs = app.add_subcommand("interfaces", "what NCCL_SOCKET_IFNAME selects on this machine");
   ifs->add_option("--cluster", o.cluster, "the interface the nodes reach each other on");
-  ifs->add_option("--interfaces", o.interfaces, "try a made-up list instead of this machine's")
+  ifs->add_option("--interfaces", o.interfaces,
+                  "try a made-up list instead of this machine's (running, with an address)")
       ->delimiter(',');
   ifs->add_flag("--json", o.json, "one JSON object");
   app.require_subcommand(0, 1);
