@@ -40,11 +40,14 @@ bad arguments.
 """
 import argparse
 import fnmatch
+import json
 import os
 import pathlib
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 
@@ -135,9 +138,6 @@ def write_mutant(nn: str, mid: str, out_dir: pathlib.Path) -> int:
 
 def run_filtered(binary: str, pattern: str, timeout: int):
     """Runs the tests of binary that match pattern; (status, failed test names, ran count)."""
-    import json
-    import subprocess
-    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         report = pathlib.Path(tmp) / "report.json"
         try:

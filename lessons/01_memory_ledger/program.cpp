@@ -251,6 +251,20 @@ std::string shards_text(const std::vector<std::string>& shards) {
   return text.empty() ? "-" : text;
 }
 
+// A costed mix: its layout, its per-GPU memory and step time (the plan, its runner-up, --compare).
+nlohmann::json evaluation_json(const Evaluation& e) {
+  return {{"dp", e.mix.dp},
+          {"tp", e.mix.tp},
+          {"pp", e.mix.pp},
+          {"cp", e.mix.cp},
+          {"zero_stage", e.mix.zero_stage},
+          {"recompute", name_of(kRecomputes, e.mix.recompute)},
+          {"per_gpu_bytes", e.ledger.total_bytes()},
+          {"fits", e.fits && e.batch_ok},
+          {"bubble", e.bubble},
+          {"step_time_s", e.step_time_s}};
+}
+
 nlohmann::json plan_json(const PlanRequest& req, const Plan& p,
                          const std::vector<StrategyRow>& rows) {
   const Evaluation& e = p.eval;
@@ -262,30 +276,21 @@ nlohmann::json plan_json(const PlanRequest& req, const Plan& p,
                        {"crosses_nodes", t.crosses_nodes},
                        {"seconds", t.seconds}});
   }
-  nlohmann::json plan = {{"dp", e.mix.dp},
-                         {"tp", e.mix.tp},
-                         {"pp", e.mix.pp},
-                         {"cp", e.mix.cp},
-                         {"zero_stage", e.mix.zero_stage},
-                         {"recompute", name_of(kRecomputes, e.mix.recompute)},
-                         {"family", family_name(p.family)},
-                         {"reasons", p.reasons},
-                         {"per_gpu_bytes", e.ledger.total_bytes()},
-                         {"per_gpu",
-                          {{"params", e.ledger.state.params},
-                           {"grads", e.ledger.state.grads},
-                           {"optimizer", e.ledger.state.optimizer},
-                           {"activations", e.ledger.activation_bytes}}},
-                         {"capacity_bytes", e.capacity_bytes},
-                         {"traffic", traffic},
-                         {"comm_time_s", e.comm_time_s},
-                         {"compute_time_s", e.compute_time_s},
-                         {"bubble", e.bubble},
-                         {"step_time_s", e.step_time_s},
-                         {"fits", p.fits},
-                         {"needs_gpus", p.needs_gpus},
-                         {"train_time_s", p.train_time_s},
-                         {"train_time_1gpu_s", p.train_time_1gpu_s}};
+  nlohmann::json plan = evaluation_json(e);  // its "fits" is p.fits: the eval fits, batch fed
+  plan.update({{"family", family_name(p.family)},
+               {"reasons", p.reasons},
+               {"per_gpu",
+                {{"params", e.ledger.state.params},
+                 {"grads", e.ledger.state.grads},
+                 {"optimizer", e.ledger.state.optimizer},
+                 {"activations", e.ledger.activation_bytes}}},
+               {"capacity_bytes", e.capacity_bytes},
+               {"traffic", traffic},
+               {"comm_time_s", e.comm_time_s},
+               {"compute_time_s", e.compute_time_s},
+               {"needs_gpus", p.needs_gpus},
+               {"train_time_s", p.train_time_s},
+               {"train_time_1gpu_s", p.train_time_1gpu_s}});
   nlohmann::json strategies = nlohmann::json::array();
   for (const auto& r : rows) {
     strategies.push_back({{"strategy", strategy_name(r.strategy)},
@@ -432,6 +437,41 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
              req.gpus, p.train_time_1gpu_s / p.train_time_s, human_time(steps * e.step_time_s));
 }
 
+// --compare DPxTPxPPxCP[:ZERO[:RECOMPUTE]]: a mix of exactly req.gpus GPUs that the model allows
+// (the ledger's own checks of tp and pp, validate()).
+Mix parse_compare(const std::string& text, const PlanRequest& req) {
+  static const std::regex mix_re(
+      R"((\d+)x(\d+)x(\d+)x(\d+)(?::([0-3]))?(?::(none|selective|full))?)");
+  const auto bad = [&](const std::string& why) {
+    return UsageError("--compare", "'" + text + "' " + why,
+                      "give DPxTPxPPxCP[:ZERO[:RECOMPUTE]], e.g. --compare 128x8x16x1:1:none "
+                      "(Llama 3 405B's layout)");
+  };
+  std::smatch mm;
+  if (!std::regex_match(text, mm, mix_re)) throw bad("is not a mix");
+  Mix m;
+  m.dp = std::stoll(mm[1]);
+  m.tp = std::stoll(mm[2]);
+  m.pp = std::stoll(mm[3]);
+  m.cp = std::stoll(mm[4]);
+  if (mm[5].matched) m.zero_stage = std::stoi(mm[5]);
+  if (mm[6].matched) m.recompute = kRecomputes.at(mm[6]);
+  if (m.gpus() != req.gpus) {
+    throw bad(fmt::format("uses {} GPUs, not the --gpus {} of the plan", m.gpus(), req.gpus));
+  }
+  TrainingSetup s = req.setup;
+  s.dp = m.dp;
+  s.tp = m.tp;
+  s.pp = m.pp;
+  try {
+    validate(s, &req.model);
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    throw bad("does not suit the model (" + what.substr(0, what.find('\n')) + ")");
+  }
+  return m;
+}
+
 int run_plan(const Options& o, const std::optional<ModelConfig>& model, std::ostream& out) {
   if (!model) {
     throw UsageError("--plan", "needs the model's shape, not just a parameter count",
@@ -455,34 +495,8 @@ int run_plan(const Options& o, const std::optional<ModelConfig>& model, std::ost
   req.mfu = o.mfu;
   req.tokens = o.tokens.empty() ? 1e12 : parse_count(o.tokens, "--tokens");
   validate(req);  // all input checked before any arithmetic
-  std::optional<Mix> compared;
-  if (!o.compare.empty()) {
-    static const std::regex mix_re(
-        R"((\d+)x(\d+)x(\d+)x(\d+)(?::([0-3]))?(?::(none|selective|full))?)");
-    std::smatch mm;
-    const auto bad = [&](const std::string& why) {
-      return UsageError("--compare", "'" + o.compare + "' " + why,
-                        "give DPxTPxPPxCP[:ZERO[:RECOMPUTE]], e.g. --compare 128x8x16x1:1:none "
-                        "(Llama 3 405B's layout)");
-    };
-    if (!std::regex_match(o.compare, mm, mix_re)) throw bad("is not a mix");
-    Mix m;
-    m.dp = std::stoll(mm[1]);
-    m.tp = std::stoll(mm[2]);
-    m.pp = std::stoll(mm[3]);
-    m.cp = std::stoll(mm[4]);
-    if (mm[5].matched) m.zero_stage = std::stoi(mm[5]);
-    if (mm[6].matched) m.recompute = kRecomputes.at(mm[6]);
-    if (m.dp < 1 || m.tp < 1 || m.pp < 1 || m.cp < 1) throw bad("has a degree below 1");
-    if (m.gpus() != req.gpus) {
-      throw bad(fmt::format("uses {} GPUs, not the --gpus {} of the plan", m.gpus(), req.gpus));
-    }
-    if (req.model.heads % m.tp || req.model.kv_heads % m.tp || req.model.ffn % m.tp) {
-      throw bad(fmt::format("has a tp {} that does not divide the heads, kv-heads and ffn", m.tp));
-    }
-    if (m.pp > req.model.layers) throw bad("has more stages than the model has layers");
-    compared = m;
-  }
+  const std::optional<Mix> compared =
+      o.compare.empty() ? std::nullopt : std::optional<Mix>(parse_compare(o.compare, req));
   const Plan p = plan(req);
   const int64_t n = std::min(req.gpus, req.cluster.gpus_per_node);
   const std::vector<StrategyRow> rows = strategy_table(req, n);
@@ -490,20 +504,8 @@ int run_plan(const Options& o, const std::optional<ModelConfig>& model, std::ost
       compared ? std::optional<Evaluation>(evaluate(req, *compared)) : std::nullopt;
   if (o.json) {
     auto j = plan_json(req, p, rows);
-    const auto brief = [](const Evaluation& e) {
-      return nlohmann::json{{"dp", e.mix.dp},
-                            {"tp", e.mix.tp},
-                            {"pp", e.mix.pp},
-                            {"cp", e.mix.cp},
-                            {"zero_stage", e.mix.zero_stage},
-                            {"recompute", name_of(kRecomputes, e.mix.recompute)},
-                            {"per_gpu_bytes", e.ledger.total_bytes()},
-                            {"fits", e.fits && e.batch_ok},
-                            {"bubble", e.bubble},
-                            {"step_time_s", e.step_time_s}};
-    };
-    j["runner_up"] = p.runner_up ? brief(*p.runner_up) : nlohmann::json(nullptr);
-    if (cmp) j["compare"] = brief(*cmp);
+    j["runner_up"] = p.runner_up ? evaluation_json(*p.runner_up) : nlohmann::json(nullptr);
+    if (cmp) j["compare"] = evaluation_json(*cmp);
     print_json_line(out, j);
   } else {
     print_plan(out, req, p, rows, n);

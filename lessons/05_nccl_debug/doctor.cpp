@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -418,20 +419,45 @@ void check_values(const EnvLookup& env, Report& r) {
 
 }  // namespace
 
+namespace {
+
+// The machine's interface names in getifaddrs() order, each once. nccl_view: only those NCCL's
+// socket code considers (src/os/linux.cc): running, with an IPv4 or IPv6 address (not the IPv6
+// loopback), IPv4 ones first.
+std::vector<std::string> interface_names(bool nccl_view) {
+  std::vector<std::string> v4, other;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return {};
+  for (auto* a = list; a != nullptr; a = a->ifa_next) {
+    auto* out = &other;
+    if (nccl_view) {
+      if (a->ifa_addr == nullptr || !(a->ifa_flags & IFF_RUNNING)) continue;
+      const int family = a->ifa_addr->sa_family;
+      if (family != AF_INET && family != AF_INET6) continue;
+      if (family == AF_INET6 &&
+          IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr)) {
+        continue;
+      }
+      if (family == AF_INET) out = &v4;
+    }
+    if (std::find(out->begin(), out->end(), a->ifa_name) == out->end()) {
+      out->emplace_back(a->ifa_name);
+    }
+  }
+  freeifaddrs(list);
+  for (const auto& n : other) {
+    if (std::find(v4.begin(), v4.end(), n) == v4.end()) v4.push_back(n);
+  }
+  return v4;
+}
+
+}  // namespace
+
+std::vector<std::string> nccl_visible_interfaces() { return interface_names(true); }
+
 Machine real_machine() {
   Machine m;
-  m.interfaces = [] {
-    std::vector<std::string> names;
-    ifaddrs* list = nullptr;
-    if (getifaddrs(&list) != 0) return names;
-    for (auto* a = list; a != nullptr; a = a->ifa_next) {
-      if (std::find(names.begin(), names.end(), a->ifa_name) == names.end()) {
-        names.emplace_back(a->ifa_name);
-      }
-    }
-    freeifaddrs(list);
-    return names;
-  };
+  m.interfaces = [] { return interface_names(false); };
   m.resolves = [](const std::string& host) {
     addrinfo* res = nullptr;
     const int rc = getaddrinfo(host.c_str(), nullptr, nullptr, &res);

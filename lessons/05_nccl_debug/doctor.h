@@ -42,6 +42,11 @@ struct Machine {
 /// The real machine.
 Machine real_machine();
 
+/// The interfaces NCCL's socket code considers on this machine (src/os/linux.cc): running, with
+/// an IPv4 or IPv6 address (not the IPv6 loopback), in getifaddrs() order, IPv4 ones first; what
+/// nccl_pick_interfaces() expects as its list.
+std::vector<std::string> nccl_visible_interfaces();
+
 /// Checks the environment @p env on machine @p machine: *_SOCKET_IFNAME against the real
 /// interfaces (NCCL's prefixes: one that matches nothing is an error; one that matches several
 /// interfaces, or selects lo, docker*, virbr* or veth*, a warning), CUDA_VISIBLE_DEVICES

@@ -4,6 +4,7 @@
 #include "nccl_reading.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -44,9 +45,7 @@ namespace {
 }
 
 [[maybe_unused]] std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
+  return fmt::format("{}", fmt::join(items, ", "));
 }
 
 }  // namespace
@@ -91,4 +90,4 @@ std::optional<LinkDiagnosis> check_socket_ifname(const EnvLookup& env,
 }
 
 }  // namespace dtc::l05
-// exercise generated from solutions/05_nccl_debug/nccl_reading.cpp by scripts/exercises.py; checksum f3f292dc4c4ac1c6
+// exercise generated from solutions/05_nccl_debug/nccl_reading.cpp by scripts/exercises.py; checksum b30de398cb7094d8

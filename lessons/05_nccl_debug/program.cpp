@@ -13,12 +13,9 @@
 // --no-check runs the collectives without fingerprints, to see what happens without the aid.
 #include "program.h"
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
@@ -271,10 +268,8 @@ int run_fault(const Options& o, const EnvLookup& env, std::ostream& out, std::os
   return fault_distributed(o, env, out, err, t0);
 }
 
-std::string joined(const std::vector<std::string>& items, const char* sep = ", ") {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
-  return out;
+std::string joined(const std::vector<std::string>& items) {
+  return fmt::format("{}", fmt::join(items, ", "));
 }
 
 // nccl-log FILE --link A B: your read_link() and explain_link() on the job's environment.
@@ -365,30 +360,6 @@ int run_fr_analyze(const Options& o, std::ostream& out) {
     out << describe(v) << "\n";
   }
   return v.all_completed ? kExitOk : kExitFailure;
-}
-
-// The interfaces NCCL's socket code considers here (src/os/linux.cc): running, with an IPv4 or
-// IPv6 address (not the IPv6 loopback), in getifaddrs() order, IPv4 ones first, each name once.
-std::vector<std::string> nccl_visible_interfaces() {
-  std::vector<std::string> v4, v6;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return {};
-  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || !(a->ifa_flags & IFF_RUNNING)) continue;
-    const int family = a->ifa_addr->sa_family;
-    if (family == AF_INET6 &&
-        IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr)) {
-      continue;
-    }
-    auto& out = family == AF_INET ? v4 : v6;
-    if (family != AF_INET && family != AF_INET6) continue;
-    if (std::find(out.begin(), out.end(), a->ifa_name) == out.end()) out.push_back(a->ifa_name);
-  }
-  freeifaddrs(list);
-  for (const auto& n : v6) {
-    if (std::find(v4.begin(), v4.end(), n) == v4.end()) v4.push_back(n);
-  }
-  return v4;
 }
 
 // interfaces [--cluster IF]: what NCCL_SOCKET_IFNAME selects here (your nccl_pick_interfaces()),

@@ -4,6 +4,7 @@
 #include "nccl_reading.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -44,9 +45,7 @@ namespace {
 }
 
 [[maybe_unused]] std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
+  return fmt::format("{}", fmt::join(items, ", "));
 }
 
 }  // namespace
