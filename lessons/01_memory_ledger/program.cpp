@@ -93,7 +93,8 @@ struct Options {
   int64_t gpus_per_node = 0;  // used when set_gpus_per_node
   double intra_bw = 0;        // GB/s per GPU per direction; used when set_intra
   double inter_bw = 0;
-  int64_t global_batch = 0;  // sequences per step; 0: 4M tokens
+  int64_t global_batch = 0;     // sequences per step; 0: 4M tokens
+  int64_t max_micro_batch = 8;  // --plan tries micro-batches 1, 2, 4, ... up to it
   bool set_gpus_per_node = false, set_gpu_mem = false, set_peak = false, set_intra = false,
        set_inter = false;
 };
@@ -259,6 +260,9 @@ nlohmann::json evaluation_json(const Evaluation& e) {
           {"cp", e.mix.cp},
           {"zero_stage", e.mix.zero_stage},
           {"recompute", name_of(kRecomputes, e.mix.recompute)},
+          {"micro_batch", e.mix.micro_batch},
+          {"virtual_stages", e.mix.virtual_stages},
+          {"shard", e.mix.shard},
           {"per_gpu_bytes", e.ledger.total_bytes()},
           {"fits", e.fits && e.batch_ok},
           {"bubble", e.bubble},
@@ -276,9 +280,16 @@ nlohmann::json plan_json(const PlanRequest& req, const Plan& p,
                        {"crosses_nodes", t.crosses_nodes},
                        {"seconds", t.seconds}});
   }
+  nlohmann::json branches = nlohmann::json::array();
+  for (const auto& b : p.branches) {
+    branches.push_back({{"family", family_name(b.family)},
+                        {"verdict", b.verdict},
+                        {"best", b.best ? evaluation_json(*b.best) : nlohmann::json(nullptr)}});
+  }
   nlohmann::json plan = evaluation_json(e);  // its "fits" is p.fits: the eval fits, batch fed
   plan.update({{"family", family_name(p.family)},
                {"reasons", p.reasons},
+               {"branches", branches},
                {"per_gpu",
                 {{"params", e.ledger.state.params},
                  {"grads", e.ledger.state.grads},
@@ -326,8 +337,13 @@ nlohmann::json plan_json(const PlanRequest& req, const Plan& p,
 
 // One line for a mix and what it costs: the runner-up and --compare use it.
 std::string mix_line(const Mix& m) {
-  return fmt::format("dp {} x tp {} x pp {} x cp {} = {} GPUs, ZeRO stage {}, recompute {}", m.dp,
-                     m.tp, m.pp, m.cp, m.gpus(), m.zero_stage, name_of(kRecomputes, m.recompute));
+  std::string line = fmt::format("dp {} x tp {} x pp {} x cp {} = {} GPUs, ZeRO stage {}", m.dp,
+                                 m.tp, m.pp, m.cp, m.gpus(), m.zero_stage);
+  if (m.shard > 0) line += fmt::format(" (HSDP: shard {}, {} replicas)", m.shard, m.dp / m.shard);
+  line += fmt::format(", recompute {}, micro-batch {}", name_of(kRecomputes, m.recompute),
+                      m.micro_batch);
+  if (m.virtual_stages > 1) line += fmt::format(", {} virtual stages", m.virtual_stages);
+  return line;
 }
 
 std::string cost_line(const Evaluation& e) {
@@ -352,10 +368,11 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
              "{:g} GB/s, inter-node {:g} GB/s; {:g} TFLOP/s\n",
              c.gpus_per_node, c.gpu_mem_gb, c.intra_gbps, c.inter_gbps, c.peak_tflops);
   fmt::print(out,
-             "  one step: {} sequences x {} tokens = {:.3g} tokens, micro-batch {}; {} precision "
-             "+ {}; {:.0f}% MFU\n\n",
+             "  one step: {} sequences x {} tokens = {:.3g} tokens, micro-batch {} in the table "
+             "(the plan tries 1 to {}); {} precision + {}; {:.0f}% MFU\n\n",
              req.batch(), s.seq, static_cast<double>(req.batch() * s.seq), s.micro_batch,
-             name_of(kPrecisions, s.precision), name_of(kOptimizers, s.optimizer), req.mfu * 100);
+             req.max_micro_batch, name_of(kPrecisions, s.precision),
+             name_of(kOptimizers, s.optimizer), req.mfu * 100);
 
   const double compute_s = train_time_seconds(params, static_cast<double>(req.batch() * s.seq),
                                               c.peak_tflops * 1e12, req.mfu, n);
@@ -382,10 +399,14 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
   const Evaluation& e = p.eval;
   const Mix& m = e.mix;
   fmt::print(out,
-             "\n{} mix ({}): dp {} x tp {} x pp {} x cp {} = {} GPUs, ZeRO stage {}, recompute "
-             "{}\n",
-             p.fits ? "Recommended" : "Closest", family_name(p.family), m.dp, m.tp, m.pp, m.cp,
-             m.gpus(), m.zero_stage, name_of(kRecomputes, m.recompute));
+             "\nThe decision tree, branch by branch (a later, more complex branch must be {:.0f}% "
+             "faster to win):\n",
+             kSimplerWithin * 100);
+  for (const auto& b : p.branches) {
+    fmt::print(out, "  {:<11} {}\n", family_name(b.family), b.verdict);
+  }
+  fmt::print(out, "\n{} mix ({}): {}\n", p.fits ? "Recommended" : "Closest", family_name(p.family),
+             mix_line(m));
   for (const auto& reason : p.reasons) fmt::print(out, "  - {}\n", reason);
   const Ledger& l = e.ledger;
   fmt::print(out,
@@ -409,13 +430,8 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
   if (p.runner_up) {
     const Evaluation& r = *p.runner_up;
     const double ratio = r.step_time_s / e.step_time_s;
-    fmt::print(out, "  runner-up ({}): {}\n    {}\n    {}\n", family_name(p.runner_up_family),
-               mix_line(r.mix), cost_line(r),
-               ratio >= 1 ? fmt::format("{:.0f}% slower a step than the pick", (ratio - 1) * 100)
-                          : fmt::format("{:.0f}% FASTER a step than the pick: the decision tree "
-                                        "takes the first branch that fits ({} before {})",
-                                        (1 - ratio) * 100, family_name(p.family),
-                                        family_name(p.runner_up_family)));
+    fmt::print(out, "  runner-up ({}): {}\n    {}\n    {:.1f}% slower a step than the pick\n",
+               family_name(p.runner_up_family), mix_line(r.mix), cost_line(r), (ratio - 1) * 100);
   }
   if (!p.fits) {
     if (p.needs_gpus > 0) {
@@ -437,15 +453,16 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
              req.gpus, p.train_time_1gpu_s / p.train_time_s, human_time(steps * e.step_time_s));
 }
 
-// --compare DPxTPxPPxCP[:ZERO[:RECOMPUTE]]: a mix of exactly req.gpus GPUs that the model allows
-// (the ledger's own checks of tp and pp, validate()).
+// --compare DPxTPxPPxCP[:ZERO[:RECOMPUTE[:MICRO[:VIRTUAL]]]]: a mix of exactly req.gpus GPUs
+// that the model allows (the ledger's own checks of tp and pp, validate()); ZERO is 0-3, or
+// hsdpN for ZeRO-3 sharded over groups of N data-parallel ranks.
 Mix parse_compare(const std::string& text, const PlanRequest& req) {
   static const std::regex mix_re(
-      R"((\d+)x(\d+)x(\d+)x(\d+)(?::([0-3]))?(?::(none|selective|full))?)");
+      R"((\d+)x(\d+)x(\d+)x(\d+)(?::([0-3]|hsdp\d+)(?::(none|selective|full)(?::(\d+)(?::(\d+))?)?)?)?)");
   const auto bad = [&](const std::string& why) {
     return UsageError("--compare", "'" + text + "' " + why,
-                      "give DPxTPxPPxCP[:ZERO[:RECOMPUTE]], e.g. --compare 128x8x16x1:1:none "
-                      "(Llama 3 405B's layout)");
+                      "give DPxTPxPPxCP[:ZERO[:RECOMPUTE[:MICRO[:VIRTUAL]]]], e.g. --compare "
+                      "128x8x16x1:1:none:1:1 (Llama 3 405B's layout); ZERO 0-3 or hsdpN");
   };
   std::smatch mm;
   if (!std::regex_match(text, mm, mix_re)) throw bad("is not a mix");
@@ -454,10 +471,36 @@ Mix parse_compare(const std::string& text, const PlanRequest& req) {
   m.tp = std::stoll(mm[2]);
   m.pp = std::stoll(mm[3]);
   m.cp = std::stoll(mm[4]);
-  if (mm[5].matched) m.zero_stage = std::stoi(mm[5]);
+  if (mm[5].matched) {
+    const std::string zero = mm[5];
+    if (zero.rfind("hsdp", 0) == 0) {
+      m.zero_stage = 3;
+      m.shard = std::stoll(zero.substr(4));
+    } else {
+      m.zero_stage = std::stoi(zero);
+    }
+  }
   if (mm[6].matched) m.recompute = kRecomputes.at(mm[6]);
+  if (mm[7].matched) m.micro_batch = std::stoll(mm[7]);
+  if (mm[8].matched) m.virtual_stages = std::stoll(mm[8]);
   if (m.gpus() != req.gpus) {
     throw bad(fmt::format("uses {} GPUs, not the --gpus {} of the plan", m.gpus(), req.gpus));
+  }
+  if (m.dp < 1 || m.tp < 1 || m.pp < 1 || m.cp < 1 || m.micro_batch < 1 || m.virtual_stages < 1) {
+    throw bad("has a degree, micro-batch or virtual-stage count below 1");
+  }
+  if (m.shard > 0 && (m.cp != 1 || m.shard < 2 || m.dp % m.shard != 0)) {
+    throw bad(
+        fmt::format("asks HSDP over groups of {}, which needs cp 1 and a group of 2 or "
+                    "more that divides dp {}",
+                    m.shard, m.dp));
+  }
+  const int64_t stage_layers = (req.model.layers + m.pp - 1) / m.pp;
+  if (m.virtual_stages > 1 && (m.pp < 2 || stage_layers % m.virtual_stages != 0)) {
+    throw bad(
+        fmt::format("asks {} virtual stages, which needs pp >= 2 and a count that divides "
+                    "a stage's {} layers",
+                    m.virtual_stages, stage_layers));
   }
   TrainingSetup s = req.setup;
   s.dp = m.dp;
@@ -492,6 +535,7 @@ int run_plan(const Options& o, const std::optional<ModelConfig>& model, std::ost
   }
   req.gpus = o.gpus != 0 ? o.gpus : req.cluster.gpus_per_node;
   req.global_batch = o.global_batch;
+  req.max_micro_batch = o.max_micro_batch;
   req.mfu = o.mfu;
   req.tokens = o.tokens.empty() ? 1e12 : parse_count(o.tokens, "--tokens");
   validate(req);  // all input checked before any arithmetic
@@ -626,7 +670,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--tp", o.setup.tp, "tensor-parallel degree")->capture_default_str();
   app.add_option("--pp", o.setup.pp, "pipeline-parallel degree")->capture_default_str();
   app.add_option("--seq", o.setup.seq, "sequence length s")->capture_default_str();
-  app.add_option("--micro-batch", o.setup.micro_batch, "micro-batch size b")->capture_default_str();
+  app.add_option("--micro-batch", o.setup.micro_batch,
+                 "micro-batch size b (with --plan: the comparison table's; the plan searches it)")
+      ->capture_default_str();
   app.add_option("--recompute", o.recompute, "none, selective or full")
       ->check(CLI::IsMember({"none", "selective", "full"}))
       ->capture_default_str();
@@ -666,6 +712,10 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->needs(plan);
   app.add_option("--global-batch", o.global_batch,
                  "with --plan: sequences per optimizer step (default: 4M tokens / seq)")
+      ->needs(plan);
+  app.add_option("--max-micro-batch", o.max_micro_batch,
+                 "with --plan: try micro-batches of 1, 2, 4, ... up to this many sequences")
+      ->capture_default_str()
       ->needs(plan);
 
   return run_cli(

@@ -97,12 +97,14 @@ void validate(const PlanRequest& r) {
   chosen_by_plan.zero_stage = 0;
   validate(chosen_by_plan, &r.model);
   validate(r.cluster, r.gpus);
-  if (r.global_batch < 0 || r.batch() < r.setup.micro_batch) {
-    throw UsageError("--global-batch",
-                     fmt::format("{} sequences per step, fewer than one micro-batch of {}",
-                                 r.batch(), r.setup.micro_batch),
-                     "pass a global batch of at least --micro-batch sequences, or 0 for 4M "
-                     "tokens per step");
+  if (r.global_batch < 0) {
+    throw UsageError("--global-batch", fmt::format("{} sequences per step", r.global_batch),
+                     "pass a global batch of at least one sequence, or 0 for 4M tokens per step");
+  }
+  if (r.max_micro_batch < 1) {
+    throw UsageError("--max-micro-batch", fmt::format("{} sequences", r.max_micro_batch),
+                     "the plan tries micro-batches of 1, 2, 4, ... up to it: e.g. "
+                     "--max-micro-batch 8");
   }
   if (!(r.mfu > 0) || r.mfu > 1) {
     throw UsageError("--mfu", fmt::format("{} is not a fraction in (0, 1]", r.mfu),
@@ -158,7 +160,7 @@ std::string family_name(Family f) {
 }
 
 double micro_batches(const PlanRequest& req, const Mix& mix) {
-  return static_cast<double>(req.batch()) / static_cast<double>(mix.dp * req.setup.micro_batch);
+  return static_cast<double>(req.batch()) / static_cast<double>(mix.dp * mix.micro_batch);
 }
 
 double recompute_flops_factor(const ModelConfig& model, int64_t seq, Recompute recompute) {
@@ -259,26 +261,49 @@ const char* recompute_name(Recompute r) {
 std::vector<Mix> candidates(const PlanRequest& req, Family f) {
   std::vector<Mix> out;
   const int64_t G = req.gpus;
-  const auto push = [&](int64_t tp, int64_t pp, int64_t cp, int max_zero, int min_zero) {
+  const int64_t B = req.batch();
+  // One layout (tp, pp, cp, shard) with every ZeRO stage in [min_zero, max_zero], recompute,
+  // micro-batch and (with a pipeline) virtual-stage count it allows.
+  const auto push = [&](int64_t tp, int64_t pp, int64_t cp, int min_zero, int max_zero,
+                        int64_t shard) {
+    const int64_t dp = G / (tp * pp * cp);
     for (int z = min_zero; z <= max_zero; ++z) {
       for (Recompute r : kRecomputes) {
-        Mix m;
-        m.tp = tp;
-        m.pp = pp;
-        m.cp = cp;
-        m.dp = G / (tp * pp * cp);
-        m.zero_stage = z;
-        m.recompute = r;
-        out.push_back(m);
+        // b = 1 always, even when dp > B: evaluate() then reports the batch too small
+        for (int64_t b = 1; b == 1 || (b <= req.max_micro_batch && dp * b <= B); b *= 2) {
+          if (b > 1 && B % (dp * b) != 0) continue;
+          const int64_t stage_layers = (req.model.layers + pp - 1) / pp;
+          for (int64_t v = 1; v == 1 || (pp > 1 && v <= stage_layers); v *= 2) {
+            if (v > 1 && (stage_layers % v != 0 || B % (dp * b) != 0 || (B / (dp * b)) % pp != 0)) {
+              continue;
+            }
+            Mix m;
+            m.tp = tp;
+            m.pp = pp;
+            m.cp = cp;
+            m.dp = dp;
+            m.zero_stage = z;
+            m.recompute = r;
+            m.micro_batch = b;
+            m.virtual_stages = v;
+            m.shard = shard;
+            out.push_back(m);
+          }
+        }
       }
     }
   };
   std::vector<int64_t> tps = tp_degrees(req);
   switch (f) {
-    case Family::kDdp: push(1, 1, 1, 0, 0); break;
-    case Family::kZero: push(1, 1, 1, 3, 1); break;
+    case Family::kDdp: push(1, 1, 1, 0, 0, 0); break;
+    case Family::kZero:
+      push(1, 1, 1, 1, 3, 0);
+      for (int64_t sh = 2; sh <= std::min(req.cluster.gpus_per_node, G / 2); sh *= 2) {
+        if (G % sh == 0) push(1, 1, 1, 3, 3, sh);  // HSDP: ZeRO-3 inside, replicas across
+      }
+      break;
     case Family::kTensor:
-      for (int64_t t : tps) push(t, 1, 1, 1, 0);
+      for (int64_t t : tps) push(t, 1, 1, 0, 1, 0);
       break;
     case Family::kPipeline:
     case Family::kContext:
@@ -287,12 +312,12 @@ std::vector<Mix> candidates(const PlanRequest& req, Family f) {
         for (int64_t p = f == Family::kContext ? 1 : 2; p <= req.model.layers; ++p) {
           if ((G / t) % p != 0) continue;
           if (f == Family::kPipeline) {
-            push(t, p, 1, 1, 0);
+            push(t, p, 1, 0, 1, 0);
             continue;
           }
           for (int64_t c = 2; c <= G / (t * p); c *= 2) {
             if ((G / (t * p)) % c != 0 || req.setup.seq % (2 * c) != 0) continue;
-            push(t, p, c, 1, 0);
+            push(t, p, c, 0, 1, 0);
           }
         }
       }
@@ -329,6 +354,11 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
         "the whole training state fits on one GPU ({} of {} usable), so every GPU "
         "holds a replica and takes 1/{} of the batch (DDP)",
         gb(e.ledger.total_bytes()), gb(e.capacity_bytes), mix.dp);
+  } else if (f == Family::kZero && mix.shard > 0) {
+    dp += fmt::format(
+        "the model does not fit on one GPU; HSDP shards its states over groups of {} GPUs "
+        "inside a node and replicates them across the {} groups",
+        mix.shard, mix.dp / mix.shard);
   } else if (f == Family::kZero) {
     dp += fmt::format(
         "the model does not fit on one GPU, but sharding its states over all {} "
@@ -342,7 +372,17 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   } else {
     dp += "every GPU is needed to hold one replica of the model";
   }
-  if (const GroupTraffic* t = traffic(dp_kind)) {
+  if (mix.shard > 0) {
+    const GroupTraffic* in = traffic(dp_kind);
+    const GroupTraffic* across = traffic(Strategy::kDdp);
+    if (in != nullptr && across != nullptr) {
+      dp += fmt::format(
+          "; the per-micro-batch gathers and reduce-scatters send {} per GPU a step, {} on {}, "
+          "and only the once-a-step allreduce of the gradient shards, {}, {}, crosses {}",
+          gb(in->bytes_per_gpu), secs(in->seconds), link(in->crosses_nodes),
+          gb(across->bytes_per_gpu), secs(across->seconds), link(across->crosses_nodes));
+    }
+  } else if (const GroupTraffic* t = traffic(dp_kind)) {
     dp += fmt::format(
         "; the gradient sync sends {} per GPU a step, {} on {}: DP is the least "
         "demanding on bandwidth and takes the outermost, slowest links",
@@ -354,9 +394,9 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   std::string tp = fmt::format("tp {}: ", mix.tp);
   if (const GroupTraffic* t = traffic(Strategy::kTp)) {
     tp += fmt::format(
-        "data parallelism alone was not enough, so each layer's matrices are split over {} "
-        "GPUs, kept inside one {}-GPU node: {} allreduces per layer per micro-batch send {} per "
-        "GPU a step, {} on {}, but {} if they crossed nodes at {:g} GB/s",
+        "each layer's matrices are split over {} GPUs, kept inside one {}-GPU node: {} "
+        "allreduces per layer per micro-batch send {} per GPU a step, {} on {}, but {} if they "
+        "crossed nodes at {:g} GB/s",
         mix.tp, c.gpus_per_node, mix.recompute == Recompute::kFull ? 6 : 4, gb(t->bytes_per_gpu),
         secs(t->seconds), link(t->crosses_nodes), secs(t->bytes_per_gpu / (c.inter_gbps * kGB)),
         c.inter_gbps);
@@ -373,12 +413,20 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   std::string pp = fmt::format("pp {}: ", mix.pp);
   if (const GroupTraffic* t = traffic(Strategy::kPp)) {
     pp += fmt::format(
-        "too many layers for the GPUs of one tensor group: {} layers in {} stages of at most {} "
-        "(the first also holds the input embedding); only activations cross a stage boundary, "
-        "{} per GPU a step, {} on {}, so stages may sit on different nodes; the 1F1B bubble "
-        "(pp-1)/m costs {:.1f}% of compute",
+        "{} layers in {} stages of at most {} (the first also holds the input embedding); only "
+        "activations cross a stage boundary, {} per GPU a step, {} on {}, so stages may sit on "
+        "different nodes; ",
         req.model.layers, mix.pp, (req.model.layers + mix.pp - 1) / mix.pp, gb(t->bytes_per_gpu),
-        secs(t->seconds), link(t->crosses_nodes), 100.0 * e.bubble);
+        secs(t->seconds), link(t->crosses_nodes));
+    if (mix.virtual_stages > 1) {
+      pp += fmt::format(
+          "interleaved 1F1B with {} virtual stages (model chunks) per GPU: the bubble "
+          "(pp-1)/(v m) costs {:.1f}% of compute, {}x less than plain 1F1B's, for {}x the "
+          "sends and more activations in flight",
+          mix.virtual_stages, 100.0 * e.bubble, mix.virtual_stages, mix.virtual_stages);
+    } else {
+      pp += fmt::format("the 1F1B bubble (pp-1)/m costs {:.1f}% of compute", 100.0 * e.bubble);
+    }
   } else {
     pp += "no pipeline: the layers fit without one, and there is no bubble";
   }
@@ -388,8 +436,8 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   std::string cp = fmt::format("cp {}: ", mix.cp);
   if (const GroupTraffic* t = traffic(Strategy::kCp)) {
     cp += fmt::format(
-        "the sequence of {} tokens is too long: nothing fitted without splitting it, so each "
-        "GPU holds {} tokens; gathering K and V sends {} per GPU a step, {} on {}",
+        "the sequence of {} tokens is split, so each GPU holds the activations of {} tokens; "
+        "gathering K and V sends {} per GPU a step, {} on {}",
         req.setup.seq, req.setup.seq / mix.cp, gb(t->bytes_per_gpu), secs(t->seconds),
         link(t->crosses_nodes));
   } else {
@@ -423,7 +471,7 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
       zero += fmt::format(
           "parameters too are sharded over {} ranks ({} of states per GPU); they "
           "are gathered for every forward and backward",
-          n, gb(l.state.total()));
+          mix.zero_degree(), gb(l.state.total()));
   }
   if (f != Family::kDdp && f != Family::kZero) {
     std::optional<Evaluation> alt;
@@ -433,11 +481,11 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
     }
     if (alt) {
       zero += fmt::format(
-          "; ZeRO-{} over all {} GPUs alone would fit ({}), but its traffic takes "
-          "{} a step against {} of compute",
-          alt->mix.zero_stage, req.gpus, gb(alt->ledger.total_bytes()), secs(alt->comm_time_s),
-          secs(alt->compute_time_s));
-    } else if (req.gpus > req.batch() / req.setup.micro_batch) {
+          "; ZeRO-{} over all {} GPUs alone would fit ({}), but its step takes {} ({} of it "
+          "traffic) against this mix's {}",
+          alt->mix.zero_stage, req.gpus, gb(alt->ledger.total_bytes()), secs(alt->step_time_s),
+          secs(alt->comm_time_s), secs(e.step_time_s));
+    } else if (req.gpus > req.batch()) {
       zero += fmt::format(
           "; data parallelism alone would need {} replicas, more than the batch "
           "of {} sequences feeds",
@@ -468,6 +516,17 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
       break;
   }
   out.push_back(rc);
+
+  // micro-batch
+  std::string mb = fmt::format("micro-batch {}: ", mix.micro_batch);
+  mb += fmt::format("{:g} micro-batches of {} sequence{} per replica a step", e.micro_batches,
+                    mix.micro_batch, mix.micro_batch == 1 ? "" : "s");
+  if (mix.pp > 1) {
+    mb += "; more of them shrink the pipeline bubble";
+  } else if (mix.zero_stage >= 2) {
+    mb += "; fewer, larger ones cut ZeRO's per-micro-batch traffic";
+  }
+  out.push_back(mb);
   return out;
 }
 
@@ -475,20 +534,91 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
 // The decision tree (your part)
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+const Family kFamilies[] = {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline,
+                            Family::kContext};
+
+}  // namespace
+
 Plan choose_mix(const PlanRequest& req) {
   Plan p;
-  // TODO(L01): fill p.eval, p.family and p.reasons with the decision tree's pick
-  //   (strategy.h): the fastest fitting, fed mix of the first family that has one, ZeRO only if
-  //   it hides its traffic. Tests: L01Plan.*; hints: README part 2, "The exercise"
-  DTC_TODO("L01", "fill p.eval, p.family and p.reasons with the decision tree's pick "
-                  "(strategy.h): the fastest fitting, fed mix of the first family that has one, ZeRO only if "
-                  "it hides its traffic. Tests: L01Plan.*; hints: README part 2, \"The exercise\"");
+  // TODO(L01): fill p.branches (each family's fastest fitting, fed candidate), then
+  //   p.eval, p.family and p.reasons with the fastest of them, a later branch only when it is
+  //   more than kSimplerWithin faster, kContext only when no other branch fits (strategy.h);
+  //   or the least-memory candidate when nothing fits. Tests: L01Plan.*; hints: README part 2,
+  //   "The exercise"
+  DTC_TODO("L01", "fill p.branches (each family's fastest fitting, fed candidate), then "
+                  "p.eval, p.family and p.reasons with the fastest of them, a later branch only when it is "
+                  "more than kSimplerWithin faster, kContext only when no other branch fits (strategy.h); "
+                  "or the least-memory candidate when nothing fits. Tests: L01Plan.*; hints: README part 2, "
+                  "\"The exercise\"");
   return p;
 }
 
 // ---------------------------------------------------------------------------------------------
 // The plan and the comparison table (given)
 // ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// What decided branch @p b of a plan whose pick is @p pick.
+std::string verdict(const PlanRequest& req, const Branch& b, const Plan& pick) {
+  const auto layout = [](const Mix& m) {
+    std::string out =
+        fmt::format("dp {} x tp {} x pp {} x cp {}, ZeRO {}", m.dp, m.tp, m.pp, m.cp, m.zero_stage);
+    if (m.shard > 0) out += fmt::format(" (HSDP, shard {})", m.shard);
+    out +=
+        fmt::format(", recompute {}, micro-batch {}", recompute_name(m.recompute), m.micro_batch);
+    if (m.virtual_stages > 1) out += fmt::format(", {} virtual stages", m.virtual_stages);
+    return out;
+  };
+  const auto step = [](const Evaluation& e) {
+    return fmt::format("compute {:.3g} s x (1 + bubble {:.3f}) + communication {:.3g} s = {:.3g} s",
+                       e.compute_time_s, e.bubble, e.comm_time_s, e.step_time_s);
+  };
+  if (!b.costed) {
+    return "not costed: mixes that keep each sequence whole fit, and context parallelism is "
+           "for sequences too long for them (the cost model would price its short per-GPU "
+           "chunks at full speed)";
+  }
+  if (!b.best) {
+    double least = 0;
+    bool any_fits = false;
+    bool first = true;
+    for (const Mix& m : candidates(req, b.family)) {
+      const Evaluation e = evaluate(req, m);
+      any_fits = any_fits || e.fits;
+      if (first || e.ledger.total_bytes() < least) least = e.ledger.total_bytes();
+      first = false;
+    }
+    if (first) return "no valid layout on these GPUs";
+    if (any_fits) {
+      return fmt::format(
+          "no mix that fits feeds every replica: its replicas need more than the batch of {} "
+          "sequences",
+          req.batch());
+    }
+    return fmt::format("does not fit: its leanest mix needs {:.2f} GB of {:.1f} GB per GPU",
+                       least / kGB, kUsableMemory * req.cluster.gpu_mem_gb);
+  }
+  const Evaluation& e = *b.best;
+  if (pick.fits && b.family == pick.family) {
+    return fmt::format("chosen: {}; {}", layout(e.mix), step(e));
+  }
+  const double ratio = e.step_time_s / pick.eval.step_time_s;
+  if (ratio < 1.0) {
+    return fmt::format(
+        "fits ({}, {:.2f} GB) and is {:.1f}% faster, within the {:.0f}% a later, more complex "
+        "branch must win by: {}",
+        layout(e.mix), e.ledger.total_bytes() / kGB, (1.0 - ratio) * 100, kSimplerWithin * 100,
+        step(e));
+  }
+  return fmt::format("fits ({}, {:.2f} GB), but {:.2f}x the pick's step: {}", layout(e.mix),
+                     e.ledger.total_bytes() / kGB, ratio, step(e));
+}
+
+}  // namespace
 
 Plan plan(const PlanRequest& req) {
   validate(req);
@@ -514,8 +644,7 @@ Plan plan(const PlanRequest& req) {
   if (p.fits) {
     // The runner-up: the fastest other layout that fits, whatever the branch.
     const Mix& chosen = p.eval.mix;
-    for (Family f :
-         {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline, Family::kContext}) {
+    for (Family f : kFamilies) {
       for (const Mix& m : candidates(req, f)) {
         if (m.dp == chosen.dp && m.tp == chosen.tp && m.pp == chosen.pp && m.cp == chosen.cp) {
           continue;
@@ -529,6 +658,7 @@ Plan plan(const PlanRequest& req) {
       }
     }
   }
+  for (Branch& b : p.branches) b.verdict = verdict(req, b, p);
   const double params = static_cast<double>(count_params(req.model));
   const double peak = req.cluster.peak_tflops * 1e12;
   p.train_time_s = train_time_seconds(params, req.tokens, peak, req.mfu, req.gpus);
@@ -539,6 +669,7 @@ Plan plan(const PlanRequest& req) {
 std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
   Mix one;
   one.recompute = req.setup.recompute;
+  one.micro_batch = req.setup.micro_batch;
   const Ledger base = mix_ledger(req, one);
   const auto largest = [&](auto valid) {
     int64_t best = 1;
@@ -625,4 +756,4 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum fde6151250ffeced
+// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum e5e46095289c9b62

@@ -81,6 +81,8 @@ enum class Collective {
 
 /// A parallel layout: the degrees multiply to the GPU count. Ranks are ordered tp (fastest
 /// varying, neighbours), then cp, then pp, then dp (Llama 3 paper, sec. 3.3.2: [TP, CP, PP, DP]).
+/// Besides the degrees, the levers a real run turns: the micro-batch size, the interleaved
+/// schedule's virtual stages, and HSDP's shard group.
 struct Mix {
   int64_t dp = 1;  ///< data-parallel replicas
   int64_t tp = 1;  ///< tensor-parallel degree (with sequence parallelism when > 1)
@@ -88,28 +90,42 @@ struct Mix {
   int64_t cp = 1;  ///< context-parallel degree
   int zero_stage = 0;
   Recompute recompute = Recompute::kNone;
+  int64_t micro_batch = 1;  ///< b, sequences per micro-batch on one GPU
+  /// v, model chunks per pipeline stage: 1 is plain 1F1B; v > 1 Megatron's interleaved 1F1B
+  /// (Narayanan et al. 2021 sec. 2.2.2), which divides the bubble by v, multiplies the
+  /// pipeline's sends by v, and keeps more micro-batches in flight.
+  int64_t virtual_stages = 1;
+  /// HSDP (FSDP's HYBRID_SHARD, a 2-D device mesh in FSDP2): with zero_stage 3, shard the
+  /// states over groups of this many data-parallel ranks and replicate them across the
+  /// dp * cp / shard groups. 0: one group of all dp * cp ranks (plain ZeRO-3).
+  int64_t shard = 0;
   /// dp * tp * pp * cp.
   int64_t gpus() const { return dp * tp * pp * cp; }
+  /// The ranks ZeRO shards over: shard when set, else dp * cp.
+  int64_t zero_degree() const { return shard > 0 ? shard : dp * cp; }
 };
 
 /// What to plan for.
 struct PlanRequest {
   ModelConfig model;
-  /// Precision, optimizer, fp32_grad_accum, seq and micro_batch are used; dp, tp, pp,
-  /// zero_stage, recompute and sequence_parallel are what the plan chooses, and are ignored.
+  /// Precision, optimizer, fp32_grad_accum, seq and attention are used; dp, tp, pp,
+  /// micro_batch, zero_stage, recompute and sequence_parallel are what the plan chooses (in
+  /// a Mix), and are ignored here.
   TrainingSetup setup;
   Cluster cluster;
   int64_t gpus = 8;          ///< G, the GPUs to use
   int64_t global_batch = 0;  ///< B, sequences per optimizer step; 0: 2^22 tokens (4M) / seq
   double mfu = 0.4;          ///< model FLOPs utilisation assumed for compute time
   double tokens = 1e12;      ///< training tokens, for the time to train
+  /// The plan tries micro-batches of 1, 2, 4, ... up to this many sequences.
+  int64_t max_micro_batch = 8;
   /// B, with the default applied.
   int64_t batch() const;
 };
 
 /// Checks a request: the model, the set-up, the cluster and the GPU count.
 /// @throws dtc::UsageError naming the flag (see validate() above and in ledger.h), and
-///   --global-batch when B is negative or below the micro-batch, --mfu outside (0, 1],
+///   --global-batch when B is negative, --max-micro-batch below 1, --mfu outside (0, 1],
 ///   --tokens not positive.
 void validate(const PlanRequest& req);
 
@@ -124,28 +140,33 @@ void validate(const PlanRequest& req);
 /// (n-1)/n, send/recv 1. One rank (n = 1) sends nothing, except send/recv, which always sends.
 double collective_bytes(Collective c, double bytes, int64_t n);
 
-/// Micro-batches each pipeline runs per optimizer step: m = B / (dp * micro_batch). Given.
+/// Micro-batches each pipeline runs per optimizer step: m = B / (dp * mix.micro_batch). Given.
 double micro_batches(const PlanRequest& req, const Mix& mix);
 
 /// Bytes one GPU sends in one optimizer step for @p s inside @p mix, with
 /// P_r = params / (tp * pp) the parameters a replica holds, w the bytes of a weight (2 mixed,
-/// 4 fp32), m = micro_batches(), s the sequence, b the micro-batch, h hidden, L layers, and
+/// 4 fp32), m = micro_batches(), s the sequence, b = mix.micro_batch, h hidden, L layers, and
 /// activations 16-bit (2 bytes a value, as in the ledger):
-///   - kDdp, kZero1..3 use n = dp * cp (context-parallel ranks hold the same weights, so
-///     gradients are reduced over both). DDP: one allreduce of the gradients, 2(n-1)/n w P_r.
+///   - kZero1..3 use n = mix.zero_degree() (dp * cp: context-parallel ranks hold the same
+///     weights, so gradients are reduced over both; or HSDP's shard group), kDdp n = dp * cp.
+///     DDP: one allreduce of the gradients, 2(n-1)/n w P_r.
 ///     ZeRO-1: reduce-scatter of gradients + all-gather of the updated parameters, once a step:
 ///     the same 2(n-1)/n w P_r (ZeRO paper sec. 7.2.1). ZeRO-2 keeps only its gradient shard,
 ///     so it reduce-scatters after every micro-batch: (m + 1)(n-1)/n w P_r. ZeRO-3 gathers the
 ///     parameters for the forward and again for the backward and reduce-scatters the gradients,
 ///     every micro-batch: 3m(n-1)/n w P_r (1.5x DDP at m = 1, ZeRO paper sec. 7.2.2).
+///   - kDdp in an HSDP mix (shard > 0) is the replication across groups instead: once a step,
+///     an allreduce of each rank's gradient shard, w P_r / shard, over the r = dp * cp / shard
+///     replicas, 2(r-1)/r w P_r / shard.
 ///   - kTp, n = tp: per layer this GPU holds (L/pp) and micro-batch, 4 allreduces of the
 ///     (s/cp) b h activations, 2 in the forward and 2 in the backward (Megatron, Shoeybi et al.
 ///     2019, Fig. 3; with sequence parallelism each becomes a reduce-scatter + all-gather of the
 ///     same volume, Korthikanti et al. 2022 sec. 4.2.2); full recomputation repeats the
 ///     forward's 2, making 6.
-///   - kPp, n = pp: per micro-batch a stage sends its output activations forward and their
-///     gradient backward, one send each of (s/cp) b h values split over the tp ranks
-///     (Narayanan et al. 2021 sec. 4.1, scatter/gather): 2 m (s/cp) b h 2 / tp.
+///   - kPp, n = pp: per micro-batch and model chunk a stage sends its output activations forward
+///     and their gradient backward, one send each of (s/cp) b h values split over the tp ranks
+///     (Narayanan et al. 2021 sec. 4.1, scatter/gather): 2 m v (s/cp) b h 2 / tp (the
+///     interleaved schedule sends v times as much, sec. 2.2.2).
 ///   - kCp, n = cp: per layer and micro-batch, an all-gather of K and V (2 s b kv_dim values,
 ///     split over tp) in the forward and a reduce-scatter of their gradients in the backward
 ///     (Llama 3 paper sec. 3.3.2); full recomputation gathers again: 3.
@@ -157,26 +178,34 @@ double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix);
 /// cp: tp, pp: tp * cp, dp: tp * cp * pp) lies inside one node when n * d <= gpus_per_node and
 /// n * d divides gpus_per_node; a group of one rank spans nothing. The data-parallel flavours
 /// (kDdp..kZero3) reduce over the dp x cp ranks: they cross when the dp group or the cp group
-/// does.
+/// does. In an HSDP mix (shard > 0, cp 1) the ZeRO flavours run in the shard group, the first
+/// shard dp ranks (stride tp * pp), and kDdp across the groups (dp / shard ranks, stride
+/// tp * pp * shard).
 bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node);
 
-/// The per-GPU ledger of @p mix: compute_ledger() with dp * cp as ZeRO's sharding degree (the
-/// context-parallel ranks hold the same weights), tp, pp, the mix's ZeRO stage and recompute,
-/// sequence parallelism whenever tp > 1; then context parallelism divides the activations (per
-/// layer and in total) by cp: each GPU holds s/cp of the tokens, and its queries' rows of the
-/// attention scores. ZeRO-3 also gathers one whole layer at a time: add one layer's share of
-/// the replica, P / (tp * L), at the weights' bytes to state.params and at the gradients' bytes
-/// to state.grads (FSDP's prefetch of the next layer would double it). So a layer that is too
-/// big for one GPU does not fit with ZeRO alone: that is what TP is for.
+/// The per-GPU ledger of @p mix: compute_ledger() with mix.zero_degree() as ZeRO's sharding
+/// degree (the context-parallel ranks hold the same weights), tp, pp, the mix's micro-batch,
+/// ZeRO stage and recompute, sequence parallelism whenever tp > 1; then:
+///   - context parallelism divides the activations (per layer and in total) by cp: each GPU
+///     holds s/cp of the tokens, and its queries' rows of the attention scores;
+///   - the interleaved schedule (v > 1) keeps more in flight: the first stage holds the
+///     activations of ceil(L/pp) (pp + (pp-1)/v) layers instead of ceil(L/pp) pp, which is
+///     Korthikanti et al. 2022 sec. 4.2.3's L (1 + (pp-1)/(pp v)) when pp divides L (Megatron's
+///     warm-up, 2(pp-1) + (v-1) pp forward chunks of L/(pp v) layers, plus the one in flight);
+///   - ZeRO-3 gathers one whole layer at a time: add one layer's share of the replica,
+///     P / (tp * L), at the weights' bytes to state.params and at the gradients' bytes to
+///     state.grads (FSDP's prefetch of the next layer would double it). So a layer that is too
+///     big for one GPU does not fit with ZeRO alone: that is what TP is for.
 Ledger mix_ledger(const PlanRequest& req, const Mix& mix);
 
 /// The traffic of one group of a mix in one step.
 struct GroupTraffic {
-  Strategy strategy = Strategy::kDdp;  ///< the data-parallel flavour, or kTp, kPp, kCp
-  int64_t degree = 1;                  ///< the group's size n
-  double bytes_per_gpu = 0;            ///< step_bytes_per_gpu()
-  bool crosses_nodes = false;          ///< crosses_nodes(): runs at the inter-node bandwidth
-  double seconds = 0;                  ///< bytes_per_gpu / the link's bandwidth
+  /// The data-parallel flavour (kDdp also HSDP's replication), or kTp, kPp, kCp.
+  Strategy strategy = Strategy::kDdp;
+  int64_t degree = 1;          ///< the group's size n
+  double bytes_per_gpu = 0;    ///< step_bytes_per_gpu()
+  bool crosses_nodes = false;  ///< crosses_nodes(): runs at the inter-node bandwidth
+  double seconds = 0;          ///< bytes_per_gpu / the link's bandwidth
 };
 
 /// A mix, costed.
@@ -187,13 +216,16 @@ struct Evaluation {
   bool fits = false;          ///< ledger.total_bytes() <= capacity_bytes
   bool batch_ok = false;      ///< dp * micro_batch <= B: every replica gets a micro-batch
   double micro_batches = 0;   ///< micro_batches()
-  /// One entry per group of degree > 1, in the order data-parallel (the mix's ZeRO flavour;
-  /// its degree dp * cp), tp, pp, cp.
+  /// One entry per group of degree > 1, in the order data-parallel (the mix's ZeRO flavour,
+  /// its degree mix.zero_degree()), HSDP's replication (kDdp, dp * cp / shard; only when
+  /// shard > 0), tp, pp, cp.
   std::vector<GroupTraffic> traffic;
   double comm_time_s = 0;     ///< the sum of traffic[].seconds (no overlap: an upper bound)
   double compute_time_s = 0;  ///< train_time_seconds(P, B s, peak, mfu, G) * recompute factor
-  double bubble = 0;          ///< the 1F1B pipeline bubble, (pp - 1) / m (Narayanan et al. 2021)
-  double step_time_s = 0;     ///< compute_time_s * (1 + bubble) + comm_time_s
+  /// The 1F1B pipeline bubble, (pp - 1) / (v m): idle time over compute time (Narayanan et
+  /// al. 2021 sec. 2.2.1-2.2.2; v = mix.virtual_stages).
+  double bubble = 0;
+  double step_time_s = 0;  ///< compute_time_s * (1 + bubble) + comm_time_s
 };
 
 /// A plan may fill this share of a GPU's memory; the rest is for the CUDA context, NCCL's
@@ -208,10 +240,12 @@ double recompute_flops_factor(const ModelConfig& model, int64_t seq, Recompute r
 /// Costs @p mix for @p req: fills every field of Evaluation as documented there.
 Evaluation evaluate(const PlanRequest& req, const Mix& mix);
 
-/// The branches of the outline's decision tree, in the order it tries them.
+/// The branches of the outline's decision tree, in the order it lists them. The tree names
+/// the condition that usually sends a run down each branch; the planner costs every branch and
+/// says, per branch, what really decided it (Plan::branches).
 enum class Family {
   kDdp,       ///< fits on one GPU: plain data parallelism over all G GPUs
-  kZero,      ///< does not fit: ZeRO-1/2/3 over all G GPUs
+  kZero,      ///< does not fit: ZeRO-1/2/3 (or HSDP) over all G GPUs
   kTensor,    ///< a layer is too big for one GPU's share: TP inside a node (+ ZeRO over dp)
   kPipeline,  ///< too many layers: PP across nodes (+ TP inside, ZeRO-1 over dp)
   kContext,   ///< the sequence is too long: CP (+ TP, PP, ZeRO)
@@ -220,7 +254,8 @@ enum class Family {
 std::string family_name(Family f);
 
 /// Every valid mix of G GPUs that family @p f may use, in a fixed order (given):
-///   - kDdp: dp = G, ZeRO 0;  kZero: dp = G, ZeRO 1..3;
+///   - kDdp: dp = G, ZeRO 0;  kZero: dp = G, ZeRO 1..3, and HSDP: ZeRO 3 with shard a power
+///     of two 2..min(g, G/2) that divides G (shard inside a node, replicate across);
 ///   - kTensor: tp a power of two 2..min(g, G) dividing heads, kv_heads and ffn; pp = cp = 1;
 ///   - kPipeline: tp 1 or as above, pp 2..layers dividing G / tp, cp = 1;
 ///   - kContext: as kTensor or kPipeline, with cp a power of two >= 2 dividing the remaining
@@ -228,8 +263,26 @@ std::string family_name(Family f);
 /// the model-parallel families (kTensor, kPipeline, kContext) with ZeRO 0..1 over the dp * cp
 /// ranks: once TP/PP split the model, only the optimizer states are sharded further (Megatron's
 /// distributed optimizer), as ZeRO-2/3 would reduce or gather after every micro-batch; each
-/// mix with recompute none, selective and full.
+/// mix with recompute none, selective and full; micro-batches b of 1, 2, 4, ... up to
+/// req.max_micro_batch with dp * b <= B, and b > 1 only where dp * b divides B; with pp > 1
+/// virtual stages v = 1, 2, 4, ..., v > 1 only where v divides a stage's ceil(layers / pp)
+/// layers (whole layers per chunk; the last chunks may be short, as Llama 3's 126 layers in 16
+/// stages of 8) and m is a whole multiple of pp (Megatron's interleaved schedule requires it).
 std::vector<Mix> candidates(const PlanRequest& req, Family f);
+
+/// One branch of the decision tree, costed.
+struct Branch {
+  Family family = Family::kDdp;
+  /// Whether its candidates were costed: kContext only is not, when an earlier branch fits.
+  bool costed = true;
+  /// Its fastest candidate (step_time_s) that fits and feeds every replica (batch_ok); none
+  /// when no candidate of the family does.
+  std::optional<Evaluation> best;
+  /// What decided this branch, set by plan(): chosen for the fastest step; or it fits but
+  /// its step is slower (by how much, and from what: compute, bubble, communication); or
+  /// nothing fits (the least memory it would need) or no mix feeds every replica.
+  std::string verdict;
+};
 
 /// A recommended mix.
 struct Plan {
@@ -238,28 +291,39 @@ struct Plan {
   /// One reason per choice, in this order and each starting with its name: "dp N: ...",
   /// "tp N: ...", "pp N: ...", "cp N: ...", "zero K: ...", "recompute R: ...".
   std::vector<std::string> reasons;
+  /// The five branches of the tree, in the order of Family.
+  std::vector<Branch> branches;
   bool fits = false;        ///< eval.fits && eval.batch_ok: some mix fits on G GPUs
   int64_t needs_gpus = 0;   ///< when !fits: the smallest G * 2^k that fits; 0 if none up to 2^20
   double train_time_s = 0;  ///< train_time_seconds(P, tokens, peak, mfu, G)
   double train_time_1gpu_s = 0;  ///< the same on one GPU: "won't finish"
   /// When fits: the fastest mix, over every family's candidates, that fits, feeds every replica
-  /// and has another layout (dp, tp, pp, cp) than eval's: what the decision tree passed over.
-  /// It can be faster than the pick: the tree takes the first branch that fits. Set by plan().
+  /// and has another layout (dp, tp, pp, cp) than eval's: the best alternative. Set by plan().
   std::optional<Evaluation> runner_up;
   Family runner_up_family = Family::kDdp;
 };
 
-/// The outline's decision tree on exactly req.gpus GPUs; fits == false when nothing fits
-/// (eval is then the candidate needing the least memory). Tries the families in order and
-/// takes, in each, the fitting mix with every replica fed (batch_ok) and the shortest
-/// step_time_s:
-///   1. kDdp: it fits on one GPU -> data parallel over all G.
-///   2. kZero: a ZeRO stage over all G fits, and its traffic could hide behind compute
-///      (comm_time_s <= compute_time_s).
-///   3. kTensor, 4. kPipeline, 5. kContext: the first family with a fitting mix.
-///   6. Otherwise the ZeRO mix of step 2 that fits but does not hide its traffic, if any.
-/// Fills eval, family and reasons (with explain()); fits, needs_gpus and the times are left
-/// to plan().
+/// A later branch of the tree (a more complex layout) replaces an earlier one's pick only when
+/// its step is more than this share faster: the cost model ignores what makes complex layouts
+/// cost more than their bytes (overlap, kernel efficiency of smaller shards, latency), and the
+/// simpler layout is easier to run and debug.
+inline constexpr double kSimplerWithin = 0.05;
+
+/// The planner on exactly req.gpus GPUs. It walks the outline's decision tree, but does not
+/// stop at the first branch whose condition holds: it costs every branch and picks by step
+/// time, as a practitioner would.
+///   - branches: one per Family, in order, each with its fastest candidate that fits and feeds
+///     every replica (Branch::best; verdicts are plan()'s). kContext is costed only when no
+///     earlier branch has one (else costed = false, no best): the tree's "the sequence is too
+///     long". Llama 3 trained its 8K-token stage without CP and used CP 16 for 128K (Llama 3
+///     paper, Table 4); this cost model would take CP at any length, as it prices a GPU's share
+///     of s/cp tokens at the same MFU as a whole sequence.
+///   - eval and family: walking the branches in order, the first best becomes the pick, and a
+///     later best replaces it only when its step_time_s is below (1 - kSimplerWithin) times the
+///     pick's. When no branch has one, nothing fits: eval is the candidate of any family that
+///     needs the least memory (ledger.total_bytes()), family its family.
+///   - reasons: explain() of eval.
+/// fits, needs_gpus, the verdicts, the runner-up and the times are left to plan().
 Plan choose_mix(const PlanRequest& req);
 
 /// The reasons for the choices of @p e, chosen in family @p f, as Plan::reasons lists them:
@@ -269,7 +333,8 @@ Plan choose_mix(const PlanRequest& req);
 std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Family f);
 
 /// The plan for @p req: validate(), choose_mix(), and when nothing fits the GPU count that
-/// would (needs_gpus), else the runner-up; then the time to train on G GPUs and on one. Given.
+/// would (needs_gpus), else the runner-up; the branches' verdicts; then the time to train on G
+/// GPUs and on one. Given.
 /// @throws dtc::UsageError for bad input (validate()).
 Plan plan(const PlanRequest& req);
 

@@ -97,12 +97,14 @@ void validate(const PlanRequest& r) {
   chosen_by_plan.zero_stage = 0;
   validate(chosen_by_plan, &r.model);
   validate(r.cluster, r.gpus);
-  if (r.global_batch < 0 || r.batch() < r.setup.micro_batch) {
-    throw UsageError("--global-batch",
-                     fmt::format("{} sequences per step, fewer than one micro-batch of {}",
-                                 r.batch(), r.setup.micro_batch),
-                     "pass a global batch of at least --micro-batch sequences, or 0 for 4M "
-                     "tokens per step");
+  if (r.global_batch < 0) {
+    throw UsageError("--global-batch", fmt::format("{} sequences per step", r.global_batch),
+                     "pass a global batch of at least one sequence, or 0 for 4M tokens per step");
+  }
+  if (r.max_micro_batch < 1) {
+    throw UsageError("--max-micro-batch", fmt::format("{} sequences", r.max_micro_batch),
+                     "the plan tries micro-batches of 1, 2, 4, ... up to it: e.g. "
+                     "--max-micro-batch 8");
   }
   if (!(r.mfu > 0) || r.mfu > 1) {
     throw UsageError("--mfu", fmt::format("{} is not a fraction in (0, 1]", r.mfu),
@@ -158,7 +160,7 @@ std::string family_name(Family f) {
 }
 
 double micro_batches(const PlanRequest& req, const Mix& mix) {
-  return static_cast<double>(req.batch()) / static_cast<double>(mix.dp * req.setup.micro_batch);
+  return static_cast<double>(req.batch()) / static_cast<double>(mix.dp * mix.micro_batch);
 }
 
 double recompute_flops_factor(const ModelConfig& model, int64_t seq, Recompute recompute) {
@@ -203,13 +205,18 @@ double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix) {
   const double weights = w * replica;  // the bytes of one replica's weights (or gradients)
   const double m = micro_batches(req, mix);
   const double tokens = static_cast<double>(req.setup.seq) / static_cast<double>(mix.cp) *
-                        static_cast<double>(req.setup.micro_batch);     // (s/cp) b per GPU
+                        static_cast<double>(mix.micro_batch);           // (s/cp) b per GPU
   const double act = tokens * static_cast<double>(model.hidden) * 2.0;  // (s/cp) b h, 16-bit
   const double layers = static_cast<double>(model.layers) / static_cast<double>(mix.pp);
   const bool full = mix.recompute == Recompute::kFull;
-  const int64_t n_dp = mix.dp * mix.cp;
+  const int64_t n_dp = mix.zero_degree();
   switch (s) {
-    case Strategy::kDdp: return collective_bytes(Collective::kAllReduce, weights, n_dp);
+    case Strategy::kDdp:
+      if (mix.shard > 0) {  // HSDP: each rank's gradient shard, allreduced across the groups
+        return collective_bytes(Collective::kAllReduce, weights / static_cast<double>(mix.shard),
+                                mix.dp * mix.cp / mix.shard);
+      }
+      return collective_bytes(Collective::kAllReduce, weights, mix.dp * mix.cp);
     case Strategy::kZero1:
       return collective_bytes(Collective::kReduceScatter, weights, n_dp) +
              collective_bytes(Collective::kAllGather, weights, n_dp);
@@ -225,12 +232,13 @@ double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix) {
     }
     case Strategy::kPp:
       if (mix.pp <= 1) return 0.0;
-      // activations forward, their gradients backward; each tp rank sends its 1/tp slice
-      return m * 2.0 *
+      // activations forward, their gradients backward, per model chunk; each tp rank sends its
+      // 1/tp slice
+      return m * 2.0 * static_cast<double>(mix.virtual_stages) *
              collective_bytes(Collective::kSendRecv, act / static_cast<double>(mix.tp), mix.pp);
     case Strategy::kCp: {
       // K and V of the whole sequence: 2 s b kv_dim values, 16-bit, kv heads split over tp
-      const double kv = 2.0 * static_cast<double>(req.setup.seq * req.setup.micro_batch) *
+      const double kv = 2.0 * static_cast<double>(req.setup.seq * mix.micro_batch) *
                         static_cast<double>(model.kv_dim()) * 2.0 / static_cast<double>(mix.tp);
       const double collectives = full ? 3.0 : 2.0;  // gather fwd, scatter grads bwd (+regather)
       return m * layers * collectives * collective_bytes(Collective::kAllGather, kv, mix.cp);
@@ -249,11 +257,17 @@ bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node) {
     const int64_t span = n * stride;
     return span > gpus_per_node || gpus_per_node % span != 0;
   };
+  const int64_t dp_stride = mix.tp * mix.cp * mix.pp;
   switch (s) {
     case Strategy::kTp: return crosses(mix.tp, 1);
     case Strategy::kCp: return crosses(mix.cp, mix.tp);
     case Strategy::kPp: return crosses(mix.pp, mix.tp * mix.cp);
-    default: return crosses(mix.dp, mix.tp * mix.cp * mix.pp) || crosses(mix.cp, mix.tp);
+    case Strategy::kDdp:
+      if (mix.shard > 0) return crosses(mix.dp / mix.shard, dp_stride * mix.shard);
+      return crosses(mix.dp, dp_stride) || crosses(mix.cp, mix.tp);
+    default:
+      if (mix.shard > 0) return crosses(mix.shard, dp_stride);
+      return crosses(mix.dp, dp_stride) || crosses(mix.cp, mix.tp);
   }
   // END SOLUTION
 }
@@ -263,9 +277,10 @@ Ledger mix_ledger(const PlanRequest& req, const Mix& mix) {
   //   dp * cp, sequence parallel with tp, activations per cp, ZeRO-3's gathered layer on top.
   //   Tests: L01MixLedger.*; hints: README part 2, "The exercise"
   TrainingSetup s = req.setup;
-  s.dp = mix.dp * mix.cp;
+  s.dp = mix.zero_degree();
   s.tp = mix.tp;
   s.pp = mix.pp;
+  s.micro_batch = mix.micro_batch;
   s.zero_stage = mix.zero_stage;
   s.recompute = mix.recompute;
   s.sequence_parallel = mix.tp > 1;
@@ -273,6 +288,12 @@ Ledger mix_ledger(const PlanRequest& req, const Mix& mix) {
   const double cp = static_cast<double>(mix.cp);
   l.per_layer_activation_bytes /= cp;
   l.activation_bytes /= cp;
+  if (mix.virtual_stages > 1) {  // interleaved: (pp - 1) / v more stages' worth in flight
+    const double pp = static_cast<double>(mix.pp);
+    const double stage = static_cast<double>((req.model.layers + mix.pp - 1) / mix.pp);
+    l.activation_bytes = l.per_layer_activation_bytes * stage *
+                         (pp + (pp - 1.0) / static_cast<double>(mix.virtual_stages));
+  }
   if (mix.zero_stage == 3) {  // one layer's weights gathered, and its gradient before scattering
     const double layer =
         static_cast<double>(l.params) / static_cast<double>(mix.tp * req.model.layers);
@@ -292,7 +313,7 @@ Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
   e.ledger = mix_ledger(req, mix);
   e.capacity_bytes = kUsableMemory * req.cluster.gpu_mem_gb * kGB;
   e.fits = e.ledger.total_bytes() <= e.capacity_bytes;
-  e.batch_ok = mix.dp * req.setup.micro_batch <= req.batch();
+  e.batch_ok = mix.dp * mix.micro_batch <= req.batch();
   e.micro_batches = micro_batches(req, mix);
   const auto add = [&](Strategy s, int64_t degree) {
     if (degree <= 1) return;
@@ -306,7 +327,8 @@ Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
     e.comm_time_s += t.seconds;
     e.traffic.push_back(t);
   };
-  add(zero_strategy(mix.zero_stage), mix.dp * mix.cp);
+  add(zero_strategy(mix.zero_stage), mix.zero_degree());
+  if (mix.shard > 0) add(Strategy::kDdp, mix.dp * mix.cp / mix.shard);  // HSDP's replication
   add(Strategy::kTp, mix.tp);
   add(Strategy::kPp, mix.pp);
   add(Strategy::kCp, mix.cp);
@@ -314,7 +336,8 @@ Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
   e.compute_time_s = train_time_seconds(static_cast<double>(e.ledger.params), tokens,
                                         req.cluster.peak_tflops * 1e12, req.mfu, mix.gpus()) *
                      recompute_flops_factor(req.model, req.setup.seq, mix.recompute);
-  e.bubble = static_cast<double>(mix.pp - 1) / e.micro_batches;
+  e.bubble =
+      static_cast<double>(mix.pp - 1) / (static_cast<double>(mix.virtual_stages) * e.micro_batches);
   e.step_time_s = e.compute_time_s * (1.0 + e.bubble) + e.comm_time_s;
   // END SOLUTION
   return e;
@@ -355,26 +378,49 @@ const char* recompute_name(Recompute r) {
 std::vector<Mix> candidates(const PlanRequest& req, Family f) {
   std::vector<Mix> out;
   const int64_t G = req.gpus;
-  const auto push = [&](int64_t tp, int64_t pp, int64_t cp, int max_zero, int min_zero) {
+  const int64_t B = req.batch();
+  // One layout (tp, pp, cp, shard) with every ZeRO stage in [min_zero, max_zero], recompute,
+  // micro-batch and (with a pipeline) virtual-stage count it allows.
+  const auto push = [&](int64_t tp, int64_t pp, int64_t cp, int min_zero, int max_zero,
+                        int64_t shard) {
+    const int64_t dp = G / (tp * pp * cp);
     for (int z = min_zero; z <= max_zero; ++z) {
       for (Recompute r : kRecomputes) {
-        Mix m;
-        m.tp = tp;
-        m.pp = pp;
-        m.cp = cp;
-        m.dp = G / (tp * pp * cp);
-        m.zero_stage = z;
-        m.recompute = r;
-        out.push_back(m);
+        // b = 1 always, even when dp > B: evaluate() then reports the batch too small
+        for (int64_t b = 1; b == 1 || (b <= req.max_micro_batch && dp * b <= B); b *= 2) {
+          if (b > 1 && B % (dp * b) != 0) continue;
+          const int64_t stage_layers = (req.model.layers + pp - 1) / pp;
+          for (int64_t v = 1; v == 1 || (pp > 1 && v <= stage_layers); v *= 2) {
+            if (v > 1 && (stage_layers % v != 0 || B % (dp * b) != 0 || (B / (dp * b)) % pp != 0)) {
+              continue;
+            }
+            Mix m;
+            m.tp = tp;
+            m.pp = pp;
+            m.cp = cp;
+            m.dp = dp;
+            m.zero_stage = z;
+            m.recompute = r;
+            m.micro_batch = b;
+            m.virtual_stages = v;
+            m.shard = shard;
+            out.push_back(m);
+          }
+        }
       }
     }
   };
   std::vector<int64_t> tps = tp_degrees(req);
   switch (f) {
-    case Family::kDdp: push(1, 1, 1, 0, 0); break;
-    case Family::kZero: push(1, 1, 1, 3, 1); break;
+    case Family::kDdp: push(1, 1, 1, 0, 0, 0); break;
+    case Family::kZero:
+      push(1, 1, 1, 1, 3, 0);
+      for (int64_t sh = 2; sh <= std::min(req.cluster.gpus_per_node, G / 2); sh *= 2) {
+        if (G % sh == 0) push(1, 1, 1, 3, 3, sh);  // HSDP: ZeRO-3 inside, replicas across
+      }
+      break;
     case Family::kTensor:
-      for (int64_t t : tps) push(t, 1, 1, 1, 0);
+      for (int64_t t : tps) push(t, 1, 1, 0, 1, 0);
       break;
     case Family::kPipeline:
     case Family::kContext:
@@ -383,12 +429,12 @@ std::vector<Mix> candidates(const PlanRequest& req, Family f) {
         for (int64_t p = f == Family::kContext ? 1 : 2; p <= req.model.layers; ++p) {
           if ((G / t) % p != 0) continue;
           if (f == Family::kPipeline) {
-            push(t, p, 1, 1, 0);
+            push(t, p, 1, 0, 1, 0);
             continue;
           }
           for (int64_t c = 2; c <= G / (t * p); c *= 2) {
             if ((G / (t * p)) % c != 0 || req.setup.seq % (2 * c) != 0) continue;
-            push(t, p, c, 1, 0);
+            push(t, p, c, 0, 1, 0);
           }
         }
       }
@@ -425,6 +471,11 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
         "the whole training state fits on one GPU ({} of {} usable), so every GPU "
         "holds a replica and takes 1/{} of the batch (DDP)",
         gb(e.ledger.total_bytes()), gb(e.capacity_bytes), mix.dp);
+  } else if (f == Family::kZero && mix.shard > 0) {
+    dp += fmt::format(
+        "the model does not fit on one GPU; HSDP shards its states over groups of {} GPUs "
+        "inside a node and replicates them across the {} groups",
+        mix.shard, mix.dp / mix.shard);
   } else if (f == Family::kZero) {
     dp += fmt::format(
         "the model does not fit on one GPU, but sharding its states over all {} "
@@ -438,7 +489,17 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   } else {
     dp += "every GPU is needed to hold one replica of the model";
   }
-  if (const GroupTraffic* t = traffic(dp_kind)) {
+  if (mix.shard > 0) {
+    const GroupTraffic* in = traffic(dp_kind);
+    const GroupTraffic* across = traffic(Strategy::kDdp);
+    if (in != nullptr && across != nullptr) {
+      dp += fmt::format(
+          "; the per-micro-batch gathers and reduce-scatters send {} per GPU a step, {} on {}, "
+          "and only the once-a-step allreduce of the gradient shards, {}, {}, crosses {}",
+          gb(in->bytes_per_gpu), secs(in->seconds), link(in->crosses_nodes),
+          gb(across->bytes_per_gpu), secs(across->seconds), link(across->crosses_nodes));
+    }
+  } else if (const GroupTraffic* t = traffic(dp_kind)) {
     dp += fmt::format(
         "; the gradient sync sends {} per GPU a step, {} on {}: DP is the least "
         "demanding on bandwidth and takes the outermost, slowest links",
@@ -450,9 +511,9 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   std::string tp = fmt::format("tp {}: ", mix.tp);
   if (const GroupTraffic* t = traffic(Strategy::kTp)) {
     tp += fmt::format(
-        "data parallelism alone was not enough, so each layer's matrices are split over {} "
-        "GPUs, kept inside one {}-GPU node: {} allreduces per layer per micro-batch send {} per "
-        "GPU a step, {} on {}, but {} if they crossed nodes at {:g} GB/s",
+        "each layer's matrices are split over {} GPUs, kept inside one {}-GPU node: {} "
+        "allreduces per layer per micro-batch send {} per GPU a step, {} on {}, but {} if they "
+        "crossed nodes at {:g} GB/s",
         mix.tp, c.gpus_per_node, mix.recompute == Recompute::kFull ? 6 : 4, gb(t->bytes_per_gpu),
         secs(t->seconds), link(t->crosses_nodes), secs(t->bytes_per_gpu / (c.inter_gbps * kGB)),
         c.inter_gbps);
@@ -469,12 +530,20 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   std::string pp = fmt::format("pp {}: ", mix.pp);
   if (const GroupTraffic* t = traffic(Strategy::kPp)) {
     pp += fmt::format(
-        "too many layers for the GPUs of one tensor group: {} layers in {} stages of at most {} "
-        "(the first also holds the input embedding); only activations cross a stage boundary, "
-        "{} per GPU a step, {} on {}, so stages may sit on different nodes; the 1F1B bubble "
-        "(pp-1)/m costs {:.1f}% of compute",
+        "{} layers in {} stages of at most {} (the first also holds the input embedding); only "
+        "activations cross a stage boundary, {} per GPU a step, {} on {}, so stages may sit on "
+        "different nodes; ",
         req.model.layers, mix.pp, (req.model.layers + mix.pp - 1) / mix.pp, gb(t->bytes_per_gpu),
-        secs(t->seconds), link(t->crosses_nodes), 100.0 * e.bubble);
+        secs(t->seconds), link(t->crosses_nodes));
+    if (mix.virtual_stages > 1) {
+      pp += fmt::format(
+          "interleaved 1F1B with {} virtual stages (model chunks) per GPU: the bubble "
+          "(pp-1)/(v m) costs {:.1f}% of compute, {}x less than plain 1F1B's, for {}x the "
+          "sends and more activations in flight",
+          mix.virtual_stages, 100.0 * e.bubble, mix.virtual_stages, mix.virtual_stages);
+    } else {
+      pp += fmt::format("the 1F1B bubble (pp-1)/m costs {:.1f}% of compute", 100.0 * e.bubble);
+    }
   } else {
     pp += "no pipeline: the layers fit without one, and there is no bubble";
   }
@@ -484,8 +553,8 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   std::string cp = fmt::format("cp {}: ", mix.cp);
   if (const GroupTraffic* t = traffic(Strategy::kCp)) {
     cp += fmt::format(
-        "the sequence of {} tokens is too long: nothing fitted without splitting it, so each "
-        "GPU holds {} tokens; gathering K and V sends {} per GPU a step, {} on {}",
+        "the sequence of {} tokens is split, so each GPU holds the activations of {} tokens; "
+        "gathering K and V sends {} per GPU a step, {} on {}",
         req.setup.seq, req.setup.seq / mix.cp, gb(t->bytes_per_gpu), secs(t->seconds),
         link(t->crosses_nodes));
   } else {
@@ -519,7 +588,7 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
       zero += fmt::format(
           "parameters too are sharded over {} ranks ({} of states per GPU); they "
           "are gathered for every forward and backward",
-          n, gb(l.state.total()));
+          mix.zero_degree(), gb(l.state.total()));
   }
   if (f != Family::kDdp && f != Family::kZero) {
     std::optional<Evaluation> alt;
@@ -529,11 +598,11 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
     }
     if (alt) {
       zero += fmt::format(
-          "; ZeRO-{} over all {} GPUs alone would fit ({}), but its traffic takes "
-          "{} a step against {} of compute",
-          alt->mix.zero_stage, req.gpus, gb(alt->ledger.total_bytes()), secs(alt->comm_time_s),
-          secs(alt->compute_time_s));
-    } else if (req.gpus > req.batch() / req.setup.micro_batch) {
+          "; ZeRO-{} over all {} GPUs alone would fit ({}), but its step takes {} ({} of it "
+          "traffic) against this mix's {}",
+          alt->mix.zero_stage, req.gpus, gb(alt->ledger.total_bytes()), secs(alt->step_time_s),
+          secs(alt->comm_time_s), secs(e.step_time_s));
+    } else if (req.gpus > req.batch()) {
       zero += fmt::format(
           "; data parallelism alone would need {} replicas, more than the batch "
           "of {} sequences feeds",
@@ -564,6 +633,17 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
       break;
   }
   out.push_back(rc);
+
+  // micro-batch
+  std::string mb = fmt::format("micro-batch {}: ", mix.micro_batch);
+  mb += fmt::format("{:g} micro-batches of {} sequence{} per replica a step", e.micro_batches,
+                    mix.micro_batch, mix.micro_batch == 1 ? "" : "s");
+  if (mix.pp > 1) {
+    mb += "; more of them shrink the pipeline bubble";
+  } else if (mix.zero_stage >= 2) {
+    mb += "; fewer, larger ones cut ZeRO's per-micro-batch traffic";
+  }
+  out.push_back(mb);
   return out;
 }
 
@@ -571,39 +651,44 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
 // The decision tree (your part)
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+const Family kFamilies[] = {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline,
+                            Family::kContext};
+
+}  // namespace
+
 Plan choose_mix(const PlanRequest& req) {
   Plan p;
-  // BEGIN SOLUTION: fill p.eval, p.family and p.reasons with the decision tree's pick
-  //   (strategy.h): the fastest fitting, fed mix of the first family that has one, ZeRO only if
-  //   it hides its traffic. Tests: L01Plan.*; hints: README part 2, "The exercise"
-  const auto best = [&](Family f) -> std::optional<Evaluation> {
-    std::optional<Evaluation> out;
+  // BEGIN SOLUTION: fill p.branches (each family's fastest fitting, fed candidate), then
+  //   p.eval, p.family and p.reasons with the fastest of them, a later branch only when it is
+  //   more than kSimplerWithin faster, kContext only when no other branch fits (strategy.h);
+  //   or the least-memory candidate when nothing fits. Tests: L01Plan.*; hints: README part 2,
+  //   "The exercise"
+  std::optional<Evaluation> chosen;
+  for (Family f : kFamilies) {
+    Branch branch;
+    branch.family = f;
+    branch.costed = f != Family::kContext || !chosen;  // CP only when nothing else fits
+    if (!branch.costed) {
+      p.branches.push_back(std::move(branch));
+      continue;
+    }
     for (const Mix& mix : candidates(req, f)) {
       Evaluation e = evaluate(req, mix);
-      if (e.fits && e.batch_ok && (!out || e.step_time_s < out->step_time_s)) out = std::move(e);
+      if (e.fits && e.batch_ok && (!branch.best || e.step_time_s < branch.best->step_time_s)) {
+        branch.best = std::move(e);
+      }
     }
-    return out;
-  };
-  std::optional<Evaluation> chosen = best(Family::kDdp);
-  p.family = Family::kDdp;
-  std::optional<Evaluation> zero;
-  if (!chosen) {
-    zero = best(Family::kZero);
-    p.family = Family::kZero;
-    if (zero && zero->comm_time_s <= zero->compute_time_s) chosen = zero;
-  }
-  for (Family f : {Family::kTensor, Family::kPipeline, Family::kContext}) {
-    if (chosen) break;
-    chosen = best(f);
-    p.family = f;
-  }
-  if (!chosen && zero) {  // fits, but slow: better than nothing
-    chosen = zero;
-    p.family = Family::kZero;
+    if (branch.best &&
+        (!chosen || branch.best->step_time_s < (1.0 - kSimplerWithin) * chosen->step_time_s)) {
+      chosen = branch.best;
+      p.family = f;
+    }
+    p.branches.push_back(std::move(branch));
   }
   if (!chosen) {  // nothing fits: show the mix that comes closest
-    for (Family f :
-         {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline, Family::kContext}) {
+    for (Family f : kFamilies) {
       for (const Mix& mix : candidates(req, f)) {
         Evaluation e = evaluate(req, mix);
         if (!chosen || e.ledger.total_bytes() < chosen->ledger.total_bytes()) {
@@ -622,6 +707,66 @@ Plan choose_mix(const PlanRequest& req) {
 // ---------------------------------------------------------------------------------------------
 // The plan and the comparison table (given)
 // ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// What decided branch @p b of a plan whose pick is @p pick.
+std::string verdict(const PlanRequest& req, const Branch& b, const Plan& pick) {
+  const auto layout = [](const Mix& m) {
+    std::string out =
+        fmt::format("dp {} x tp {} x pp {} x cp {}, ZeRO {}", m.dp, m.tp, m.pp, m.cp, m.zero_stage);
+    if (m.shard > 0) out += fmt::format(" (HSDP, shard {})", m.shard);
+    out +=
+        fmt::format(", recompute {}, micro-batch {}", recompute_name(m.recompute), m.micro_batch);
+    if (m.virtual_stages > 1) out += fmt::format(", {} virtual stages", m.virtual_stages);
+    return out;
+  };
+  const auto step = [](const Evaluation& e) {
+    return fmt::format("compute {:.3g} s x (1 + bubble {:.3f}) + communication {:.3g} s = {:.3g} s",
+                       e.compute_time_s, e.bubble, e.comm_time_s, e.step_time_s);
+  };
+  if (!b.costed) {
+    return "not costed: mixes that keep each sequence whole fit, and context parallelism is "
+           "for sequences too long for them (the cost model would price its short per-GPU "
+           "chunks at full speed)";
+  }
+  if (!b.best) {
+    double least = 0;
+    bool any_fits = false;
+    bool first = true;
+    for (const Mix& m : candidates(req, b.family)) {
+      const Evaluation e = evaluate(req, m);
+      any_fits = any_fits || e.fits;
+      if (first || e.ledger.total_bytes() < least) least = e.ledger.total_bytes();
+      first = false;
+    }
+    if (first) return "no valid layout on these GPUs";
+    if (any_fits) {
+      return fmt::format(
+          "no mix that fits feeds every replica: its replicas need more than the batch of {} "
+          "sequences",
+          req.batch());
+    }
+    return fmt::format("does not fit: its leanest mix needs {:.2f} GB of {:.1f} GB per GPU",
+                       least / kGB, kUsableMemory * req.cluster.gpu_mem_gb);
+  }
+  const Evaluation& e = *b.best;
+  if (pick.fits && b.family == pick.family) {
+    return fmt::format("chosen: {}; {}", layout(e.mix), step(e));
+  }
+  const double ratio = e.step_time_s / pick.eval.step_time_s;
+  if (ratio < 1.0) {
+    return fmt::format(
+        "fits ({}, {:.2f} GB) and is {:.1f}% faster, within the {:.0f}% a later, more complex "
+        "branch must win by: {}",
+        layout(e.mix), e.ledger.total_bytes() / kGB, (1.0 - ratio) * 100, kSimplerWithin * 100,
+        step(e));
+  }
+  return fmt::format("fits ({}, {:.2f} GB), but {:.2f}x the pick's step: {}", layout(e.mix),
+                     e.ledger.total_bytes() / kGB, ratio, step(e));
+}
+
+}  // namespace
 
 Plan plan(const PlanRequest& req) {
   validate(req);
@@ -647,8 +792,7 @@ Plan plan(const PlanRequest& req) {
   if (p.fits) {
     // The runner-up: the fastest other layout that fits, whatever the branch.
     const Mix& chosen = p.eval.mix;
-    for (Family f :
-         {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline, Family::kContext}) {
+    for (Family f : kFamilies) {
       for (const Mix& m : candidates(req, f)) {
         if (m.dp == chosen.dp && m.tp == chosen.tp && m.pp == chosen.pp && m.cp == chosen.cp) {
           continue;
@@ -662,6 +806,7 @@ Plan plan(const PlanRequest& req) {
       }
     }
   }
+  for (Branch& b : p.branches) b.verdict = verdict(req, b, p);
   const double params = static_cast<double>(count_params(req.model));
   const double peak = req.cluster.peak_tflops * 1e12;
   p.train_time_s = train_time_seconds(params, req.tokens, peak, req.mfu, req.gpus);
@@ -672,6 +817,7 @@ Plan plan(const PlanRequest& req) {
 std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
   Mix one;
   one.recompute = req.setup.recompute;
+  one.micro_batch = req.setup.micro_batch;
   const Ledger base = mix_ledger(req, one);
   const auto largest = [&](auto valid) {
     int64_t best = 1;

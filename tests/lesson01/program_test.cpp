@@ -83,8 +83,9 @@ TEST(L01Program, PlanJson) {
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = last_json_line(r.out);
   const auto& plan = j.at("plan");
-  for (const char* key : {"dp", "tp", "pp", "cp", "zero_stage", "recompute", "reasons",
-                          "per_gpu_bytes", "comm_time_s", "fits"}) {
+  for (const char* key :
+       {"dp", "tp", "pp", "cp", "zero_stage", "recompute", "micro_batch", "virtual_stages", "shard",
+        "reasons", "branches", "per_gpu_bytes", "comm_time_s", "fits"}) {
     EXPECT_TRUE(plan.contains(key)) << key;
   }
   EXPECT_TRUE(plan.at("fits").get<bool>());
@@ -93,7 +94,13 @@ TEST(L01Program, PlanJson) {
             64);
   EXPECT_LE(plan.at("tp").get<int64_t>(), 8) << "TP stays inside an 8-GPU node";
   EXPECT_LE(plan.at("per_gpu_bytes").get<double>(), 80e9);
-  EXPECT_EQ(plan.at("reasons").size(), 6u);
+  EXPECT_EQ(plan.at("reasons").size(), 7u) << "dp, tp, pp, cp, zero, recompute, micro-batch";
+  const auto& branches = plan.at("branches");
+  ASSERT_EQ(branches.size(), 5u) << "DDP, ZeRO, TP, TP+PP, TP+PP+CP";
+  EXPECT_EQ(branches[0].at("family"), "DDP");
+  EXPECT_TRUE(branches[0].at("best").is_null()) << "70B fits on no single GPU";
+  EXPECT_FALSE(branches[1].at("best").is_null()) << "ZeRO-3 fits on 64 GPUs";
+  for (const auto& b : branches) EXPECT_FALSE(b.at("verdict").get<std::string>().empty());
   EXPECT_EQ(j.at("strategies").size(), 7u) << "DDP, ZeRO-1/2/3, TP, PP, CP";
 }
 
@@ -122,6 +129,10 @@ TEST(L01ProgramGiven, PlanBadInputExitsWithTwoAndNamesTheFlag) {
       {{"--plan", "--model", "llama-7b", "--compare", "4x1x1x1"}, "--compare"},  // 8 GPUs
       {{"--plan", "--model", "llama-7b", "--compare", "1x3x1x1"}, "--compare"},
       {{"--plan", "--model", "llama-7b", "--compare", "8x1x1x1:4"}, "--compare"},
+      {{"--plan", "--model", "llama-7b", "--compare", "8x1x1x1:hsdp3"}, "--compare"},
+      {{"--plan", "--model", "llama-7b", "--compare", "8x1x1x1:1:none:0"}, "--compare"},
+      {{"--plan", "--model", "llama-7b", "--compare", "4x1x2x1:1:none:1:3"}, "--compare"},
+      {{"--plan", "--model", "llama-7b", "--max-micro-batch", "0"}, "--max-micro-batch"},
       {{"--model", "llama-7b", "--compare", "8x1x1x1"}, "--compare"},  // needs --plan
   };
   expect_usage_errors(cases);
@@ -132,7 +143,7 @@ TEST(L01Program, RunnerUpAndAComparedLayout) {
   // 16,384 H100s, 8K sequences, 16M-token batches), costed by the same model as the plan.
   const Result r = run_lesson01({"--plan", "--model", "llama3-405b", "--cluster", "dgx-h100",
                                  "--gpus", "16384", "--seq", "8192", "--global-batch", "2048",
-                                 "--compare", "128x8x16x1:1:none", "--json"});
+                                 "--compare", "128x8x16x1:1:none:1:8", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = last_json_line(r.out);
   const auto& cmp = j.at("compare");
@@ -140,8 +151,10 @@ TEST(L01Program, RunnerUpAndAComparedLayout) {
   EXPECT_EQ(cmp.at("tp").get<int64_t>(), 8);
   EXPECT_EQ(cmp.at("pp").get<int64_t>(), 16);
   EXPECT_EQ(cmp.at("recompute").get<std::string>(), "none");
-  // Closed form of the cost model's plain 1F1B bubble: (pp - 1) / m, m = 2048 / 128 = 16.
-  EXPECT_DOUBLE_EQ(cmp.at("bubble").get<double>(), 15.0 / 16.0);
+  EXPECT_EQ(cmp.at("micro_batch").get<int64_t>(), 1);
+  EXPECT_EQ(cmp.at("virtual_stages").get<int64_t>(), 8);
+  // Closed form of the interleaved bubble: (pp - 1) / (v m), m = 2048 / 128 = 16.
+  EXPECT_DOUBLE_EQ(cmp.at("bubble").get<double>(), 15.0 / (8 * 16.0));
   // The runner-up is another layout that fits, costed the same way.
   const auto& up = j.at("runner_up");
   ASSERT_FALSE(up.is_null());
