@@ -430,8 +430,12 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
   if (p.runner_up) {
     const Evaluation& r = *p.runner_up;
     const double ratio = r.step_time_s / e.step_time_s;
-    fmt::print(out, "  runner-up ({}): {}\n    {}\n    {:.1f}% slower a step than the pick\n",
-               family_name(p.runner_up_family), mix_line(r.mix), cost_line(r), (ratio - 1) * 100);
+    fmt::print(out, "  runner-up ({}): {}\n    {}\n    {}\n", family_name(p.runner_up_family),
+               mix_line(r.mix), cost_line(r),
+               ratio >= 1 ? fmt::format("{:.1f}% slower a step than the pick", (ratio - 1) * 100)
+                          : fmt::format("{:.1f}% faster a step, within the {:.0f}% a more "
+                                        "complex branch must win by",
+                                        (1 - ratio) * 100, kSimplerWithin * 100));
   }
   if (!p.fits) {
     if (p.needs_gpus > 0) {

@@ -642,9 +642,11 @@ Plan plan(const PlanRequest& req) {
     }
   }
   if (p.fits) {
-    // The runner-up: the fastest other layout that fits, whatever the branch.
+    // The runner-up: the fastest other layout that fits, in any branch that was costed.
     const Mix& chosen = p.eval.mix;
-    for (Family f : kFamilies) {
+    for (const Branch& b : p.branches) {
+      if (!b.costed) continue;
+      const Family f = b.family;
       for (const Mix& m : candidates(req, f)) {
         if (m.dp == chosen.dp && m.tp == chosen.tp && m.pp == chosen.pp && m.cp == chosen.cp) {
           continue;
@@ -756,4 +758,4 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum e5e46095289c9b62
+// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum 3bec4735b66f6b64

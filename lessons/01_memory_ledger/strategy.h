@@ -297,8 +297,9 @@ struct Plan {
   int64_t needs_gpus = 0;   ///< when !fits: the smallest G * 2^k that fits; 0 if none up to 2^20
   double train_time_s = 0;  ///< train_time_seconds(P, tokens, peak, mfu, G)
   double train_time_1gpu_s = 0;  ///< the same on one GPU: "won't finish"
-  /// When fits: the fastest mix, over every family's candidates, that fits, feeds every replica
-  /// and has another layout (dp, tp, pp, cp) than eval's: the best alternative. Set by plan().
+  /// When fits: the fastest mix, over the candidates of every costed branch, that fits, feeds
+  /// every replica and has another layout (dp, tp, pp, cp) than eval's: the best alternative
+  /// (faster than the pick only within kSimplerWithin, from a later branch). Set by plan().
   std::optional<Evaluation> runner_up;
   Family runner_up_family = Family::kDdp;
 };

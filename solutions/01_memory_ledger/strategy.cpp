@@ -790,9 +790,11 @@ Plan plan(const PlanRequest& req) {
     }
   }
   if (p.fits) {
-    // The runner-up: the fastest other layout that fits, whatever the branch.
+    // The runner-up: the fastest other layout that fits, in any branch that was costed.
     const Mix& chosen = p.eval.mix;
-    for (Family f : kFamilies) {
+    for (const Branch& b : p.branches) {
+      if (!b.costed) continue;
+      const Family f = b.family;
       for (const Mix& m : candidates(req, f)) {
         if (m.dp == chosen.dp && m.tp == chosen.tp && m.pp == chosen.pp && m.cp == chosen.cp) {
           continue;
