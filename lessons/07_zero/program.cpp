@@ -72,11 +72,13 @@ namespace {
 struct Options {
   std::string stage = "all";
   bool prefetch = false;
+  bool recompute = false;  // stage 3 (with --stage all: one more run, stage 3 recomputing)
   std::string save_sharded, load_sharded, consolidate_file;
 };
 
 struct StageRun {
   int stage = 0;
+  bool recompute = false;
   std::vector<float> losses;
   double tokens_per_s = 0, step_s = 0;
   bool measured = false;
@@ -131,10 +133,11 @@ nlohmann::json digest(ZeroEngine& engine, const FlatLayout& layout, const GptCon
   return param_digest(names, pieces);
 }
 
-StageRun run_stage(const TrainOptions& t, const Options& o, int stage, Job& job, bool talk,
-                   std::ostream& err) {
+StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool recompute, Job& job,
+                   bool talk, std::ostream& err) {
   StageRun run;
   run.stage = stage;
+  run.recompute = recompute;
   const GptConfig config = t.model_config();
   const int world = job.world(), rank = job.rank();
   const int64_t rows = t.train.global_batch / world;
@@ -142,6 +145,7 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, Job& job,
   ZeroOptions zo;
   zo.stage = stage;
   zo.prefetch = o.prefetch;
+  zo.recompute = recompute;
   zo.adamw.lr = t.lr;
 
   // Build: settled readings on both sides (the previous stage's collectives may still be
@@ -184,8 +188,9 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, Job& job,
   run.step_s = log.elapsed_s() / static_cast<double>(run.losses.size());
   run.tokens_per_s = log.tokens_per_s();
   if (job.rank0()) {
-    fmt::print(err, "[rank 0] stage {}: {} steps, loss {:.4f} -> {:.4f}, {:.1f} ms/step\n", stage,
-               run.losses.size(), run.losses.front(), run.losses.back(), 1000 * run.step_s);
+    fmt::print(err, "[rank 0] stage {}{}: {} steps, loss {:.4f} -> {:.4f}, {:.1f} ms/step\n", stage,
+               recompute ? " + recompute" : "", run.losses.size(), run.losses.front(),
+               run.losses.back(), 1000 * run.step_s);
     err.flush();
   }
   run.param_digest = digest(engine, run.layout, config, job.rank0());
@@ -204,6 +209,7 @@ nlohmann::json stage_json(const StageRun& r, int world) {
   const StagePrediction padded = predict_stage_memory(L.padded, r.stage, world);
   nlohmann::json j;
   j["stage"] = r.stage;
+  j["recompute"] = r.recompute;
   j["losses"] = r.losses;
   j["param_digest"] = r.param_digest;
   j["tokens_per_s"] = r.tokens_per_s;
@@ -241,14 +247,14 @@ void print_table(std::ostream& out, const std::vector<StageRun>& runs, int world
                         : fmt::format("- / {:.3f}", mib(pred));
     };
     fmt::print(out, "  {:<6} {:>21} {:>21} {:>21} {:>10} {:>25} {:>9.1f}\n",
-               r.stage == 0 ? "0 DDP" : std::to_string(r.stage), cell(r.params, p.params),
-               cell(r.grads, p.grads), cell(r.optimizer, p.optimizer),
+               r.stage == 0 ? "0 DDP" : (r.recompute ? "3 +rc" : std::to_string(r.stage)),
+               cell(r.params, p.params), cell(r.grads, p.grads), cell(r.optimizer, p.optimizer),
                r.measured ? fmt::format("{:.3f}", mib(static_cast<double>(r.peak))) : "-",
                fmt::format("{:.3f} ({:.3f})", mib(static_cast<double>(r.bytes_per_step)),
                            mib(predict_stage_comm(r.layout.numel, r.stage, world))),
                1000 * r.step_s);
   }
-  if (runs.size() == 4 && runs[0].measured) {
+  if (runs.size() >= 4 && runs[0].measured) {
     const bool ranked =
         runs[0].peak > runs[1].peak && runs[1].peak > runs[2].peak && runs[2].peak > runs[3].peak;
     fmt::print(out,
@@ -258,6 +264,17 @@ void print_table(std::ostream& out, const std::vector<StageRun>& runs, int world
                runs[1].peak > runs[2].peak ? ">" : "<=", mib(static_cast<double>(runs[2].peak)),
                runs[2].peak > runs[3].peak ? ">" : "<=", mib(static_cast<double>(runs[3].peak)),
                ranked ? "" : "   <- the ranking does not hold for this size");
+  }
+  if (runs.size() == 5 && runs[0].measured) {
+    // What each step down the ladder saves, measured: sharding the parameters (stage 2 -> 3,
+    // activations kept) and recomputation (stage 3 -> stage 3 recomputing each block).
+    fmt::print(out,
+               "  stage 3 + recompute: {:.3f} MiB. Of stage 2's peak, sharding the parameters "
+               "saves {:.3f} MiB\n  (stage 2 -> 3) and recomputation {:.3f} MiB more (stage 3 -> "
+               "3 + recompute)\n",
+               mib(static_cast<double>(runs[4].peak)),
+               mib(static_cast<double>(runs[2].peak - runs[3].peak)),
+               mib(static_cast<double>(runs[3].peak - runs[4].peak)));
   }
   fmt::print(
       out,
@@ -272,6 +289,11 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   const GptConfig config = t.model_config();
   const std::vector<int> stages =
       o.stage == "all" ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{std::stoi(o.stage)};
+  if (o.recompute && o.stage != "all" && stages.front() != 3) {
+    throw UsageError("--recompute", "only stage 3 recomputes in this lesson",
+                     "pass --stage 3 --recompute, or --stage all --recompute to add a run of "
+                     "stage 3 recomputing beside the four stages");
+  }
   if (stages.size() > 1 &&
       (!o.save_sharded.empty() || !o.load_sharded.empty() || !o.consolidate_file.empty())) {
     throw UsageError("--stage", "checkpoints need one stage",
@@ -290,18 +312,24 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     print_banner(
         out, "Lesson 07: ZeRO", job, config, count_parameters(*Gpt(config)),
         {{"train",
-          fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per rank), "
-                      "seed {}{}",
-                      t.lr, t.train.steps, t.train.global_batch, t.train.global_batch / world,
-                      t.train.seed, o.prefetch ? ", prefetch" : "")},
-         {"stages", o.stage == "all" ? "0 (DDP), 1, 2, 3, one after the other" : o.stage}});
+          fmt::format(
+              "AdamW lr {:g}, {} steps, global batch {} ({} per rank), "
+              "seed {}{}",
+              t.lr, t.train.steps, t.train.global_batch, t.train.global_batch / world, t.train.seed,
+              std::string(o.prefetch ? ", prefetch" : "") + (o.recompute ? ", recompute" : ""))},
+         {"stages", o.stage == "all" ? (o.recompute ? "0 (DDP), 1, 2, 3, 3 + recompute, one "
+                                                      "after the other"
+                                                    : "0 (DDP), 1, 2, 3, one after the other")
+                                     : o.stage}});
   }
 
   // 3. The loop, once per stage (a progress line per tenth of the run when there is one stage).
   std::vector<StageRun> runs;
   for (int stage : stages) {
-    runs.push_back(run_stage(t, o, stage, job, talk && stages.size() == 1, err));
+    const bool recompute = o.recompute && stages.size() == 1;
+    runs.push_back(run_stage(t, o, stage, recompute, job, talk && stages.size() == 1, err));
   }
+  if (o.recompute && stages.size() > 1) runs.push_back(run_stage(t, o, 3, true, job, false, err));
 
   // 4. Report, 5. finish.
   job.finish();
@@ -338,6 +366,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->check(one_of({"0", "1", "2", "3", "all"}, "a ZeRO stage"))
       ->capture_default_str();
   app.add_flag("--prefetch", o.prefetch, "stage 3: gather the next block while computing this one");
+  app.add_flag("--recompute", o.recompute,
+               "stage 3: keep each block's input only and recompute the block in backward (with "
+               "--stage all: one more run, stage 3 recomputing)");
   app.add_option("--save-sharded", o.save_sharded,
                  "after the last step, every rank writes its shard to DIR/shard-<r>-of-<W>.pt");
   app.add_option("--load-sharded", o.load_sharded,

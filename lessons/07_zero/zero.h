@@ -146,10 +146,30 @@ void adamw_update(torch::Tensor param, const torch::Tensor& grad, torch::Tensor 
 // The engine
 // ---------------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------------
+// Freeing a tensor's memory behind autograd (what FSDP does)
+// ---------------------------------------------------------------------------------------------
+
+/// Releases the memory of @p t's storage and leaves the storage empty (0 bytes): every tensor
+/// that views it, autograd's saved tensors included, keeps its shape, and must not be read until
+/// refill_storage() gives the storage its bytes back. FSDP's `untyped_storage().resize_(0)`,
+/// written with ATen's StorageImpl (the same on LibTorch 1.13 and 2.x). Given.
+void free_storage(const torch::Tensor& t);
+
+/// Hands @p from's memory to @p into's emptied storage (no copy, no allocation, no version
+/// counter bump, so autograd's saved views of @p into read the new bytes); @p from is left
+/// empty. Both must be contiguous, start at offset 0 of their storage and have the same
+/// dtype, device and number of elements. Given.
+/// @throws std::invalid_argument when they do not match.
+void refill_storage(const torch::Tensor& into, const torch::Tensor& from);
+
 /// Options of a ZeRO run.
 struct ZeroOptions {
   int stage = 0;          ///< 0 (DDP), 1, 2 or 3
   bool prefetch = false;  ///< stage 3: start gathering the next unit before computing this one
+  /// Stage 3: keep only each block's input and recompute the block in backward (activation
+  /// checkpointing), instead of keeping its activations and freeing only its parameters.
+  bool recompute = false;
   AdamWOptions adamw;
 };
 
@@ -169,6 +189,12 @@ class ZeroEngine {
   ///   stage 1: the full flat gradient buffer, its chunk r reduce-scattered;
   ///   stages 2, 3: only the shard's gradient (grad_shard_), reduce-scattered unit by unit
   ///   during backward; the full gradients of a unit are freed right after.
+  /// Stage 3 gathers each block's parameters before its forward and again before its backward.
+  /// By default it keeps the block's activations, as stage 2 does, and between the two frees
+  /// only the gathered parameters, with free_storage(), refilling that same storage from the
+  /// second gather with refill_storage() (FSDP's reshard after forward). With
+  /// ZeroOptions::recompute it keeps only the block's input, and recomputes the block in
+  /// backward.
   /// @return this rank's loss (mean over its rows), before the update.
   float forward_backward(const Batch& batch);
 

@@ -206,6 +206,32 @@ void unbind_grads(const Unit& unit) {
 
 }  // namespace
 
+void free_storage(const torch::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));  // the old DataPtr frees it
+  impl->set_nbytes(0);
+}
+
+void refill_storage(const torch::Tensor& into, const torch::Tensor& from) {
+  c10::StorageImpl* dst = into.storage().unsafeGetStorageImpl();
+  c10::StorageImpl* src = from.storage().unsafeGetStorageImpl();
+  const auto whole = [](const torch::Tensor& t) {
+    return t.is_contiguous() && t.storage_offset() == 0;
+  };
+  if (!whole(into) || !whole(from) || into.numel() != from.numel() ||
+      into.dtype() != from.dtype() || into.device() != from.device() ||
+      src->nbytes() != static_cast<size_t>(from.nbytes())) {
+    throw std::invalid_argument(
+        fmt::format("refill_storage: the tensors must be whole, contiguous and alike (into {} "
+                    "elements, from {}, whose storage holds {} bytes)",
+                    into.numel(), from.numel(), src->nbytes()));
+  }
+  const size_t nbytes = src->nbytes();
+  dst->set_data_ptr_noswap(src->set_data_ptr(at::DataPtr(nullptr, from.device())));
+  dst->set_nbytes(nbytes);
+  src->set_nbytes(0);
+}
+
 ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptions& options)
     : model_(std::move(model)), comm_(std::move(comm)), options_(options) {
   if (options_.stage < 0 || options_.stage > 3) {
@@ -362,12 +388,15 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
 
   // Forward, block by block. Each block starts from a detached copy of its input, so that
   // backward can be run one block at a time (and its gradients reduced right after).
-  std::vector<torch::Tensor> inputs(blocks), outputs(blocks);
+  // Stage 3 without recompute keeps each block's gathered buffer (emptied) in gathered[i].
+  std::vector<torch::Tensor> inputs(blocks), outputs(blocks), gathered(blocks);
   torch::Tensor x = x0.detach();
   // BEGIN SOLUTION: the blocks' forward, one block at a time, keeping in inputs / outputs what
-  //   backward will need: stage 2, each block's graph from a detached input; stage 3, only each
-  //   block's input, and a block's gathered parameters only while it runs (with --prefetch, the
-  //   next gather overlaps the block). Tests: L07Stages.*, L07Memory.*; hints: README section 8
+  //   backward will need: each block's graph from a detached input (stage 2, and stage 3 whose
+  //   gathered parameters are freed, not released, once the block has run); with recompute
+  //   only each block's input. A block's gathered parameters live only while it runs (with
+  //   --prefetch, the next gather overlaps the block). Tests: L07Stages.*, L07Memory.*; hints:
+  //   README section 8
   Pending next;
   if (stage3 && blocks > 0) next = gather(1);
   for (size_t i = 0; i < blocks; ++i) {
@@ -382,12 +411,20 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
     auto full = CountingComm::all_gather_finish(next);  // (padded) this block's parameters
     if (options_.prefetch && i + 1 < blocks) next = gather(2 + i);  // overlaps with the block
     bind_unit(unit, full);
-    inputs[i] = x;  // the block's input: all that stage 3 keeps of its activations
-    {
-      torch::NoGradGuard no_grad;  // recomputed in backward instead of saved
-      x = blk->forward(x);
+    if (options_.recompute) {
+      inputs[i] = x;  // the block's input: all that recomputation keeps of its activations
+      {
+        torch::NoGradGuard no_grad;  // recomputed in backward instead of saved
+        x = blk->forward(x);
+      }
+      release_unit(unit);
+    } else {
+      inputs[i] = x.detach().requires_grad_();
+      outputs[i] = blk->forward(inputs[i]);  // its activations are saved, as in stage 2
+      x = outputs[i].detach();
+      free_storage(full);  // but not its parameters: 0 bytes until backward refills them
+      gathered[i] = full;
     }
-    release_unit(unit);
     full = torch::Tensor();
     if (!options_.prefetch && i + 1 < blocks) next = gather(2 + i);
   }
@@ -407,9 +444,10 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   size_t reducing_unit = 0;
   // BEGIN SOLUTION: the blocks' backward, last block first, each into a zeroed gradient buffer
   //   of its own that is reduce-scattered while the next block runs backward, then freed (stage
-  //   3 gathers each block again and recomputes it from its input). On exit g is the gradient
-  //   into block 0's input, and the last reduce-scatter is still in flight in reducing /
-  //   reducing_unit (finished below). Tests: L07Stages.*, L07Memory.*; hints: README section 8
+  //   3 gathers each block again: into the storage its saved activations still view, or, with
+  //   recompute, to recompute it from its input). On exit g is the gradient into block 0's
+  //   input, and the last reduce-scatter is still in flight in reducing / reducing_unit
+  //   (finished below). Tests: L07Stages.*, L07Memory.*; hints: README section 8
   if (stage3 && blocks > 0) next = gather(blocks);
   for (size_t i = blocks; i-- > 0;) {
     Unit& unit = layout_.units[1 + i];
@@ -420,6 +458,17 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
       input = inputs[i];
       outputs[i].backward(g);
       outputs[i] = torch::Tensor();
+    } else if (!options_.recompute) {
+      auto again = CountingComm::all_gather_finish(next);
+      if (options_.prefetch && i > 0) next = gather(i);
+      refill_storage(gathered[i], again);  // the saved views of the parameters read it again
+      again = torch::Tensor();
+      input = inputs[i];
+      outputs[i].backward(g);
+      outputs[i] = torch::Tensor();
+      release_unit(unit);
+      gathered[i] = torch::Tensor();
+      if (!options_.prefetch && i > 0) next = gather(i);
     } else {
       auto full = CountingComm::all_gather_finish(next);
       if (options_.prefetch && i > 0) next = gather(i);

@@ -3,9 +3,11 @@
 
     e2e.py --program build/bin/lesson07_solution --torchrun PATH [--torchrun-flags "..."]
 
-1. Memory, 2 ranks, all four stages in one run (the course's default GPT): each rank's measured
-   parameter, gradient and optimizer bytes agree with the ledger's ZeRO formulas (ZeRO paper
-   Fig. 1 in fp32 + AdamW terms) to within the padding, and the peaks rank DDP > 1 > 2 > 3.
+1. Memory, 2 ranks, all four stages and stage 3 recomputing in one run (--stage all
+   --recompute, the course's default GPT): each rank's measured parameter, gradient and
+   optimizer bytes agree with the ledger's ZeRO formulas (ZeRO paper Fig. 1 in fp32 + AdamW
+   terms) to within the padding, the peaks rank DDP > 1 > 2 > 3 > 3 recomputing, and every run
+   trains DDP's parameters.
    Bytes sent per step equal the ring count on the padded buffers, and the paper's 2 Psi / 3 Psi
    to within the padding (and stage 3's outer unit, gathered once).
 2. Losses, 2 ranks, stage 2 and stage 3 with --prefetch on lesson 02's reference case
@@ -70,8 +72,11 @@ def main():
     args = ap.parse_args()
 
     # 1. memory and bytes, all stages
-    j = run(args, 2, ["--stage", "all", "--steps", "2", "--json"])
+    j = run(args, 2, ["--stage", "all", "--recompute", "--steps", "2", "--json"])
     stages = j["stages"]
+    check([(s["stage"], s["recompute"]) for s in stages] ==
+          [(0, False), (1, False), (2, False), (3, False), (3, True)],
+          "five runs: stages 0-3, then stage 3 recomputing")
     w = j["world"]
     for s in stages:
         m, p, pp = s["memory"]["measured"], s["memory"]["predicted"], s["memory"]["predicted_padded"]
@@ -89,17 +94,18 @@ def main():
         check(abs(s["comm"]["bytes_per_step"] - theory) <= allowed,
               f"stage {s['stage']} bytes/step vs ZeRO paper {theory:.0f} (within {allowed:.0f})")
     peaks = [s["memory"]["measured"]["peak"] for s in stages]
-    check(peaks[0] > peaks[1] > peaks[2] > peaks[3], f"peak ranking DDP > 1 > 2 > 3: {peaks}")
+    check(peaks[0] > peaks[1] > peaks[2] > peaks[3] > peaks[4],
+          f"peak ranking DDP > 1 > 2 > 3 > 3 recomputing: {peaks}")
     losses = [s["losses"] for s in stages]
     for s in stages[1:]:
+        name = f"stage {s['stage']}{' recomputing' if s['recompute'] else ''}"
         check(all(close(a, b, 1e-4) for a, b in zip(s["losses"], losses[0])),
-              f"stage {s['stage']} losses equal DDP's")
+              f"{name} losses equal DDP's")
         # The parameters too (dtc/digest.h): each one's sum of squares within 1e-4, its sum
         # within 1e-4 of sqrt(numel x sumsq), after the same 2 steps.
         ratios = digest_ratios(s.get("param_digest"), stages[0].get("param_digest"), 1e-4, 1e-6)
         check(bool(ratios) and all(r <= 1 for _, r, _, _ in ratios),
-              f"stage {s['stage']} parameters (param_digest, {len(ratios or [])} tensors) "
-              "equal DDP's")
+              f"{name} parameters (param_digest, {len(ratios or [])} tensors) equal DDP's")
 
     # 2. PyTorch's losses
     ref = json.loads((ROOT / "tests/reference/lesson02_reference.json").read_text())

@@ -73,7 +73,7 @@ int64_t ring_bytes(const std::vector<CommEvent>& events, int world) {
 
 // Trains @p steps steps at @p stage on @p world thread-ranks from the initial weights.
 RunResult train(const GptConfig& config, int stage, int world, int64_t batch, int64_t steps,
-                bool prefetch = false) {
+                bool prefetch = false, bool recompute = false) {
   RunResult result;
   result.losses.assign(static_cast<size_t>(steps), 0.0f);
   std::mutex mu;
@@ -86,6 +86,7 @@ RunResult train(const GptConfig& config, int stage, int world, int64_t batch, in
         ZeroOptions o;
         o.stage = stage;
         o.prefetch = prefetch;
+        o.recompute = recompute;
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
         ZeroEngine engine(model, rec, o);
         const int64_t rows = batch / world;
@@ -183,6 +184,19 @@ TEST_P(L07Stages, UntiedMatchesTheBaseline) {
   expect_matches_baseline(got, tiny(false), 4, 4);
 }
 
+// Stage 3 with activation recomputation (each block's input kept, the block recomputed in
+// backward) trains the same parameters as without it, with and without prefetch, and sends the
+// same bytes: recomputation adds compute, not communication.
+TEST(L07Stage3Recompute, MatchesTheBaselineAndSendsTheSameBytes) {
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "prefetch " << prefetch);
+    const auto got = train(tiny(true), 3, 2, 6, 4, prefetch, /*recompute=*/true);
+    expect_matches_baseline(got, tiny(true), 6, 4);
+    const auto plain = train(tiny(true), 3, 2, 6, 1, prefetch, /*recompute=*/false);
+    EXPECT_EQ(got.bytes.front(), plain.bytes.front()) << "observed bytes of one step";
+  }
+}
+
 // Bytes per step, by the ring's definition, from the layout: DDP allreduces the padded buffer
 // (2 (W-1)/W N), stages 1-2 reduce-scatter and all-gather it (the same), stage 3 gathers every
 // block twice and the outer unit once, and reduce-scatters everything (3N minus the outer unit's
@@ -224,10 +238,10 @@ struct Held {
   std::vector<int64_t> backward_scatters;  // thread bytes at each block's reduce-scatter
 };
 
-Held held_during_one_step(int stage) {
+Held held_during_one_step(int stage, bool recompute = false, int64_t ctx = 4) {
   GptConfig config = tiny(true);
   config.layers = 6;
-  config.ctx = 16;
+  config.ctx = ctx;
   install_counting_allocator();
   Held held;
   run_ranks(
@@ -237,6 +251,7 @@ Held held_during_one_step(int stage) {
         init_weights(model, 1);
         ZeroOptions o;
         o.stage = stage;
+        o.recompute = recompute;
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
         ZeroEngine engine(model, rec, o);
         const Batch batch = ByteDataset::builtin().batch(1, 0, 1, config.ctx, ctx.rank);
@@ -272,11 +287,35 @@ void expect_held_under_two_units(const std::vector<int64_t>& samples, int64_t un
 }
 
 TEST(L07Memory, Stage3ReleasesEachGatheredUnit) {
-  const Held h = held_during_one_step(3);
-  expect_held_under_two_units(h.forward_gathers, h.unit_bytes,
-                              "from the first block's gather in forward to the last one's",
-                              "stage 3 must release a block's gathered parameters before it "
-                              "gathers the next");
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "recompute " << recompute);
+    const Held h = held_during_one_step(3, recompute);
+    expect_held_under_two_units(h.forward_gathers, h.unit_bytes,
+                                "from the first block's gather in forward to the last one's",
+                                "stage 3 must release a block's gathered parameters before it "
+                                "gathers the next (keeping its activations is fine)");
+  }
+}
+
+// Without recomputation stage 3 keeps each block's activations through forward, as stage 2
+// does; with it, only each block's input. At 32 tokens of 64 features a block's activations are
+// many times its input (Q, K, V, the 4 x 32 x 32 scores, the MLP's 4h-wide tensors), so the
+// rank's growth between the first and the last forward gather, seen by the counting allocator,
+// tells the two apart.
+TEST(L07Memory, Stage3KeepsActivationsUnlessItRecomputes) {
+  const Held kept = held_during_one_step(3, /*recompute=*/false, /*ctx=*/32);
+  const Held recomputed = held_during_one_step(3, /*recompute=*/true, /*ctx=*/32);
+  ASSERT_EQ(kept.forward_gathers.size(), 6u);
+  ASSERT_EQ(recomputed.forward_gathers.size(), 6u);
+  const int64_t with_activations = kept.forward_gathers.back() - kept.forward_gathers.front();
+  const int64_t inputs_only =
+      recomputed.forward_gathers.back() - recomputed.forward_gathers.front();
+  // Five blocks' activations at 32 tokens x 64 features (fp32): far more than five inputs.
+  const int64_t input_bytes = 32 * 64 * 4;
+  EXPECT_LE(inputs_only, 5 * input_bytes + kept.unit_bytes)
+      << "recompute keeps only each block's input (" << input_bytes << " bytes)";
+  EXPECT_GT(with_activations, inputs_only + 5 * 4 * input_bytes)
+      << "without recompute the blocks' activations (several inputs' worth each) are kept";
 }
 
 TEST(L07Memory, Stage2KeepsOnlyGradientShards) {

@@ -17,6 +17,7 @@ TEST(L07ProgramGiven, BadInputExitsTwoNamingTheFlag) {
   ::dtc::test::clear_launch_env();
   const std::vector<BadInput> cases = {
       {{"--stage", "4"}, "--stage"},
+      {{"--stage", "2", "--recompute"}, "--recompute"},
       {{"--stage", "all", "--save-sharded", "/tmp/l07-never"}, "--stage"},
       {{"--stage", "all", "--consolidate", "/tmp/l07-never.pt"}, "--stage"},
       {{"--stage", "3", "--load-sharded", "/nonexistent/dir"}, "--load-sharded"},
