@@ -352,7 +352,9 @@ std::string cost_line(const Evaluation& e) {
       "communication {:.3g} s = {:.3g} s",
       e.ledger.total_bytes() / kGB, e.capacity_bytes / kGB,
       !e.fits ? "does NOT fit"
-              : (!e.batch_ok ? "fits, but not every replica gets a micro-batch" : "fits"),
+              : (!e.batch_ok ? "fits, but the batch does not feed it: a micro-batch a replica, "
+                               "as many as pipeline stages"
+                             : "fits"),
       e.compute_time_s, e.bubble, e.comm_time_s, e.step_time_s);
 }
 

