@@ -10,7 +10,13 @@ same world size (--nproc, default 2), gloo on the CPU, 1 thread per rank (OMP_NU
     stage 0  lesson07 --stage 0   vs  DistributedDataParallel + torch.optim.AdamW
     stage 1  lesson07 --stage 1   vs  DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW)
     stage 3  lesson07 --stage 3   vs  FSDP2: fully_shard on every block, then on the model
-(stage 2 has no separate PyTorch counterpart on CPU; ours is printed on its own line). For each:
+    3 nr     lesson07 --stage 3 --no-reshard-after-forward
+                                  vs  FSDP2 with reshard_after_forward=False (FSDP1 SHARD_GRAD_OP)
+(stage 2 has no separate PyTorch counterpart on CPU; ours is printed on its own line). Bytes
+sent per step: ours as counted (ring count of the calls made); PyTorch's by the same count of
+the collectives it makes, from their sizes (DDP's allreduce 2 Psi; ZeroRedundancyOptimizer adds
+a broadcast of every updated partition, Psi: 3 Psi against our stage 1's 2 Psi; FSDP2 3 Psi,
+or 2 Psi without resharding), so the time ratios of stage 1 compare unequal traffic. For each:
 mean step time over all steps, and per-rank bytes of parameters + gradients + AdamW state held
 by the tensors (PyTorch: counted from the tensors each rank holds, DTensor local shards; ours:
 measured by the counting allocator), and their ratios ours / PyTorch. PyTorch's runs are this
@@ -84,11 +90,12 @@ def worker(a):
         net = DDP(model)
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
                                       foreach=False, **hp)
-    else:  # fsdp2
+    else:  # fsdp2, fsdp2-noreshard
         from torch.distributed.fsdp import fully_shard
+        reshard = a.worker == "fsdp2"
         for block in model.h:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, reshard_after_forward=reshard)
+        fully_shard(model, reshard_after_forward=reshard)
         net = model
         opt = torch.optim.AdamW(model.parameters(), foreach=False, **hp)
     corpus = (ROOT / "data" / "coriolanus.txt").read_bytes()
@@ -138,11 +145,15 @@ def main():
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of each side; times are the median of the runs' mean step times, "
+                         "with their range")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, 3 steps (ctest)")
-    ap.add_argument("--worker", choices=["ddp", "zero1", "fsdp2"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["ddp", "zero1", "fsdp2", "fsdp2-noreshard"],
+                    help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.smoke:
-        a.steps, a.layers, a.hidden, a.seq, a.global_batch = 3, 2, 64, 32, 4
+        a.steps, a.layers, a.hidden, a.seq, a.global_batch, a.repeats = 3, 2, 64, 32, 4, 1
     if a.worker:
         return worker(a)
 
@@ -152,28 +163,49 @@ def main():
     print(f"lesson07 vs PyTorch: GPT {a.layers} layers, hidden {a.hidden}, seq {a.seq}, global "
           f"batch {a.global_batch}, {a.steps} steps, {a.nproc} ranks, gloo, 1 thread per rank")
     rows = []
-    pairs = [(0, "ddp", "DDP + AdamW"), (1, "zero1", "DDP + ZeroRedundancyOptimizer"),
-             (2, None, "-"), (3, "fsdp2", "FSDP2 fully_shard")]
-    if a.smoke:  # the two pairs the issue names, to keep ctest's smoke run short
+    # (label, our flags, PyTorch worker, its name, PyTorch's bytes per step in Psi units)
+    pairs = [("0", ["--stage", "0"], "ddp", "DDP + AdamW", 2),
+             ("1", ["--stage", "1"], "zero1", "DDP + ZeroRedundancyOptimizer", 3),
+             ("2", ["--stage", "2"], None, "-", None),
+             ("3", ["--stage", "3"], "fsdp2", "FSDP2 fully_shard", 3),
+             ("3 nr", ["--stage", "3", "--no-reshard-after-forward"], "fsdp2-noreshard",
+              "FSDP2 reshard_after_forward=F", 2)]
+    if a.smoke:  # two pairs, to keep ctest's smoke run short
         pairs = [pairs[1], pairs[3]]
     ok = True
-    for stage, mode, name in pairs:
-        ours, err = torchrun(a, a.nproc, ["--no_python", a.program, "--stage", str(stage),
-                                          "--json", *sizes])
+    def median_and_range(times):
+        times = sorted(times)
+        return times[len(times) // 2], times[0], times[-1]
+
+    for stage, flags, mode, name, their_psi in pairs:
+        our_times, ours = [], None
+        for _ in range(a.repeats):
+            ours, err = torchrun(a, a.nproc, ["--no_python", a.program, *flags, "--json", *sizes])
+            if ours is None:
+                break
+            our_times.append(ours["stages"][0]["step_s"])
         if ours is None:
             print(f"stage {stage}: lesson07 failed:\n{err}")
             ok = False
             continue
         s = ours["stages"][0]
+        s["step_s"] = median_and_range(our_times)
         m = s["memory"]["measured"]
         our_bytes = m["params"] + m["grads"] + m["optimizer"]
-        theirs, terr = (None, "")
-        if mode:
+        theirs, terr, their_times = (None, "", [])
+        for _ in range(a.repeats if mode else 0):
             theirs, terr = torchrun(a, a.nproc, ["--no_python", sys.executable, __file__, "--worker", mode,
                                                  *sizes])
+            if theirs is None:
+                break
+            their_times.append(theirs["step_s"])
+        if theirs is not None:
+            theirs["step_s"] = median_and_range(their_times)
+        psi = s["psi"]
+        their_sent = their_psi and their_psi * (a.nproc - 1) / a.nproc * 4 * psi
         if theirs is None:
             rows.append((stage, name, s["step_s"], None, our_bytes, None, s["comm"]["bytes_per_step"],
-                         None))
+                         None, their_sent))
             if mode:
                 print(f"stage {stage}: PyTorch's {name} did not run: {terr.strip().splitlines()[-1:]}")
             continue
@@ -181,18 +213,23 @@ def main():
         their_bytes = tb["params"] + tb["grads"] + tb["optimizer"]
         dl = max(abs(x - y) for x, y in zip(s["losses"], theirs["losses"]))
         rows.append((stage, name, s["step_s"], theirs["step_s"], our_bytes, their_bytes,
-                     s["comm"]["bytes_per_step"], dl))
-    print(f"\n{'stage':<6} {'PyTorch counterpart':<31} {'ours ms':>8} {'torch ms':>9} "
+                     s["comm"]["bytes_per_step"], dl, their_sent))
+    print(f"\n{'stage':<6} {'PyTorch counterpart':<31} {'ours ms':>17} {'torch ms':>17} "
           f"{'ratio':>6} {'ours MiB':>9} {'torch MiB':>10} {'ratio':>6} {'sent MiB':>9} "
-          f"{'max |dloss|':>12}")
-    for stage, name, ot, tt, ob, tb, sent, dl in rows:
+          f"{'torch sent':>10} {'max |dloss|':>12}")
+    ms = lambda t: f"{1000 * t[0]:.1f} ({1000 * t[1]:.0f}-{1000 * t[2]:.0f})" if t else "-"
+    for stage, name, ot, tt, ob, tb, sent, dl, tsent in rows:
         f = lambda v, fmt: (fmt.format(v) if v is not None else "-")
-        print(f"{stage:<6} {name:<31} {1000 * ot:>8.1f} {f(tt and 1000 * tt, '{:>9.1f}'):>9} "
-              f"{f(tt and ot / tt, '{:>6.2f}'):>6} {ob / 2**20:>9.3f} "
+        print(f"{stage:<6} {name:<31} {ms(ot):>17} {ms(tt):>17} "
+              f"{f(tt and ot[0] / tt[0], '{:>6.2f}'):>6} {ob / 2**20:>9.3f} "
               f"{f(tb and tb / 2**20, '{:>10.3f}'):>10} {f(tb and ob / tb, '{:>6.2f}'):>6} "
-              f"{sent / 2**20:>9.3f} {f(dl, '{:>12.2e}'):>12}")
-    print("\nratio = ours / PyTorch (time: < 1 is faster; bytes: params + grads + AdamW state per "
-          "rank, 1.00 is the same memory). sent = bytes one rank sends per step (ring count).")
+              f"{sent / 2**20:>9.3f} {f(tsent and tsent / 2**20, '{:>10.3f}'):>10} "
+              f"{f(dl, '{:>12.2e}'):>12}")
+    print(f"\nms = the median of {a.repeats} runs' mean step times (their range). "
+          "ratio = ours / PyTorch (time: < 1 is faster; bytes: params + grads + AdamW state per "
+          "rank, 1.00 is the same memory). sent = bytes one rank sends per step (ring count): "
+          "ours counted, PyTorch's from the collectives it makes (2 or 3 Psi); stage 1's times "
+          "compare 2 Psi with ZeroRedundancyOptimizer's 3 Psi.")
     return 0 if ok else 1
 
 

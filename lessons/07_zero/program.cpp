@@ -36,13 +36,13 @@ StagePrediction predict_stage_memory(int64_t psi, int stage, int world) {
   return s;
 }
 
-double predict_stage_comm(int64_t psi, int stage, int world) {
+double predict_stage_comm(int64_t psi, int stage, int world, bool reshard_after_forward) {
   const double scale = (world - 1.0) / world * 4.0 * static_cast<double>(psi);
-  return stage >= 3 ? 3 * scale : 2 * scale;
+  return stage >= 3 && reshard_after_forward ? 3 * scale : 2 * scale;
 }
 
 Baseline train_baseline(const GptConfig& config, uint64_t seed, int64_t batch, int64_t steps,
-                        const AdamWOptions& o) {
+                        const AdamWOptions& o, double clip_norm) {
   const ByteDataset data = ByteDataset::builtin();
   Baseline b{Gpt(config), {}};
   init_weights(b.model, seed);
@@ -57,6 +57,7 @@ Baseline train_baseline(const GptConfig& config, uint64_t seed, int64_t batch, i
     auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
                                                      x.targets.view({-1}));
     loss.backward();
+    if (clip_norm > 0) torch::nn::utils::clip_grad_norm_(b.model->parameters(), clip_norm);
     optimizer.step();
     b.losses.push_back(loss.item<float>());
   }
@@ -72,13 +73,16 @@ namespace {
 struct Options {
   std::string stage = "all";
   bool prefetch = false;
-  bool recompute = false;  // stage 3 (with --stage all: one more run, stage 3 recomputing)
+  bool recompute = false;   // stage 3 (with --stage all: one more run, stage 3 recomputing)
+  bool no_reshard = false;  // stage 3: keep a block's parameters from its forward to its backward
+  double clip_norm = 0;     // > 0: clip the global gradient norm (every stage)
   std::string save_sharded, load_sharded, consolidate_file;
 };
 
 struct StageRun {
   int stage = 0;
   bool recompute = false;
+  bool reshard = true;  // stage 3: reshard_after_forward
   std::vector<float> losses;
   double tokens_per_s = 0, step_s = 0;
   bool measured = false;
@@ -138,6 +142,7 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
   StageRun run;
   run.stage = stage;
   run.recompute = recompute;
+  run.reshard = !o.no_reshard;
   const GptConfig config = t.model_config();
   const int world = job.world(), rank = job.rank();
   const int64_t rows = t.train.global_batch / world;
@@ -146,6 +151,8 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
   zo.stage = stage;
   zo.prefetch = o.prefetch;
   zo.recompute = recompute;
+  zo.reshard_after_forward = !o.no_reshard;
+  zo.clip_norm = o.clip_norm;
   zo.adamw.lr = t.lr;
 
   // Build: settled readings on both sides (the previous stage's collectives may still be
@@ -229,7 +236,8 @@ nlohmann::json stage_json(const StageRun& r, int world) {
     j["memory"]["measured"] = nullptr;
   }
   j["comm"] = {{"bytes_per_step", r.bytes_per_step},
-               {"theory_bytes_per_step", predict_stage_comm(L.numel, r.stage, world)}};
+               {"theory_bytes_per_step", predict_stage_comm(L.numel, r.stage, world, r.reshard)}};
+  j["reshard_after_forward"] = r.reshard;
   return j;
 }
 
@@ -251,7 +259,7 @@ void print_table(std::ostream& out, const std::vector<StageRun>& runs, int world
                cell(r.params, p.params), cell(r.grads, p.grads), cell(r.optimizer, p.optimizer),
                r.measured ? fmt::format("{:.3f}", mib(static_cast<double>(r.peak))) : "-",
                fmt::format("{:.3f} ({:.3f})", mib(static_cast<double>(r.bytes_per_step)),
-                           mib(predict_stage_comm(r.layout.numel, r.stage, world))),
+                           mib(predict_stage_comm(r.layout.numel, r.stage, world, r.reshard))),
                1000 * r.step_s);
   }
   if (runs.size() >= 4 && runs[0].measured) {
@@ -289,6 +297,10 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   const GptConfig config = t.model_config();
   const std::vector<int> stages =
       o.stage == "all" ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{std::stoi(o.stage)};
+  if (o.no_reshard && (stages.size() > 1 || stages.front() != 3)) {
+    throw UsageError("--no-reshard-after-forward", "only stage 3 reshards after forward",
+                     "pass --stage 3 --no-reshard-after-forward");
+  }
   if (o.recompute && o.stage != "all" && stages.front() != 3) {
     throw UsageError("--recompute", "only stage 3 recomputes in this lesson",
                      "pass --stage 3 --recompute, or --stage all --recompute to add a run of "
@@ -316,7 +328,9 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
               "AdamW lr {:g}, {} steps, global batch {} ({} per rank), "
               "seed {}{}",
               t.lr, t.train.steps, t.train.global_batch, t.train.global_batch / world, t.train.seed,
-              std::string(o.prefetch ? ", prefetch" : "") + (o.recompute ? ", recompute" : ""))},
+              std::string(o.prefetch ? ", prefetch" : "") + (o.recompute ? ", recompute" : "") +
+                  (o.no_reshard ? ", no reshard after forward" : "") +
+                  (o.clip_norm > 0 ? fmt::format(", clip grad norm {:g}", o.clip_norm) : ""))},
          {"stages", o.stage == "all" ? (o.recompute ? "0 (DDP), 1, 2, 3, 3 + recompute, one "
                                                       "after the other"
                                                     : "0 (DDP), 1, 2, 3, one after the other")
@@ -366,6 +380,12 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->check(one_of({"0", "1", "2", "3", "all"}, "a ZeRO stage"))
       ->capture_default_str();
   app.add_flag("--prefetch", o.prefetch, "stage 3: gather the next block while computing this one");
+  app.add_flag("--no-reshard-after-forward", o.no_reshard,
+               "stage 3: keep each block's gathered parameters from its forward to its backward "
+               "(FSDP's reshard_after_forward=False: 2 Psi a step instead of 3)");
+  app.add_option("--clip-grad-norm", o.clip_norm,
+                 "clip the global gradient norm to this before AdamW, from the shards (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--recompute", o.recompute,
                "stage 3: keep each block's input only and recompute the block in backward (with "
                "--stage all: one more run, stage 3 recomputing)");

@@ -24,17 +24,19 @@ struct StagePrediction {
 StagePrediction predict_stage_memory(int64_t psi, int stage, int world);
 
 /// Bytes one rank sends per step by the ZeRO paper's count (section 7; ring algorithms):
-/// 2 (W-1)/W * 4 Psi for DDP and stages 1-2, 3 (W-1)/W * 4 Psi for stage 3.
-double predict_stage_comm(int64_t psi, int stage, int world);
+/// 2 (W-1)/W * 4 Psi for DDP and stages 1-2, 3 (W-1)/W * 4 Psi for stage 3, and 2 again for
+/// stage 3 without @p reshard_after_forward (each unit gathered once).
+double predict_stage_comm(int64_t psi, int stage, int world, bool reshard_after_forward = true);
 
 /// The single-process reference: the course's GPT trained with torch::optim::AdamW on the full
-/// global batch (lesson 02's training step, written out here in full).
+/// global batch (lesson 02's training step, written out here in full), with
+/// torch::nn::utils::clip_grad_norm_ to @p clip_norm before each step when it is > 0.
 struct Baseline {
   Gpt model;
   std::vector<float> losses;
 };
 Baseline train_baseline(const GptConfig& model, uint64_t seed, int64_t batch, int64_t steps,
-                        const AdamWOptions& adamw);
+                        const AdamWOptions& adamw, double clip_norm = 0);
 
 /// Runs `lesson07` with @p argv (under torchrun for several ranks).
 /// @return the exit code: 0, 2 for bad input, 3 while a TODO(L07) is unfinished.

@@ -412,9 +412,32 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   return value;
 }
 
+double ZeroEngine::clip_gradients(double max_norm) {
+  torch::NoGradGuard no_grad;
+  // What this rank owns of the averaged gradient: stage 0 all of it, stage 1 its chunk of each
+  // unit in the full buffer, stages 2-3 its shard (padding is zeros: it adds nothing).
+  std::vector<torch::Tensor> owned;
+  if (options_.stage == 0) {
+    owned.push_back(flat_grads_);
+  } else if (options_.stage == 1) {
+    for (const Unit& unit : layout_.units) owned.push_back(chunk_of_full(flat_grads_, unit));
+  } else {
+    owned.push_back(grad_shard_);
+  }
+  double norm = 0;
+  // TODO(L07): scale every owned gradient by min(1, max_norm / (norm + 1e-6)), where norm
+  //   is the 2-norm of the WHOLE averaged gradient, as torch::nn::utils::clip_grad_norm_ computes
+  //   it on one process; return norm (L07Clip.*; hints: README section 8)
+  DTC_TODO("L07", "scale every owned gradient by min(1, max_norm / (norm + 1e-6)), where norm "
+                  "is the 2-norm of the WHOLE averaged gradient, as torch::nn::utils::clip_grad_norm_ computes "
+                  "it on one process; return norm (L07Clip.*; hints: README section 8)");
+  return norm;
+}
+
 void ZeroEngine::optimizer_step() {
   torch::NoGradGuard no_grad;
   ensure_moments();
+  if (options_.clip_norm > 0) last_grad_norm_ = clip_gradients(options_.clip_norm);
   ++step_;
   // TODO(L07): adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its
   //   chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated
@@ -576,4 +599,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum e07bdc9eec7c68c8
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 9791dc65d64f4ecc

@@ -170,6 +170,15 @@ struct ZeroOptions {
   /// Stage 3: keep only each block's input and recompute the block in backward (activation
   /// checkpointing), instead of keeping its activations and freeing only its parameters.
   bool recompute = false;
+  /// Stage 3: free a block's gathered parameters after its forward and gather them again for
+  /// its backward (FSDP's reshard_after_forward=True: 3 Psi a step). false keeps them from the
+  /// block's forward to its backward: one gather per block, 2 Psi a step, and every block's
+  /// parameters in memory at the end of forward (FSDP2's reshard_after_forward=False, FSDP1's
+  /// SHARD_GRAD_OP: ZeRO-2's traffic, with parameters sharded between steps).
+  bool reshard_after_forward = true;
+  /// > 0: before AdamW, scale the gradient so that its global 2-norm is at most this
+  /// (torch::nn::utils::clip_grad_norm_ on the unsharded gradient), from the shards.
+  double clip_norm = 0;
   AdamWOptions adamw;
 };
 
@@ -199,8 +208,18 @@ class ZeroEngine {
   float forward_backward(const Batch& batch);
 
   /// AdamW on what this rank owns (stage 0: everything; stages 1-3: its shard), then, for
-  /// stages 1 and 2, the all-gather that gives every rank the updated full parameters.
+  /// stages 1 and 2, the all-gather that gives every rank the updated full parameters. With
+  /// ZeroOptions::clip_norm > 0, clip_gradients() first.
   void optimizer_step();
+
+  /// Gradient clipping by the global norm, on what this rank owns: the norm is not elementwise,
+  /// so each rank sums the squares of its own part (stage 0: the whole gradient; stage 1: its
+  /// chunk of each unit; stages 2-3: its shard), one allreduce adds them up (stages 1-3), and
+  /// every rank scales its part by min(1, max_norm / (norm + 1e-6)), PyTorch's clip_coef.
+  /// Collective for stages 1-3. @return the gradient's global norm before clipping.
+  double clip_gradients(double max_norm);
+  /// The global norm that the last optimizer_step() clipped (0 without clipping).
+  double last_grad_norm() const { return last_grad_norm_; }
 
   /// The full parameters, flat and unpadded (Psi elements, units in order, each unit's
   /// parameters in order): a copy, gathered for stage 3. Collective: every rank must call it.
@@ -258,6 +277,7 @@ class ZeroEngine {
   torch::Tensor exp_avg_;      ///< stage 0: (padded); stages 1-3: (shard); after step 1
   torch::Tensor exp_avg_sq_;   ///< same
   int64_t step_ = 0;
+  double last_grad_norm_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -411,18 +411,19 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
     auto full = CountingComm::all_gather_finish(next);  // (padded) this block's parameters
     if (options_.prefetch && i + 1 < blocks) next = gather(2 + i);  // overlaps with the block
     bind_unit(unit, full);
+    const bool reshard = options_.reshard_after_forward;
     if (options_.recompute) {
       inputs[i] = x;  // the block's input: all that recomputation keeps of its activations
       {
         torch::NoGradGuard no_grad;  // recomputed in backward instead of saved
         x = blk->forward(x);
       }
-      release_unit(unit);
+      if (reshard) release_unit(unit);  // else it stays bound until its backward
     } else {
       inputs[i] = x.detach().requires_grad_();
       outputs[i] = blk->forward(inputs[i]);  // its activations are saved, as in stage 2
       x = outputs[i].detach();
-      free_storage(full);  // but not its parameters: 0 bytes until backward refills them
+      if (reshard) free_storage(full);  // but not its parameters: 0 bytes until backward
       gathered[i] = full;
     }
     full = torch::Tensor();
@@ -448,7 +449,9 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   //   recompute, to recompute it from its input). On exit g is the gradient into block 0's
   //   input, and the last reduce-scatter is still in flight in reducing / reducing_unit
   //   (finished below). Tests: L07Stages.*, L07Memory.*; hints: README section 8
-  if (stage3 && blocks > 0) next = gather(blocks);
+  // Without resharding after forward, a block's parameters are still gathered: no second gather.
+  const bool regather = stage3 && options_.reshard_after_forward;
+  if (regather && blocks > 0) next = gather(blocks);
   for (size_t i = blocks; i-- > 0;) {
     Unit& unit = layout_.units[1 + i];
     auto grads = torch::zeros({unit.padded}, float_options_);
@@ -459,27 +462,30 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
       outputs[i].backward(g);
       outputs[i] = torch::Tensor();
     } else if (!options_.recompute) {
-      auto again = CountingComm::all_gather_finish(next);
-      if (options_.prefetch && i > 0) next = gather(i);
-      refill_storage(gathered[i], again);  // the saved views of the parameters read it again
-      again = torch::Tensor();
+      if (regather) {
+        auto again = CountingComm::all_gather_finish(next);
+        if (options_.prefetch && i > 0) next = gather(i);
+        refill_storage(gathered[i], again);  // the saved views of the parameters read it again
+      }
       input = inputs[i];
       outputs[i].backward(g);
       outputs[i] = torch::Tensor();
       release_unit(unit);
       gathered[i] = torch::Tensor();
-      if (!options_.prefetch && i > 0) next = gather(i);
+      if (regather && !options_.prefetch && i > 0) next = gather(i);
     } else {
-      auto full = CountingComm::all_gather_finish(next);
-      if (options_.prefetch && i > 0) next = gather(i);
-      bind_unit(unit, full);
+      if (regather) {
+        auto full = CountingComm::all_gather_finish(next);
+        if (options_.prefetch && i > 0) next = gather(i);
+        bind_unit(unit, full);
+      }
       input = inputs[i].detach().requires_grad_();
       auto y = model_->h[i]->as<BlockImpl>()->forward(input);  // recompute
       y.backward(g);
       y = torch::Tensor();
       release_unit(unit);
-      full = torch::Tensor();
-      if (!options_.prefetch && i > 0) next = gather(i);
+      gathered[i] = torch::Tensor();
+      if (regather && !options_.prefetch && i > 0) next = gather(i);
     }
     g = input.grad();
     input = torch::Tensor();
@@ -504,9 +510,42 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   return value;
 }
 
+double ZeroEngine::clip_gradients(double max_norm) {
+  torch::NoGradGuard no_grad;
+  // What this rank owns of the averaged gradient: stage 0 all of it, stage 1 its chunk of each
+  // unit in the full buffer, stages 2-3 its shard (padding is zeros: it adds nothing).
+  std::vector<torch::Tensor> owned;
+  if (options_.stage == 0) {
+    owned.push_back(flat_grads_);
+  } else if (options_.stage == 1) {
+    for (const Unit& unit : layout_.units) owned.push_back(chunk_of_full(flat_grads_, unit));
+  } else {
+    owned.push_back(grad_shard_);
+  }
+  double norm = 0;
+  // BEGIN SOLUTION: scale every owned gradient by min(1, max_norm / (norm + 1e-6)), where norm
+  //   is the 2-norm of the WHOLE averaged gradient, as torch::nn::utils::clip_grad_norm_ computes
+  //   it on one process; return norm (L07Clip.*; hints: README section 8)
+  auto sq = torch::zeros({1}, float_options_.dtype(torch::kDouble));
+  for (const auto& t : owned) sq += t.to(torch::kDouble).pow(2).sum();
+  if (options_.stage > 0) {  // the shards partition the gradient: sum their squares over ranks
+    auto sq32 = sq.to(torch::kFloat);
+    comm_.all_reduce(sq32);
+    sq = sq32.to(torch::kDouble);
+  }
+  norm = std::sqrt(sq.item<double>());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    for (auto& t : owned) t.mul_(coef);
+  }
+  // END SOLUTION
+  return norm;
+}
+
 void ZeroEngine::optimizer_step() {
   torch::NoGradGuard no_grad;
   ensure_moments();
+  if (options_.clip_norm > 0) last_grad_norm_ = clip_gradients(options_.clip_norm);
   ++step_;
   // BEGIN SOLUTION: adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its
   //   chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated

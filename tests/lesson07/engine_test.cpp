@@ -51,10 +51,11 @@ torch::Tensor flat_in_unit_order(Gpt& model, const FlatLayout& layout) {
 }
 
 struct RunResult {
-  std::vector<float> losses;     // global batch: mean over ranks
-  torch::Tensor params;          // full, unpadded, unit order (rank 0's view)
-  std::vector<int64_t> bytes;    // bytes sent per step by rank 0, by the ring's count, observed
-  std::vector<int64_t> counted;  // the same, as the engine's CountingComm counted them
+  std::vector<float> losses;       // global batch: mean over ranks
+  torch::Tensor params;            // full, unpadded, unit order (rank 0's view)
+  std::vector<int64_t> bytes;      // bytes sent per step by rank 0, by the ring's count, observed
+  std::vector<int64_t> counted;    // the same, as the engine's CountingComm counted them
+  std::vector<double> grad_norms;  // rank 0's last_grad_norm() after each step (clipping)
   FlatLayout layout;
 };
 
@@ -73,7 +74,8 @@ int64_t ring_bytes(const std::vector<CommEvent>& events, int world) {
 
 // Trains @p steps steps at @p stage on @p world thread-ranks from the initial weights.
 RunResult train(const GptConfig& config, int stage, int world, int64_t batch, int64_t steps,
-                bool prefetch = false, bool recompute = false) {
+                bool prefetch = false, bool recompute = false, bool reshard = true,
+                double clip = 0) {
   RunResult result;
   result.losses.assign(static_cast<size_t>(steps), 0.0f);
   std::mutex mu;
@@ -87,6 +89,8 @@ RunResult train(const GptConfig& config, int stage, int world, int64_t batch, in
         o.stage = stage;
         o.prefetch = prefetch;
         o.recompute = recompute;
+        o.reshard_after_forward = reshard;
+        o.clip_norm = clip;
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
         ZeroEngine engine(model, rec, o);
         const int64_t rows = batch / world;
@@ -98,6 +102,7 @@ RunResult train(const GptConfig& config, int stage, int world, int64_t batch, in
           engine.optimizer_step();
           std::lock_guard<std::mutex> lock(mu);
           result.losses[static_cast<size_t>(step)] += loss / static_cast<float>(world);
+          if (ctx.rank == 0) result.grad_norms.push_back(engine.last_grad_norm());
           if (ctx.rank == 0) {
             result.bytes.push_back(ring_bytes(rec->events(), world));
             result.counted.push_back(engine.comm().bytes_sent() - before);
@@ -146,8 +151,8 @@ void expect_params_close(const torch::Tensor& got, const torch::Tensor& expected
 }
 
 void expect_matches_baseline(const RunResult& got, const GptConfig& config, int64_t batch,
-                             int64_t steps) {
-  Baseline base = train_baseline(config, 1, batch, steps, AdamWOptions{});
+                             int64_t steps, double clip = 0) {
+  Baseline base = train_baseline(config, 1, batch, steps, AdamWOptions{}, clip);
   expect_params_close(got.params, flat_in_unit_order(base.model, got.layout), got.layout, steps);
   EXPECT_TENSOR_CLOSE(torch::tensor(got.losses), torch::tensor(base.losses), kFp32Steps);
 }
@@ -166,6 +171,7 @@ TEST(L07LedgerGiven, StageFormulas) {
   EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 0, w), 2.0 * 0.75 * 4 * psi);
   EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 2, w), 2.0 * 0.75 * 4 * psi);
   EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 3, w), 3.0 * 0.75 * 4 * psi);
+  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 3, w, false), 2.0 * 0.75 * 4 * psi);
 }
 
 class L07Stages : public testing::TestWithParam<int> {};
@@ -182,6 +188,48 @@ TEST_P(L07Stages, UntiedMatchesTheBaseline) {
   SCOPED_TRACE(testing::Message() << "stage " << GetParam());
   const auto got = train(tiny(false), GetParam(), 2, 4, 4, /*prefetch=*/GetParam() == 3);
   expect_matches_baseline(got, tiny(false), 4, 4);
+}
+
+// FSDP's reshard_after_forward=False (FSDP1 SHARD_GRAD_OP): a block's parameters stay gathered
+// from its forward to its backward. One gather per unit and one reduce-scatter: 2 Psi a step by
+// the ring's count on the padded buffers, not stage 3's 3 Psi; the same parameters as the
+// baseline; and the rank holds every block's parameters at the end of forward.
+TEST(L07ReshardAfterForward, FalseSendsTwoPsiAndKeepsTheBlocks) {
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "recompute " << recompute);
+    const auto got = train(tiny(true), 3, 2, 6, 4, false, recompute, /*reshard=*/false);
+    expect_matches_baseline(got, tiny(true), 6, 4);
+    const auto& L = got.layout;
+    EXPECT_EQ(got.bytes.front(), (2 - 1) * (2 * L.padded / 2) * 4)
+        << "2 Psi: every unit gathered once, every gradient reduce-scattered once";
+  }
+}
+
+// Global-norm clipping on shards: each rank's squared norm of what it owns, summed over the
+// ranks, is the unsharded gradient's; clipping by it gives the parameters of
+// torch::nn::utils::clip_grad_norm_ on one process, at every stage, on 2 and 3 ranks. The norm
+// 0.05 clips every step here (the first step's norm is printed by the check below).
+TEST(L07Clip, ShardedClipEqualsTheUnshardedClip) {
+  const double clip = 0.05;
+  for (int stage : {0, 1, 2, 3}) {
+    for (int world : {2, 3}) {
+      SCOPED_TRACE(testing::Message() << "stage " << stage << ", world " << world);
+      const auto got = train(tiny(true), stage, world, 6, 4, false, false, true, clip);
+      expect_matches_baseline(got, tiny(true), 6, 4, clip);
+      // The first step's norm, against clip_grad_norm_'s on the unsharded gradient.
+      Gpt model(tiny(true));
+      init_weights(model, 1);
+      const Batch x = ByteDataset::builtin().batch(1, 0, 6, tiny(true).ctx);
+      auto logits = model->forward(x.inputs);
+      torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), x.targets.view({-1}))
+          .backward();
+      const double want = torch::nn::utils::clip_grad_norm_(model->parameters(), 1e9);
+      ASSERT_FALSE(got.grad_norms.empty());
+      EXPECT_NEAR(got.grad_norms.front(), want, 1e-4 * want)
+          << "the global norm, from the shards (clip_grad_norm_ on one process)";
+      EXPECT_GT(got.grad_norms.front(), clip) << "the test must clip";
+    }
+  }
 }
 
 // Stage 3 with activation recomputation (each block's input kept, the block recomputed in
@@ -238,7 +286,7 @@ struct Held {
   std::vector<int64_t> backward_scatters;  // thread bytes at each block's reduce-scatter
 };
 
-Held held_during_one_step(int stage, bool recompute = false, int64_t ctx = 4) {
+Held held_during_one_step(int stage, bool recompute = false, int64_t ctx = 4, bool reshard = true) {
   GptConfig config = tiny(true);
   config.layers = 6;
   config.ctx = ctx;
@@ -252,6 +300,7 @@ Held held_during_one_step(int stage, bool recompute = false, int64_t ctx = 4) {
         ZeroOptions o;
         o.stage = stage;
         o.recompute = recompute;
+        o.reshard_after_forward = reshard;
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
         ZeroEngine engine(model, rec, o);
         const Batch batch = ByteDataset::builtin().batch(1, 0, 1, config.ctx, ctx.rank);
@@ -295,6 +344,15 @@ TEST(L07Memory, Stage3ReleasesEachGatheredUnit) {
                                 "stage 3 must release a block's gathered parameters before it "
                                 "gathers the next (keeping its activations is fine)");
   }
+}
+
+// reshard_after_forward=false keeps each block's gathered parameters until its backward: from
+// the first block's gather to the last one's the rank comes to hold the five earlier blocks.
+TEST(L07Memory, NoReshardAfterForwardHoldsEveryBlock) {
+  const Held h = held_during_one_step(3, false, 4, /*reshard=*/false);
+  ASSERT_EQ(h.forward_gathers.size(), 6u);
+  EXPECT_GE(h.forward_gathers.back() - h.forward_gathers.front(), 4 * h.unit_bytes)
+      << "FSDP's reshard_after_forward=False: the parameters stay gathered through forward";
 }
 
 // Without recomputation stage 3 keeps each block's activations through forward, as stage 2

@@ -18,6 +18,8 @@ TEST(L07ProgramGiven, BadInputExitsTwoNamingTheFlag) {
   const std::vector<BadInput> cases = {
       {{"--stage", "4"}, "--stage"},
       {{"--stage", "2", "--recompute"}, "--recompute"},
+      {{"--stage", "all", "--no-reshard-after-forward"}, "--no-reshard-after-forward"},
+      {{"--clip-grad-norm", "-1"}, "--clip-grad-norm"},
       {{"--stage", "all", "--save-sharded", "/tmp/l07-never"}, "--stage"},
       {{"--stage", "all", "--consolidate", "/tmp/l07-never.pt"}, "--stage"},
       {{"--stage", "3", "--load-sharded", "/nonexistent/dir"}, "--load-sharded"},
