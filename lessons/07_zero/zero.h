@@ -285,14 +285,18 @@ class ZeroEngine {
 // ---------------------------------------------------------------------------------------------
 
 /// Writes this rank's shard (parameters, both moments, step, and the layout's unit sizes and
-/// W) to @p dir/shard-<r>-of-<W>.pt. Every rank calls it; @p dir must exist.
+/// W) to @p dir/shard-<r>-of-<W>.pt, atomically (a .tmp file, then rename), then, once every
+/// rank's file is in place, rank 0 writes @p dir/COMPLETE (with W), atomically too: a save that
+/// dies halfway leaves no COMPLETE, and load_sharded() refuses it. Collective: every rank calls
+/// it; @p dir must exist.
 void save_sharded(ZeroEngine& engine, const std::string& dir);
 
 /// Loads a checkpoint saved by save_sharded() with any number N of ranks into @p engine, which
 /// may run on M != N ranks and at any stage (re-sharding): every rank reads the N files,
 /// rebuilds the full, unpadded parameters and moments of each unit (dropping the N-rank
 /// padding), and hands them to load_full_state(), which keeps this rank's M-rank part.
-/// @throws UsageError("--load-sharded") when the files are missing or the model differs.
+/// @throws UsageError("--load-sharded") when @p dir is not a directory, has no COMPLETE marker
+///   (the save did not finish), lacks a rank's file, or holds another model.
 void load_sharded(ZeroEngine& engine, const std::string& dir);
 
 /// Gathers the full parameters and writes them on rank 0 to @p file as one archive of named

@@ -637,6 +637,23 @@ std::string shard_file(const std::string& dir, int rank, int world) {
   return (std::filesystem::path(dir) / fmt::format("shard-{}-of-{}.pt", rank, world)).string();
 }
 
+// The marker that a save of @p world ranks completed: written last, by rank 0, after every rank's
+// file is in place.
+std::string complete_file(const std::string& dir) {
+  return (std::filesystem::path(dir) / "COMPLETE").string();
+}
+
+// Writes @p archive to @p path atomically: to path.tmp, then rename (atomic on POSIX): a crash
+// halfway leaves path.tmp, never half of path. (A machine crash would also need fsync of the
+// file and of the directory: lesson 06's pitfalls.)
+void save_atomically(torch::serialize::OutputArchive& archive, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  archive.save_to(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw std::runtime_error(fmt::format("cannot rename {} to {}", tmp, path));
+  }
+}
+
 torch::Tensor unit_numels(const FlatLayout& layout) {
   std::vector<int64_t> n;
   for (const Unit& unit : layout.units) n.push_back(unit.numel);
@@ -655,21 +672,40 @@ void save_sharded(ZeroEngine& engine, const std::string& dir) {
   archive.write("world",
                 torch::tensor({static_cast<int64_t>(engine.layout().world)}, torch::kLong));
   archive.write("unit_numels", unit_numels(engine.layout()));
-  archive.save_to(shard_file(dir, engine.comm().rank(), engine.layout().world));
+  const int world = engine.layout().world;
+  if (engine.comm().rank() == 0) std::filesystem::remove(complete_file(dir));  // a new save
+  save_atomically(archive, shard_file(dir, engine.comm().rank(), world));
+  // Every rank's file is in place before rank 0 marks the checkpoint complete (not counted:
+  // checkpointing, not training).
+  std::vector<at::Tensor> done{torch::zeros({1}, s.params.options())};
+  engine.comm().comm().allreduce(done)->wait();
+  if (engine.comm().rank() == 0) {
+    torch::serialize::OutputArchive marker;
+    marker.write("world", torch::tensor({static_cast<int64_t>(world)}, torch::kLong));
+    save_atomically(marker, complete_file(dir));
+  }
 }
 
 void load_sharded(ZeroEngine& engine, const std::string& dir) {
-  // How many ranks saved it: the N of shard-0-of-N.pt.
-  int saved_world = 0;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    int r = -1, n = 0;
-    if (std::sscanf(name.c_str(), "shard-%d-of-%d.pt", &r, &n) == 2 && r == 0) saved_world = n;
-  }
-  if (ec || saved_world < 1) {
-    throw UsageError("--load-sharded", fmt::format("no shard-0-of-N.pt in '{}'", dir),
+  // How many ranks saved it: the N in the COMPLETE marker, written last by a finished save.
+  if (!std::filesystem::is_directory(dir)) {
+    throw UsageError("--load-sharded", fmt::format("'{}' is not a directory", dir),
                      "pass a directory written by --save-sharded");
+  }
+  if (!std::filesystem::exists(complete_file(dir))) {
+    throw UsageError("--load-sharded",
+                     fmt::format("'{}' has no COMPLETE marker: its save did not finish (a rank "
+                                 "died, or it is not a --save-sharded directory)",
+                                 dir),
+                     "load an earlier checkpoint, or save again");
+  }
+  int saved_world = 0;
+  {
+    torch::serialize::InputArchive marker;
+    marker.load_from(complete_file(dir));
+    torch::Tensor w;
+    marker.read("world", w);
+    saved_world = static_cast<int>(w.item<int64_t>());
   }
   std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;
   int64_t step = 0;

@@ -128,7 +128,8 @@ def main():
         model6 = model[:-6] + ["--global-batch", "6", "--seed", "1", "--lr", str(c["lr"])]
         straight = run(args, 2, ["--stage", "0", "--steps", "8", "--json", *model6])["losses"]
         run(args, 2, ["--stage", "1", "--steps", "4", "--json", "--save-sharded", ck, *model6])
-        check(sorted(os.listdir(ck)) == ["shard-0-of-2.pt", "shard-1-of-2.pt"], "two shard files")
+        check(sorted(os.listdir(ck)) == ["COMPLETE", "shard-0-of-2.pt", "shard-1-of-2.pt"],
+              "two shard files and the COMPLETE marker, no .tmp left")
         cons = os.path.join(tmp, "full.pt")
         j = run(args, 3, ["--stage", "3", "--steps", "8", "--json", "--load-sharded", ck,
                           "--consolidate", cons, *model6])

@@ -435,6 +435,8 @@ TEST(L07Checkpoint, SavedByTwoLoadedByThreeAndConsolidated) {
       kTimeout);
   EXPECT_TRUE(std::filesystem::exists(dir / "shard-0-of-2.pt"));
   EXPECT_TRUE(std::filesystem::exists(dir / "shard-1-of-2.pt"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "COMPLETE")) << "the marker of a finished save";
+  EXPECT_FALSE(std::filesystem::exists(dir / "shard-0-of-2.pt.tmp")) << "renamed, not left";
   const auto file = (dir / "consolidated.pt").string();
   RunResult got;
   run_ranks(
@@ -478,6 +480,41 @@ TEST(L07Checkpoint, MissingDirectoryIsAUsageError) {
         EXPECT_THROW(load_sharded(engine, "/nonexistent/l07"), UsageError);
       },
       kTimeout);
+}
+
+// A save that died before it finished (every shard file there, but no COMPLETE marker, as when
+// a rank is killed between its file and the marker) is refused with a clear error, not loaded.
+TEST(L07Checkpoint, AnUnfinishedSaveIsRefused) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("l07_partial_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        Gpt model(tiny(true));
+        init_weights(model, 1);
+        ZeroOptions o;
+        o.stage = 2;
+        ZeroEngine engine(model, ctx.comm, o);
+        save_sharded(engine, dir.string());
+      },
+      kTimeout);
+  std::filesystem::remove(dir / "COMPLETE");
+  run_ranks(
+      1,
+      [&](RankContext& ctx) {
+        Gpt model(tiny(true));
+        ZeroEngine engine(model, ctx.comm, ZeroOptions{});
+        try {
+          load_sharded(engine, dir.string());
+          ADD_FAILURE() << "an unfinished save was loaded";
+        } catch (const UsageError& e) {
+          EXPECT_NE(std::string(e.what()).find("COMPLETE"), std::string::npos) << e.what();
+        }
+      },
+      kTimeout);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
