@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <torch/csrc/autograd/engine.h>
+
 #include "dtc/errors.h"
 #include "dtc/todo.h"
 
@@ -193,12 +195,22 @@ torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
                   "L09NcclSafe.*; README section 6 lists the calls)");
 }
 
+void deallocate_output(torch::Tensor& output) {
+  output.set_data(torch::empty({1}, output.options()));  // the graph stays, the values go
+}
+
+void backward_from_graph(const torch::Tensor& output, const torch::Tensor& grad) {
+  torch::autograd::Engine::get_default_engine().execute(
+      {torch::autograd::impl::gradient_edge(output)}, {grad}, /*keep_graph=*/false,
+      /*create_graph=*/false, /*accumulate_grad=*/true);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The executor
 // ---------------------------------------------------------------------------------------------
 
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
-                       int64_t micro_batches) {
+                       int64_t micro_batches, bool deallocate_outputs) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepStats stats;
@@ -206,16 +218,18 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   // TODO(L09): run ops in order so that the stage's parameters get the whole batch's mean
   //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
   //   returning, a send started together with the next op's receive whenever both go to the same
-  //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), and stats filled (L09Pipeline.*,
-  //   L09Memory.*, L09NcclSafe.*; README section 6 hints)
+  //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values freed
+  //   when deallocate_outputs asks, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*;
+  //   README section 6 hints)
   DTC_TODO("L09", "run ops in order so that the stage's parameters get the whole batch's mean "
                   "gradient, each micro-batch's tensors freed after its backward, every send waited for before "
                   "returning, a send started together with the next op's receive whenever both go to the same "
-                  "neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), and stats filled (L09Pipeline.*, "
-                  "L09Memory.*, L09NcclSafe.*; README section 6 hints)");
+                  "neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values freed "
+                  "when deallocate_outputs asks, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*; "
+                  "README section 6 hints)");
   stats.total_s = seconds(Clock::now() - start);
   return stats;
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum f1ea943030d0b931
+// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum fdf79cde2978e83b

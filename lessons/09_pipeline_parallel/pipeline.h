@@ -157,6 +157,21 @@ c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tens
 torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
                           const torch::Device& device = torch::kCPU);
 
+/// Megatron's deallocate_output_tensor (megatron/core/pipeline_parallel/schedules.py): once a
+/// stage has sent a forward's output to the next stage, it needs only the output's autograd
+/// graph (grad_fn) for the backward, not its values: the output's data becomes a one-element
+/// placeholder, and its (b/m, T, h) values are freed as soon as the send lets go of them. Valid
+/// when the output's grad_fn does not save the output itself (a block ends with a residual
+/// add, whose backward saves nothing). Given.
+void deallocate_output(torch::Tensor& output);
+
+/// Runs backward from @p output's grad_fn with @p grad (the output's gradient, received),
+/// straight through the autograd engine, so that it works after deallocate_output(): the shape
+/// check of torch::autograd::backward compares @p grad with the output's current data (one
+/// element), the engine with the shape its grad_fn recorded. Megatron's custom_backward.
+/// Given.
+void backward_from_graph(const torch::Tensor& output, const torch::Tensor& grad);
+
 // ---------------------------------------------------------------------------------------------
 // The executor (you implement run_schedule)
 // ---------------------------------------------------------------------------------------------
@@ -199,7 +214,11 @@ struct StepStats {
 /// replays the recorded calls under these rules.
 /// Wait for every send before returning. Fill StepStats: time compute (forward, loss,
 /// backward) separately from the whole step, and count micro-batches in flight.
+/// With @p deallocate_outputs, a stage other than the last frees each forward's output values
+/// once its send has started (deallocate_output()) and runs that micro-batch's backward with
+/// backward_from_graph(): a stage then holds, per micro-batch in flight, its layers' saved
+/// tensors but not the (b/m, T, h) output it sent on. L09Memory.* measures the difference.
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
-                       int64_t micro_batches);
+                       int64_t micro_batches, bool deallocate_outputs = false);
 
 }  // namespace dtc::l09

@@ -111,7 +111,8 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog*
     if (log) log->begin_step();
     const Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
     zero_grads(params);
-    const StepStats stats = run_schedule(stage, comm, ops, batch, o.micro_batches);
+    const StepStats stats =
+        run_schedule(stage, comm, ops, batch, o.micro_batches, o.deallocate_outputs);
     optimizer.step();
     // The loss lives on the last stage: a sum in which only it writes a non-zero.
     auto loss = torch::full({1}, s == p - 1 ? stats.loss : 0.0f,
@@ -156,7 +157,7 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
         // stage 0 finishes last, the last stage first, so only stage 0 would see the formula.
         comm.barrier()->wait();
         const auto t0 = std::chrono::steady_clock::now();
-        const StepStats st = run_schedule(stage, comm, ops, batch, m);
+        const StepStats st = run_schedule(stage, comm, ops, batch, m, o.deallocate_outputs);
         comm.barrier()->wait();
         windows[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         computes[k] = st.compute_s;
@@ -324,6 +325,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->check(positive_count("--sweep 1 2 4 8"))
       ->capture_default_str();
   app.add_flag("--no-sweep", no_sweep, "skip the bubble and memory measurement");
+  app.add_flag("--deallocate-outputs", o.deallocate_outputs,
+               "free each sent output's values, keeping its graph (Megatron's "
+               "deallocate_output_tensor)");
   app.add_option("--sweep-steps", o.sweep_steps, "timed steps per (schedule, m)")
       ->check(positive_count("--sweep-steps 3"))
       ->capture_default_str();

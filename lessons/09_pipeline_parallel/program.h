@@ -29,6 +29,7 @@ struct PipelineOptions : RunConfig {
   std::vector<int64_t> sweep{1, 2, 4, 8};
   int64_t sweep_steps = 3;             ///< timed steps per (schedule, m); the fastest one counts
   bool json = false;                   ///< rank 0 prints one JSON object on the last line of stdout
+  bool deallocate_outputs = false;     ///< --deallocate-outputs: run_schedule()'s option
   torch::Device device = torch::kCPU;  ///< where this rank computes
 };
 

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <torch/csrc/autograd/engine.h>
+
 #include "dtc/errors.h"
 #include "dtc/todo.h"
 
@@ -216,12 +218,22 @@ torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
   // END SOLUTION
 }
 
+void deallocate_output(torch::Tensor& output) {
+  output.set_data(torch::empty({1}, output.options()));  // the graph stays, the values go
+}
+
+void backward_from_graph(const torch::Tensor& output, const torch::Tensor& grad) {
+  torch::autograd::Engine::get_default_engine().execute(
+      {torch::autograd::impl::gradient_edge(output)}, {grad}, /*keep_graph=*/false,
+      /*create_graph=*/false, /*accumulate_grad=*/true);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The executor
 // ---------------------------------------------------------------------------------------------
 
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
-                       int64_t micro_batches) {
+                       int64_t micro_batches, bool deallocate_outputs) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepStats stats;
@@ -229,8 +241,9 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   // BEGIN SOLUTION: run ops in order so that the stage's parameters get the whole batch's mean
   //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
   //   returning, a send started together with the next op's receive whenever both go to the same
-  //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), and stats filled (L09Pipeline.*,
-  //   L09Memory.*, L09NcclSafe.*; README section 6 hints)
+  //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values freed
+  //   when deallocate_outputs asks, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*;
+  //   README section 6 hints)
   const int s = stage.stage;
   const int64_t rows = batch.inputs.size(0) / micro_batches;  // b / m
   const int64_t T = batch.inputs.size(1);
@@ -292,6 +305,8 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
     } else {
       if (last) {
         outputs[i].backward();
+      } else if (deallocate_outputs) {
+        backward_from_graph(outputs[i], message);  // its values were freed after the send
       } else {
         torch::autograd::backward({outputs[i]}, {message});
       }
@@ -315,6 +330,9 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
     } else {
       sends.push_back(send_tensor(comm, outgoing, dest, tag(op)));
     }
+    // The send holds the values it sends (outgoing shares their storage) until it is done; the
+    // output keeps only its graph.
+    if (deallocate_outputs && op.kind == Op::kForward) deallocate_output(outputs[i]);
   }
   for (auto& work : sends) work->wait();
   stats.loss = static_cast<float>(loss_sum);
