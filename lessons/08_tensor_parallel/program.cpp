@@ -122,9 +122,12 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
     std::vector<NamedPiece> pieces;
     for (const auto& item : model->named_parameters()) {
       const std::string name = item.key() == "lm_head" ? "lm_head.weight" : item.key();
-      const bool split = item.value().numel() != full_numel.at(name);
-      if (dp.getRank() == 0 && (split || tp.getRank() == 0))
-        pieces.emplace_back(name, item.value());
+      torch::Tensor value = item.value();
+      if (name == "wte.weight" || name == "lm_head.weight") {  // without the padding rows
+        value = value.narrow(0, 0, model->wte->vocab_end - model->wte->vocab_begin);
+      }
+      const bool split = value.numel() != full_numel.at(name);
+      if (dp.getRank() == 0 && (split || tp.getRank() == 0)) pieces.emplace_back(name, value);
     }
     *digest = param_digest(names, pieces, std::vector<Comm*>{&tp, &dp});
   }
@@ -249,7 +252,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                               grid.world, grid.dp, grid.tp)},
          {"split", fmt::format("each rank: {} of {} heads, MLP {} of {}, vocabulary rows {} of {}",
                                c.model.heads / grid.tp, c.model.heads, c.model.ffn() / grid.tp,
-                               c.model.ffn(), c.model.vocab / grid.tp, c.model.vocab)},
+                               c.model.ffn(), padded_vocab(c.model.vocab, grid.tp) / grid.tp,
+                               padded_vocab(c.model.vocab, grid.tp))},
          {"train", fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per replica), seed {}",
                                c.lr, t.train.steps, c.batch, c.batch / grid.dp, c.seed)}});
   }

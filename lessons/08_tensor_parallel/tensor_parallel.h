@@ -35,8 +35,8 @@ namespace dtc::l08 {
 // Given: checks, slices and an in-place allreduce
 // ---------------------------------------------------------------------------------------------
 
-/// @brief Checks that @p tp ranks can split @p model: tp divides the hidden size, the heads,
-///   the MLP width (4h) and the vocabulary.
+/// @brief Checks that @p tp ranks can split @p model: tp divides the hidden size, the heads
+///   and the MLP width (4h). The vocabulary need not divide: it is padded (padded_vocab()).
 /// @throws UsageError naming --tp (and the size that it does not divide) otherwise, or when tp
 ///   is below 1; the hint lists the tp values that would fit.
 void validate_tp(const GptConfig& model, int tp);
@@ -45,6 +45,16 @@ void validate_tp(const GptConfig& model, int tp);
 ///   contiguous tensor (a copy, not a view).
 /// @throws std::invalid_argument when parts does not divide full.size(dim)
 torch::Tensor shard(const torch::Tensor& full, int64_t dim, int rank, int parts);
+
+/// @brief @p vocab rounded up to a multiple of @p tp: the rows of the embedding and of the
+///   output head that tp ranks split equally (Megatron pads further, to a multiple of
+///   128 x tp, `make-vocab-size-divisible-by`, for the GEMMs' sake). GPT-2's 50,257 tokens
+///   become 50,258 on 2 ranks and 50,260 on 4 or 8.
+int64_t padded_vocab(int64_t vocab, int tp);
+
+/// @brief Slice @p rank of @p parts of @p full's rows after padding them with zero rows to
+///   padded_vocab(rows, parts): a new contiguous (padded / parts, ...) tensor.
+torch::Tensor shard_padded_rows(const torch::Tensor& full, int rank, int parts);
 
 /// @brief Allreduces @p t in place over @p comm with @p op and waits.
 void allreduce_(torch::Tensor& t, Comm& comm, c10d::ReduceOp op = c10d::ReduceOp::SUM);
@@ -171,8 +181,10 @@ TORCH_MODULE(TpAttention);
 // What you implement, part 4: the vocabulary-parallel embedding and cross-entropy
 // ---------------------------------------------------------------------------------------------
 
-/// The token embedding split by vocabulary rows: rank r keeps rows
-/// [vocab_begin, vocab_end) = [r * V/tp, (r+1) * V/tp) of the (V, h) table.
+/// The token embedding split by vocabulary rows: with Vp = padded_vocab(V, tp) rank r keeps
+/// rows [r Vp/tp, (r+1) Vp/tp) of the (V, h) table padded with zero rows to Vp; the real ones
+/// are [vocab_begin, vocab_end), vocab_end = min((r+1) Vp/tp, V). The padding rows are never
+/// looked up (their gradient stays 0).
 class VocabParallelEmbeddingImpl : public torch::nn::Module {
  public:
   /// @brief Rank tp.getRank()'s rows of @p full's (V, h) weight (given).
@@ -184,9 +196,9 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
   /// rank; g (reduce_from_tp) adds them up.
   torch::Tensor forward(const torch::Tensor& tokens);
 
-  torch::Tensor weight;     ///< (V/tp, h)
+  torch::Tensor weight;     ///< (Vp/tp, h), padding rows included
   int64_t vocab_begin = 0;  ///< first token id of this rank's rows
-  int64_t vocab_end = 0;    ///< one past the last
+  int64_t vocab_end = 0;    ///< one past the last real one (padding rows excluded)
   Comm* tp;                 ///< the TP group (not owned)
 };
 TORCH_MODULE(VocabParallelEmbedding);
@@ -199,14 +211,20 @@ TORCH_MODULE(VocabParallelEmbedding);
 /// of its gradient, within one fp32 op; finite for logits in the thousands, where fp32's exp
 /// overflows; and only vectors of N numbers cross the TP group, never the N x V logits.
 /// README section 5 gives the identity to start from, and hints.
-/// @param logits_local (N, V/tp): this rank's vocabulary columns [vocab_begin, vocab_begin+V/tp)
+/// With a padded vocabulary (L08Modules.PaddedVocabularyMatchesTheFullOne), columns of id
+/// vocab_size and above are padding: they take no part in the softmax (as if their logits were
+/// -inf), so the loss and the real columns' gradients are those of the unpadded V columns, and
+/// the padding columns' gradient is 0.
+/// @param logits_local (N, Vp/tp): this rank's vocabulary columns
+///   [vocab_begin, vocab_begin + Vp/tp)
 /// @param targets (N) int64 in [0, V), the same on every TP rank
 /// @param vocab_begin the first vocabulary id of this rank's columns
+/// @param vocab_size V, the real vocabulary; 0: every column is real
 /// @return a 0-dim float tensor, the same on every TP rank, that backward() can start from; its
 ///   gradient with respect to logits_local is the matching slice of the full gradient
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local,
                                            const torch::Tensor& targets, int64_t vocab_begin,
-                                           Comm& tp);
+                                           Comm& tp, int64_t vocab_size = 0);
 
 // ---------------------------------------------------------------------------------------------
 // The tensor-parallel GPT (given, except its output head)
@@ -235,15 +253,15 @@ class TpGptImpl : public torch::nn::Module {
   ///   then shard it, so that the TP model starts from the baseline's exact weights.
   /// @throws UsageError (validate_tp) when tp does not divide the model
   TpGptImpl(const Gpt& full, Comm& tp);
-  /// @brief tokens (B, T) -> this rank's logits (B, T, V/tp), vocabulary columns
-  ///   [wte->vocab_begin, wte->vocab_end).
+  /// @brief tokens (B, T) -> this rank's logits (B, T, Vp/tp), vocabulary columns
+  ///   [wte->vocab_begin, wte->vocab_begin + Vp/tp) (columns past V are padding).
   ///
   /// Given: the embeddings and the blocks. Yours: the output head, which is column-parallel
   /// over the vocabulary with the (tied) wte->weight or the untied lm_head (V/tp, h): put f in
   /// front of it (its input is replicated, its weight split).
   torch::Tensor forward(const torch::Tensor& tokens);
   /// @brief The mean next-token cross-entropy on @p batch (given):
-  ///   vocab_parallel_cross_entropy(forward(inputs) as (B*T, V/tp), targets (B*T)).
+  ///   vocab_parallel_cross_entropy(forward(inputs) as (B*T, Vp/tp), targets (B*T), V).
   torch::Tensor loss(const Batch& batch);
   const GptConfig& config() const { return config_; }
 

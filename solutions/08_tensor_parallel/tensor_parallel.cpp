@@ -35,18 +35,17 @@ void validate_tp(const GptConfig& m, int tp) {
       {m.hidden, "the hidden size (--hidden)"},
       {m.heads, "the attention heads (--heads): each rank owns whole heads"},
       {m.ffn(), "the MLP width 4h"},
-      {m.vocab, "the vocabulary (256 byte tokens): the embedding is split by rows"},
   };
   for (const auto& [size, what] : sizes) {
     if (size % tp == 0) continue;
     std::string fits;
     for (int t = 1; t <= 64; ++t) {
-      if (m.hidden % t == 0 && m.heads % t == 0 && m.ffn() % t == 0 && m.vocab % t == 0) {
+      if (m.hidden % t == 0 && m.heads % t == 0 && m.ffn() % t == 0) {
         fits += (fits.empty() ? "" : ", ") + std::to_string(t);
       }
     }
     throw UsageError("--tp", fmt::format("{} does not divide {} = {}", tp, what, size),
-                     fmt::format("use a tp that divides hidden, heads, 4h and vocab: {} here "
+                     fmt::format("use a tp that divides hidden, heads and 4h: {} here "
                                  "(and --dp so that dp x tp = the world size)",
                                  fits));
   }
@@ -60,6 +59,17 @@ torch::Tensor shard(const torch::Tensor& full, int64_t dim, int rank, int parts)
   }
   const int64_t len = n / parts;
   return full.narrow(dim, rank * len, len).detach().clone().contiguous();
+}
+
+int64_t padded_vocab(int64_t vocab, int tp) { return (vocab + tp - 1) / tp * tp; }
+
+torch::Tensor shard_padded_rows(const torch::Tensor& full, int rank, int parts) {
+  const int64_t rows = full.size(0);
+  const int64_t padded = padded_vocab(rows, parts);
+  if (padded == rows) return shard(full, 0, rank, parts);
+  std::vector<int64_t> shape = full.sizes().vec();
+  shape[0] = padded - rows;
+  return shard(torch::cat({full.detach(), torch::zeros(shape, full.options())}), 0, rank, parts);
 }
 
 void allreduce_(torch::Tensor& t, Comm& comm, c10d::ReduceOp op) {
@@ -234,9 +244,11 @@ torch::Tensor TpAttentionImpl::forward(const torch::Tensor& x) {
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embedding& full, Comm& comm)
     : tp(&comm) {
-  weight = register_parameter("weight", shard(full->weight, 0, comm.getRank(), comm.getSize()));
-  vocab_begin = comm.getRank() * weight.size(0);
-  vocab_end = vocab_begin + weight.size(0);
+  const int64_t vocab = full->weight.size(0);
+  weight =
+      register_parameter("weight", shard_padded_rows(full->weight, comm.getRank(), comm.getSize()));
+  vocab_begin = std::min(comm.getRank() * weight.size(0), vocab);
+  vocab_end = std::min(vocab_begin + weight.size(0), vocab);  // the padding rows excluded
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
@@ -251,12 +263,20 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
   // END SOLUTION
 }
 
-torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local,
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local_in,
                                            const torch::Tensor& targets, int64_t vocab_begin,
-                                           Comm& tp) {
+                                           Comm& tp, int64_t vocab_size) {
   // BEGIN SOLUTION: the mean loss from per-rank parts, a few allreduces of N numbers each,
-  //   exact for logits in the thousands (README section 5 and its hints)
-  const int64_t local_vocab = logits_local.size(1);
+  //   exact for logits in the thousands, padding columns (id >= vocab_size) out of the softmax
+  //   (README section 5 and its hints)
+  const int64_t local_vocab = logits_local_in.size(1);
+  torch::Tensor logits_local = logits_local_in;
+  if (vocab_size > 0 && vocab_begin + local_vocab > vocab_size) {
+    // Padding columns: -inf, so exp() gives 0 and no gradient reaches them.
+    auto ids = torch::arange(local_vocab, targets.options()) + vocab_begin;  // (Vp/tp)
+    logits_local = logits_local_in.masked_fill((ids >= vocab_size).unsqueeze(0),
+                                               -std::numeric_limits<float>::infinity());
+  }
   // 1. The row max over the whole vocabulary: a constant shift, so no gradient flows through it.
   torch::Tensor m = std::get<0>(logits_local.detach().max(/*dim=*/1));  // (N)
   allreduce_(m, tp, c10d::ReduceOp::MAX);
@@ -310,8 +330,8 @@ TpGptImpl::TpGptImpl(const Gpt& full, Comm& comm) : tp(&comm), config_(full->con
   ln_f->weight.copy_(full->ln_f->weight);
   ln_f->bias.copy_(full->ln_f->bias);
   if (!config_.tied) {
-    lm_head = register_parameter("lm_head",
-                                 shard(full->lm_head->weight, 0, comm.getRank(), comm.getSize()));
+    lm_head = register_parameter(
+        "lm_head", shard_padded_rows(full->lm_head->weight, comm.getRank(), comm.getSize()));
   }
   to(full->wte->weight.device());
 }
@@ -331,9 +351,10 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
 }
 
 torch::Tensor TpGptImpl::loss(const Batch& batch) {
-  auto logits = forward(batch.inputs);  // (B, T, V/tp)
+  auto logits = forward(batch.inputs);                    // (B, T, V/tp)
+  const int64_t first = tp->getRank() * logits.size(-1);  // this rank's first column's id
   return vocab_parallel_cross_entropy(logits.view({-1, logits.size(-1)}),
-                                      batch.targets.reshape({-1}), wte->vocab_begin, *tp);
+                                      batch.targets.reshape({-1}), first, *tp, config_.vocab);
 }
 
 }  // namespace dtc::l08

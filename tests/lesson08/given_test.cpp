@@ -34,7 +34,7 @@ std::string usage_message(const std::function<void()>& f) {
   return "no UsageError";
 }
 
-TEST(L08CheckGiven, TpMustDivideHeadsHiddenAndVocab) {
+TEST(L08CheckGiven, TpMustDivideHeadsAndHiddenNotTheVocabulary) {
   EXPECT_NO_THROW(validate_tp(tiny(), 1));
   EXPECT_NO_THROW(validate_tp(tiny(), 2));
   EXPECT_NO_THROW(validate_tp(tiny(), 4));
@@ -47,11 +47,20 @@ TEST(L08CheckGiven, TpMustDivideHeadsHiddenAndVocab) {
   EXPECT_NE(heads.find("--tp"), std::string::npos) << heads;
   EXPECT_NE(heads.find("heads"), std::string::npos) << heads;
   EXPECT_NE(heads.find("1, 2"), std::string::npos) << "the hint lists the tp that fit: " << heads;
-  // vocabulary 250, tp 4
+  // vocabulary 250, tp 4: padded to 252, not refused; GPT-2's 50,257 on 2, 4 and 8 ranks
   GptConfig odd_vocab = tiny();
   odd_vocab.vocab = 250;
-  EXPECT_NE(usage_message([&] { validate_tp(odd_vocab, 4); }).find("vocabulary"),
-            std::string::npos);
+  EXPECT_NO_THROW(validate_tp(odd_vocab, 4));
+  EXPECT_EQ(padded_vocab(250, 4), 252);
+  EXPECT_EQ(padded_vocab(50257, 2), 50258);
+  EXPECT_EQ(padded_vocab(50257, 4), 50260);
+  EXPECT_EQ(padded_vocab(50257, 8), 50264);
+  EXPECT_EQ(padded_vocab(256, 4), 256);
+  const torch::Tensor rows = torch::arange(10, torch::kFloat).view({5, 2});  // 5 rows, 3 ranks
+  EXPECT_TRUE(torch::equal(shard_padded_rows(rows, 2, 3),
+                           torch::cat({rows.narrow(0, 4, 1), torch::zeros({1, 2})})))
+      << "the last rank: its real row, then a zero row of padding";
+  EXPECT_TRUE(torch::equal(shard_padded_rows(rows, 1, 3), rows.narrow(0, 2, 2)));
   EXPECT_NE(usage_message([] { validate_tp(tiny(), 0); }).find("--tp"), std::string::npos);
 }
 

@@ -202,6 +202,53 @@ TEST_P(L08Modules, VocabParallelCrossEntropyMatchesTheFullOne) {
       kTimeout);
 }
 
+// GPT-2's vocabulary, 50,257 tokens, which no tp of 2, 4 or 8 divides: the embedding and the
+// cross-entropy padded to a multiple of tp (padding rows never looked up, padding columns out
+// of the softmax) give the unpadded table's rows and the unpadded loss, and the real columns'
+// gradients; the padding's gradients are 0.
+void expect_padded_vocabulary_matches(int W) {
+  SCOPED_TRACE(testing::Message() << W << " ranks");
+  const int64_t V = 50257;
+  const int64_t Vp = padded_vocab(V, W);
+  ASSERT_NE(V % W, 0);
+  torch::nn::Embedding wte(V, 8);
+  auto gen = at::detail::createCPUGenerator(21);
+  const torch::Tensor tokens = at::randint(V - 40, V, {2, 8}, gen);  // the last rank's rows too
+  const torch::Tensor G = randn({2, 8, 8}, 22);
+  (wte(tokens) * G).sum().backward();
+  const torch::Tensor logits = randn({16, V}, 23) * 4.0;
+  const torch::Tensor targets = at::randint(V - 40, V, {16}, gen);
+  const torch::Tensor lr = logits.clone().requires_grad_();
+  const torch::Tensor loss_ref = F::cross_entropy(lr, targets);
+  loss_ref.backward();
+  const torch::Tensor padded_logits = torch::cat({logits, torch::zeros({16, Vp - V})}, 1);
+  const torch::Tensor padded_grad = torch::cat({lr.grad(), torch::zeros({16, Vp - V})}, 1);
+  const torch::Tensor padded_wgrad = torch::cat({wte->weight.grad(), torch::zeros({Vp - V, 8})});
+  run_ranks(
+      W,
+      [&](RankContext& ctx) {
+        const int r = ctx.rank;
+        VocabParallelEmbedding tp(wte, *ctx.comm);
+        EXPECT_EQ(tp->weight.size(0), Vp / W);
+        EXPECT_EQ(tp->vocab_end, std::min<int64_t>((r + 1) * Vp / W, V));
+        const torch::Tensor y = tp(tokens);
+        EXPECT_TENSOR_CLOSE(y.detach(), wte(tokens).detach(), kFp32Op);
+        (y * G).sum().backward();
+        EXPECT_TENSOR_CLOSE(tp->weight.grad(), shard(padded_wgrad, 0, r, W), kFp32Op);
+        const torch::Tensor local = shard(padded_logits, 1, r, W).requires_grad_();
+        const torch::Tensor loss =
+            vocab_parallel_cross_entropy(local, targets, r * Vp / W, *ctx.comm, V);
+        EXPECT_TENSOR_CLOSE(loss.detach(), loss_ref.detach(), kFp32Op);
+        loss.backward();
+        EXPECT_TENSOR_CLOSE(local.grad(), shard(padded_grad, 1, r, W), kFp32Op);
+      },
+      kTimeout);
+}
+
+TEST(L08Vocabulary, PaddedVocabularyMatchesTheFullOne) {
+  for (int W : {2, 4, 8}) expect_padded_vocabulary_matches(W);
+}
+
 TEST_P(L08Modules, WholeModelLogitsMatch) {
   const int W = GetParam();
   Gpt full = make_full();
