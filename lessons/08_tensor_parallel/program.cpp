@@ -80,7 +80,7 @@ void average_gradients(torch::nn::Module& module, Comm& dp) {
 std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t steps,
                             const torch::Device& device,
                             const std::function<void(int64_t, float)>& on_step,
-                            nlohmann::json* digest) {
+                            nlohmann::json* digest, bool overlap_dgrad) {
   validate_tp(c.model, tp.getSize());
   if (c.batch % dp.getSize() != 0) {
     throw UsageError("--global-batch",
@@ -90,6 +90,7 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
   // The full model first, with the baseline's exact weights; then this rank keeps its slices.
   Gpt full = make_gpt(c.model, c.seed, device);
   TpGpt model(full, tp);
+  model->set_overlap_dgrad(overlap_dgrad);
   full = Gpt(nullptr);  // the full copy is freed: from here on, each rank holds 1/tp of it
   torch::optim::AdamW optimizer(model->parameters(), adamw_options(c));
   const ByteDataset data = ByteDataset::builtin();
@@ -161,6 +162,7 @@ namespace {
 struct Options {
   int dp = 0;
   int tp = 0;
+  bool overlap_dgrad = false;  // --overlap-dgrad
 };
 
 std::string human_bytes(double b) {
@@ -267,7 +269,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
         log.end_step(step, loss);
         log.begin_step();
       },
-      &digest);
+      &digest, o.overlap_dgrad);
 
   // 4. Report, 5. finish.
   job.finish();
@@ -310,6 +312,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->check(positive_count("--tp 2"));
   app.add_option("--dp", o.dp, "data-parallel replicas (default: world size / tp)")
       ->check(positive_count("--dp 2"));
+  app.add_flag("--overlap-dgrad", o.overlap_dgrad,
+               "backward: overlap each column-parallel layer's input-gradient allreduce with its "
+               "weight-gradient matmul (Megatron's async dgrad allreduce)");
   return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
 

@@ -75,12 +75,14 @@ void average_gradients(torch::nn::Module& module, Comm& dp);
 /// @param on_step called after every step with (step, loss), if set
 /// @param digest when not null, receives the full model's parameter digest after the last step
 ///   (dtc/digest.h; the shards summed over tp, then dp: collective), on every rank
+/// @param overlap_dgrad TpGpt::set_overlap_dgrad(): backward overlaps each column-parallel
+///   layer's input-gradient allreduce with its weight-gradient matmul
 /// @return the loss of every step: the global batch's mean (averaged over dp), on every rank
 /// @throws UsageError when dp does not divide the batch (or tp the model: validate_tp)
 std::vector<float> train_tp(const TrainConfig& config, Comm& tp, Comm& dp, int64_t steps,
                             const torch::Device& device = torch::kCPU,
                             const std::function<void(int64_t, float)>& on_step = {},
-                            nlohmann::json* digest = nullptr);
+                            nlohmann::json* digest = nullptr, bool overlap_dgrad = false);
 
 // ---------------------------------------------------------------------------------------------
 // Communication volume (given)

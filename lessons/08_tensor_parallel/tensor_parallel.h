@@ -104,8 +104,21 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   torch::Tensor weight;  ///< (out/tp, in)
   torch::Tensor bias;    ///< (out/tp), or undefined
   Comm* tp;              ///< the TP group (not owned)
+  /// When true, forward() runs linear_async_dgrad() instead (given): the same values and
+  /// gradients, with backward's allreduce of the input gradient overlapped with the
+  /// weight-gradient matmul.
+  bool overlap_dgrad = false;
 };
 TORCH_MODULE(ColumnParallelLinear);
+
+/// @brief f and the column-parallel Linear in one autograd function, whose backward overlaps
+///   communication with compute as Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication
+///   does (its allreduce_dgrad): the input gradient dX = dY W is computed first and its
+///   allreduce over @p tp started without waiting; the weight gradient dW = dY^T X (and the
+///   bias's), which does not need it, is computed while the allreduce runs; then wait. Values
+///   and gradients are those of F::linear(copy_to_tp(x), weight, bias). Given.
+torch::Tensor linear_async_dgrad(const torch::Tensor& x, const torch::Tensor& weight,
+                                 const torch::Tensor& bias, Comm& tp);
 
 /// A Linear y = x W^T + b whose input features are split across the TP ranks: rank r keeps
 /// columns [r * in/tp, (r+1) * in/tp) of W (out, in) and the whole bias b (out), replicated.
@@ -253,6 +266,9 @@ class TpGptImpl : public torch::nn::Module {
   ///   then shard it, so that the TP model starts from the baseline's exact weights.
   /// @throws UsageError (validate_tp) when tp does not divide the model
   TpGptImpl(const Gpt& full, Comm& tp);
+  /// @brief Sets ColumnParallelLinearImpl::overlap_dgrad on every column-parallel layer (the
+  ///   attention's c_attn, the MLP's c_fc). Given.
+  void set_overlap_dgrad(bool on);
   /// @brief tokens (B, T) -> this rank's logits (B, T, Vp/tp), vocabulary columns
   ///   [wte->vocab_begin, wte->vocab_begin + Vp/tp) (columns past V are padding).
   ///

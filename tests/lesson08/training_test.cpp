@@ -27,7 +27,8 @@ using test::kTimeout;
 // Trains on world thread-ranks as dp x tp; every rank's losses must match.
 // With @p vocab > 0 the model's vocabulary is that instead (no PyTorch reference then: the
 // baseline only).
-void expect_matches(const std::string& ref_name, int dp, int tp, int64_t vocab = 0) {
+void expect_matches(const std::string& ref_name, int dp, int tp, int64_t vocab = 0,
+                    bool overlap_dgrad = false) {
   const test::ReferenceCase ref = test::reference_case(ref_name);
   TrainConfig c = ref.config;
   if (vocab > 0) c.model.vocab = vocab;
@@ -45,7 +46,7 @@ void expect_matches(const std::string& ref_name, int dp, int tp, int64_t vocab =
       [&](RankContext& ctx) {
         const Groups g = make_groups(ctx.store, grid, ctx.rank, BackendKind::kGloo, kTimeout);
         nlohmann::json d;
-        auto losses = train_tp(c, *g.tp, *g.dp, steps, torch::kCPU, {}, &d);
+        auto losses = train_tp(c, *g.tp, *g.dp, steps, torch::kCPU, {}, &d, overlap_dgrad);
         std::lock_guard<std::mutex> lock(mu);
         got[static_cast<size_t>(ctx.rank)] = losses;
         if (ctx.rank == 0) digest = d;
@@ -92,6 +93,13 @@ TEST(L08Training, UntiedTpTwoMatchesBaselineAndPyTorch) { expect_matches("tiny_u
 TEST(L08Training, DpTwoByTpTwoMatchesBaselineAndPyTorch) { expect_matches("tiny_tied", 2, 2); }
 // A vocabulary of 257, which neither 2 nor 4 divides: padded, trained, the baseline's
 // parameters (the padding rows stay out of the digest), tied and untied.
+// The overlapped backward (the input gradient's allreduce started before the weight gradient is
+// computed) trains the same parameters and losses, and PyTorch's.
+TEST(L08Training, OverlappedDgradMatchesBaselineAndPyTorch) {
+  expect_matches("tiny_tied", 1, 2, 0, /*overlap_dgrad=*/true);
+  expect_matches("tiny_untied", 2, 2, 0, /*overlap_dgrad=*/true);
+}
+
 TEST(L08Training, PaddedVocabularyMatchesBaseline) {
   expect_matches("tiny_tied", 1, 4, 257);
   expect_matches("tiny_untied", 1, 2, 257);
