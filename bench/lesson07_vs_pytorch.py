@@ -203,6 +203,8 @@ def main():
             theirs["step_s"] = median_and_range(their_times)
         psi = s["psi"]
         their_sent = their_psi and their_psi * (a.nproc - 1) / a.nproc * 4 * psi
+        if mode == "fsdp2":  # FSDP2 keeps its root (the outer unit) gathered after forward too
+            their_sent -= (a.nproc - 1) / a.nproc * 4 * s["outer_padded"]
         if theirs is None:
             rows.append((stage, name, s["step_s"], None, our_bytes, None, s["comm"]["bytes_per_step"],
                          None, their_sent))

@@ -194,6 +194,10 @@ void free_storage(const torch::Tensor& t) {
 void refill_storage(const torch::Tensor& into, const torch::Tensor& from) {
   c10::StorageImpl* dst = into.storage().unsafeGetStorageImpl();
   c10::StorageImpl* src = from.storage().unsafeGetStorageImpl();
+  if (dst->nbytes() != 0) {
+    throw std::invalid_argument(
+        "refill_storage: the target's storage still holds memory: free_storage() it first");
+  }
   const auto whole = [](const torch::Tensor& t) {
     return t.is_contiguous() && t.storage_offset() == 0;
   };
@@ -549,15 +553,20 @@ void save_sharded(ZeroEngine& engine, const std::string& dir) {
                 torch::tensor({static_cast<int64_t>(engine.layout().world)}, torch::kLong));
   archive.write("unit_numels", unit_numels(engine.layout()));
   const int world = engine.layout().world;
+  // Not counted (checkpointing, not training): two barriers. The old COMPLETE goes before any
+  // rank replaces its shard, and the new one comes after every rank has.
+  auto barrier = [&] {
+    std::vector<at::Tensor> done{torch::zeros({1}, s.params.options())};
+    engine.comm().comm().allreduce(done)->wait();
+  };
   if (engine.comm().rank() == 0) std::filesystem::remove(complete_file(dir));  // a new save
+  barrier();
   save_atomically(archive, shard_file(dir, engine.comm().rank(), world));
-  // Every rank's file is in place before rank 0 marks the checkpoint complete (not counted:
-  // checkpointing, not training).
-  std::vector<at::Tensor> done{torch::zeros({1}, s.params.options())};
-  engine.comm().comm().allreduce(done)->wait();
+  barrier();
   if (engine.comm().rank() == 0) {
     torch::serialize::OutputArchive marker;
     marker.write("world", torch::tensor({static_cast<int64_t>(world)}, torch::kLong));
+    marker.write("step", torch::tensor({s.step}, torch::kLong));
     save_atomically(marker, complete_file(dir));
   }
 }
@@ -576,12 +585,15 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
                      "load an earlier checkpoint, or save again");
   }
   int saved_world = 0;
+  int64_t saved_step = 0;
   {
     torch::serialize::InputArchive marker;
     marker.load_from(complete_file(dir));
-    torch::Tensor w;
+    torch::Tensor w, st;
     marker.read("world", w);
+    marker.read("step", st);
     saved_world = static_cast<int>(w.item<int64_t>());
+    saved_step = st.item<int64_t>();
   }
   std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;
   int64_t step = 0;
@@ -608,6 +620,13 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
     exp_avg.push_back(m);
     exp_avg_sq.push_back(v);
     step = st.item<int64_t>();
+    if (step != saved_step) {
+      throw UsageError("--load-sharded",
+                       fmt::format("'{}' is from step {}, but the checkpoint's COMPLETE marker "
+                                   "says step {}: shards of two saves are mixed",
+                                   file, step, saved_step),
+                       "load a directory that one finished save wrote");
+    }
   }
   torch::Tensor full_params, full_exp_avg, full_exp_avg_sq;  // Psi elements each, unpadded
   // TODO(L07): the full_* tensors: Psi elements each, unit after unit, unpadded, rebuilt
@@ -635,4 +654,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 45e6ebe90dbaba78
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 3e985e847b3bf236

@@ -159,8 +159,8 @@ void free_storage(const torch::Tensor& t);
 /// Hands @p from's memory to @p into's emptied storage (no copy, no allocation, no version
 /// counter bump, so autograd's saved views of @p into read the new bytes); @p from is left
 /// empty. Both must be contiguous, start at offset 0 of their storage and have the same
-/// dtype, device and number of elements. Given.
-/// @throws std::invalid_argument when they do not match.
+/// dtype, device and number of elements, and @p into's storage must be empty (freed). Given.
+/// @throws std::invalid_argument when they do not match, or @p into still holds memory.
 void refill_storage(const torch::Tensor& into, const torch::Tensor& from);
 
 /// Options of a ZeRO run.

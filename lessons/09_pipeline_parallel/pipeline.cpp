@@ -196,10 +196,18 @@ torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
 }
 
 void deallocate_output(torch::Tensor& output) {
+  if (output.is_view() || !output.grad_fn()) {
+    throw std::invalid_argument(
+        "deallocate_output: the output must be a tensor of its own with a grad_fn (not a view, "
+        "not a leaf)");
+  }
   output.set_data(torch::empty({1}, output.options()));  // the graph stays, the values go
 }
 
 void backward_from_graph(const torch::Tensor& output, const torch::Tensor& grad) {
+  if (!output.grad_fn()) {
+    throw std::invalid_argument("backward_from_graph: the output has no grad_fn");
+  }
   torch::autograd::Engine::get_default_engine().execute(
       {torch::autograd::impl::gradient_edge(output)}, {grad}, /*keep_graph=*/false,
       /*create_graph=*/false, /*accumulate_grad=*/true);
@@ -232,4 +240,4 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum fdf79cde2978e83b
+// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum d16bbb88da5c98ee

@@ -163,13 +163,17 @@ torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
 /// placeholder, and its (b/m, T, h) values are freed as soon as the send lets go of them. Valid
 /// when the output's grad_fn does not save the output itself (a block ends with a residual
 /// add, whose backward saves nothing). Given.
+/// @throws std::invalid_argument, as Megatron's asserts, when @p output is a view (freeing it
+///   would not free its base) or has no grad_fn.
 void deallocate_output(torch::Tensor& output);
 
 /// Runs backward from @p output's grad_fn with @p grad (the output's gradient, received),
-/// straight through the autograd engine, so that it works after deallocate_output(): the shape
-/// check of torch::autograd::backward compares @p grad with the output's current data (one
-/// element), the engine with the shape its grad_fn recorded. Megatron's custom_backward.
-/// Given.
+/// straight through the autograd engine, which checks @p grad against the shape the grad_fn
+/// recorded, never against the output's current data (one element after deallocate_output()).
+/// Megatron's custom_backward: Python's torch.autograd.backward compares the two shapes and
+/// would refuse; LibTorch's torch::autograd::backward does not compare them in 2.x, but going to
+/// the engine does not depend on that. Given.
+/// @throws std::invalid_argument when @p output has no grad_fn.
 void backward_from_graph(const torch::Tensor& output, const torch::Tensor& grad);
 
 // ---------------------------------------------------------------------------------------------

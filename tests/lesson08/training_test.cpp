@@ -91,8 +91,6 @@ TEST(L08Training, TpTwoMatchesBaselineAndPyTorch) { expect_matches("tiny_tied", 
 TEST(L08Training, TpFourMatchesBaselineAndPyTorch) { expect_matches("tiny_tied", 1, 4); }
 TEST(L08Training, UntiedTpTwoMatchesBaselineAndPyTorch) { expect_matches("tiny_untied", 1, 2); }
 TEST(L08Training, DpTwoByTpTwoMatchesBaselineAndPyTorch) { expect_matches("tiny_tied", 2, 2); }
-// A vocabulary of 257, which neither 2 nor 4 divides: padded, trained, the baseline's
-// parameters (the padding rows stay out of the digest), tied and untied.
 // The overlapped backward (the input gradient's allreduce started before the weight gradient is
 // computed) trains the same parameters and losses, and PyTorch's.
 TEST(L08Training, OverlappedDgradMatchesBaselineAndPyTorch) {
@@ -100,6 +98,8 @@ TEST(L08Training, OverlappedDgradMatchesBaselineAndPyTorch) {
   expect_matches("tiny_untied", 2, 2, 0, /*overlap_dgrad=*/true);
 }
 
+// A vocabulary of 257, which neither 2 nor 4 divides: padded, trained, the baseline's
+// parameters (the padding rows stay out of the digest), tied and untied.
 TEST(L08Training, PaddedVocabularyMatchesBaseline) {
   expect_matches("tiny_tied", 1, 4, 257);
   expect_matches("tiny_untied", 1, 2, 257);
