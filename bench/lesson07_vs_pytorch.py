@@ -15,7 +15,8 @@ same world size (--nproc, default 2), gloo on the CPU, 1 thread per rank (OMP_NU
 (stage 2 has no separate PyTorch counterpart on CPU; ours is printed on its own line). Bytes
 sent per step: ours as counted (ring count of the calls made); PyTorch's by the same count of
 the collectives it makes, from their sizes (DDP's allreduce 2 Psi; ZeroRedundancyOptimizer adds
-a broadcast of every updated partition, Psi: 3 Psi against our stage 1's 2 Psi; FSDP2 3 Psi,
+a broadcast of every updated partition, Psi: 3 Psi against our stage 1's 2 Psi; FSDP2 3 Psi less
+the second gather of its root, which it does not reshard,
 or 2 Psi without resharding), so the time ratios of stage 1 compare unequal traffic. For each:
 mean step time over all steps, and per-rank bytes of parameters + gradients + AdamW state held
 by the tensors (PyTorch: counted from the tensors each rank holds, DTensor local shards; ours:
