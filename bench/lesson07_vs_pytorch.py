@@ -18,7 +18,7 @@ the collectives it makes, from their sizes (DDP's allreduce 2 Psi; ZeroRedundanc
 a broadcast of every updated partition, Psi: 3 Psi against our stage 1's 2 Psi; FSDP2 3 Psi less
 the second gather of its root, which it does not reshard,
 or 2 Psi without resharding), so the time ratios of stage 1 compare unequal traffic. For each:
-mean step time over all steps, and per-rank bytes of parameters + gradients + AdamW state held
+the median over --repeats runs of the mean step time (with its range), and per-rank bytes of parameters + gradients + AdamW state held
 by the tensors (PyTorch: counted from the tensors each rank holds, DTensor local shards; ours:
 measured by the counting allocator), and their ratios ours / PyTorch. PyTorch's runs are this
 script again, under torchrun, with --worker.
