@@ -106,6 +106,17 @@ class Reducer {
   /// Does nothing while sync() is false.
   void finish();
 
+  /// PyTorch DDP's find_unused_parameters=True: walks the autograd graph of @p output (the loss,
+  /// after forward, before backward) from its grad_fn to the parameters' AccumulateGrad nodes,
+  /// and marks every parameter it does not reach as ready now (its slot: its p.grad() from
+  /// no_sync micro-steps, or zeros), launching, in order, the buckets that completes. Without
+  /// it a bucket holding a parameter that this step's graph does not use never completes during
+  /// backward, and in-order launching holds back every bucket after it until finish(): no
+  /// overlap. The walk costs a traversal of the graph every step, which is why PyTorch makes it
+  /// an option; static_graph=True records the unused set once instead. Does nothing while
+  /// sync() is false. Given.
+  void prepare_for_backward(const torch::Tensor& output);
+
   /// The buckets, as parameter indices (assign_buckets).
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
   /// How many bucket allreduces were launched from inside backward (by on_grad), over the life

@@ -289,6 +289,47 @@ TEST(L06Bucketed, AllreducesStartDuringBackward) {
       kTimeout);
 }
 
+// find_unused_parameters: a model whose last parameter (the first one bucketed, the first
+// bucket to fill) takes no part in the loss. Without prepare_for_backward() that bucket never
+// completes in backward, and in-order launching holds every bucket back until finish(); with it
+// the unused parameter is ready before backward starts and every bucket's allreduce is issued
+// during backward. Seen by a RecordingComm (calls issued before backward() returns); the mean
+// gradients are the same either way, zeros for the unused parameter.
+TEST(L06Bucketed, FindUnusedParametersKeepsTheOverlap) {
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        for (bool find_unused : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "find_unused " << find_unused);
+          torch::manual_seed(3);
+          torch::nn::Linear a(16, 16), b(16, 16), unused(16, 16);
+          std::vector<torch::Tensor> params;
+          for (auto* m : {&a, &b, &unused}) {
+            for (const auto& p : (*m)->parameters()) params.push_back(p);
+          }
+          auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+          Reducer reducer(params, rec, 16 * 16 * 4);  // about one weight per bucket
+          ASSERT_GE(reducer.buckets().size(), 3u);
+          const torch::Tensor x = torch::randn({4, 16}) + static_cast<double>(ctx.rank);
+          const torch::Tensor loss = b(a(x).relu()).pow(2).mean();
+          rec->clear();
+          if (find_unused) reducer.prepare_for_backward(loss);
+          loss.backward();
+          const auto during = static_cast<int64_t>(rec->events("allreduce").size());
+          reducer.finish();
+          const auto total = static_cast<int64_t>(rec->events("allreduce").size());
+          EXPECT_EQ(total, static_cast<int64_t>(reducer.buckets().size()));
+          if (find_unused) {
+            EXPECT_EQ(during, total) << "every bucket launched before finish()";
+          } else {
+            EXPECT_EQ(during, 0) << "the unused parameter's bucket, first in line, holds all back";
+          }
+          EXPECT_TRUE(torch::equal(unused->weight.grad(), torch::zeros({16, 16})));
+        }
+      },
+      kTimeout);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Step 6: accumulation without communication on the inner micro-steps
 // ---------------------------------------------------------------------------------------------
