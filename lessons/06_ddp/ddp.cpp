@@ -107,6 +107,13 @@ void Reducer::on_grad(size_t index, const torch::Tensor& grad) {
                   "(L06Bucketed.*, L06NoSync.*; hints: README step 5)");
 }
 
+torch::Tensor Reducer::slot(size_t index) const {
+  const auto& p = params_[index];
+  return flat_[bucket_of_[index]]
+      .slice(0, offset_of_[index], offset_of_[index] + p.numel())
+      .view_as(p);
+}
+
 void Reducer::prepare_for_backward(const torch::Tensor& output) {
   if (!sync_) return;
   // The parameters this step's graph reaches: its AccumulateGrad nodes' variables.
@@ -130,7 +137,7 @@ void Reducer::prepare_for_backward(const torch::Tensor& output) {
     if (ready_[i] || reached.count(params_[i].unsafeGetTensorImpl()) > 0) continue;
     const auto& p = params_[i];
     const size_t b = bucket_of_[i];
-    auto slot = flat_[b].slice(0, offset_of_[i], offset_of_[i] + p.numel()).view_as(p);
+    auto slot = this->slot(i);
     if (p.grad().defined()) {
       slot.copy_(p.grad());
     } else {
@@ -224,4 +231,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 2359c1019092771e
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 4ab85d75218b1640

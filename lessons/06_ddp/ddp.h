@@ -126,6 +126,8 @@ class Reducer {
  private:
   /// Launches the asynchronous allreduce(SUM) of bucket @p b's flat buffer and keeps its work.
   void launch(size_t b);
+  /// Parameter @p index's slot in its bucket's flat buffer, viewed with the parameter's shape.
+  torch::Tensor slot(size_t index) const;
 
   std::vector<torch::Tensor> params_;
   c10::intrusive_ptr<Comm> comm_;

@@ -416,12 +416,12 @@ std::vector<Mix> candidates(const PlanRequest& req, Family f) {
   const auto push = [&](int64_t tp, int64_t pp, int64_t cp, int min_zero, int max_zero,
                         int64_t shard) {
     const int64_t dp = G / (tp * pp * cp);
+    const int64_t stage_layers = (req.model.layers + pp - 1) / pp;
     for (int z = min_zero; z <= max_zero; ++z) {
       for (Recompute r : kRecomputes) {
         // b = 1 always, even when dp > B: evaluate() then reports the batch too small
         for (int64_t b = 1; b == 1 || (b <= req.max_micro_batch && dp * b <= B); b *= 2) {
           if (b > 1 && B % (dp * b) != 0) continue;
-          const int64_t stage_layers = (req.model.layers + pp - 1) / pp;
           for (int64_t v = 1; v == 1 || (pp > 1 && v <= stage_layers); v *= 2) {
             if (v > 1 && (stage_layers % v != 0 || B % (dp * b) != 0 || (B / (dp * b)) % pp != 0)) {
               continue;

@@ -158,7 +158,7 @@ void Reducer::on_grad(size_t index, const torch::Tensor& grad) {
   torch::NoGradGuard no_grad;
   const size_t b = bucket_of_[index];
   const auto& p = params_[index];
-  auto slot = flat_[b].slice(0, offset_of_[index], offset_of_[index] + p.numel()).view_as(p);
+  auto slot = this->slot(index);
   if (p.grad().defined()) {
     torch::add_out(slot, p.grad(), grad);  // micro-steps accumulated under no_sync, plus this one
   } else {
@@ -173,6 +173,13 @@ void Reducer::on_grad(size_t index, const torch::Tensor& grad) {
     ++launched_in_backward_;
   }
   // END SOLUTION
+}
+
+torch::Tensor Reducer::slot(size_t index) const {
+  const auto& p = params_[index];
+  return flat_[bucket_of_[index]]
+      .slice(0, offset_of_[index], offset_of_[index] + p.numel())
+      .view_as(p);
 }
 
 void Reducer::prepare_for_backward(const torch::Tensor& output) {
@@ -198,7 +205,7 @@ void Reducer::prepare_for_backward(const torch::Tensor& output) {
     if (ready_[i] || reached.count(params_[i].unsafeGetTensorImpl()) > 0) continue;
     const auto& p = params_[i];
     const size_t b = bucket_of_[i];
-    auto slot = flat_[b].slice(0, offset_of_[i], offset_of_[i] + p.numel()).view_as(p);
+    auto slot = this->slot(i);
     if (p.grad().defined()) {
       slot.copy_(p.grad());
     } else {
@@ -222,7 +229,7 @@ void Reducer::finish() {
     for (size_t i : buckets_[b]) {
       if (ready_[i]) continue;
       const auto& p = params_[i];
-      auto slot = flat_[b].slice(0, offset_of_[i], offset_of_[i] + p.numel()).view_as(p);
+      auto slot = this->slot(i);
       if (p.grad().defined()) {
         slot.copy_(p.grad());
       } else {
@@ -237,7 +244,7 @@ void Reducer::finish() {
     flat_[b].div_(world);
     for (size_t i : buckets_[b]) {
       auto& p = params_[i];
-      auto slot = flat_[b].slice(0, offset_of_[i], offset_of_[i] + p.numel()).view_as(p);
+      auto slot = this->slot(i);
       if (p.grad().defined()) {
         p.mutable_grad().copy_(slot);
       } else {
