@@ -111,20 +111,8 @@ function(dtc_add_lesson num)
         EXCLUDE_FROM_ALL ON)
       continue()
     endif()
-    gtest_discover_tests(${name}${suffix}_tests
-      TEST_PREFIX "${name}.${flavour}."
-      TEST_LIST ${name}${suffix}_TESTS
-      PROPERTIES TIMEOUT 120
-      DISCOVERY_TIMEOUT 60)
-    # Several labels per discovered test: gtest_discover_tests cannot pass a list, so set them
-    # from the discovered names, in a file that ctest reads after the discovery's own.
-    set(labels_file "${PROJECT_BINARY_DIR}/${name}${suffix}_labels.cmake")
-    file(WRITE "${labels_file}"
-      "if(${name}${suffix}_TESTS)\n"
-      "  set_tests_properties(\${${name}${suffix}_TESTS} PROPERTIES LABELS "
-      "\"${name};${flavour};${name}-${flavour}\")\n"
-      "endif()\n")
-    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${labels_file}")
+    dtc_discover_tests(${name}${suffix}_tests PREFIX "${name}.${flavour}."
+                       LABELS "${name};${flavour};${name}-${flavour}")
   endforeach()
 
   # The mutants of this lesson in DTC_MUTANT_SUBSET (top CMakeLists.txt): the solution library

@@ -187,6 +187,22 @@ def list_e2e(nn, build):
     return re.findall(r"Test\s+#\d+: (\S+)", listed.stdout)
 
 
+def e2e_programs(nn, build):
+    """The targets lesson nn's end-to-end runs need besides the learner's program: the course's
+    programs their command lines name (lesson 02's reference, for its losses and parameters)."""
+    shown = run(["ctest", "--test-dir", str(build), "--show-only=json-v1", "-L",
+                 f"^lesson{nn}-learner$", "-L", "^e2e$"])
+    if isinstance(shown, subprocess.TimeoutExpired) or shown.returncode != 0:
+        return ["lesson02_solution"]
+    bin_dir = str(build / "bin") + os.sep
+    needed = set()
+    for test in json.loads(shown.stdout).get("tests", []):
+        for arg in test.get("command", []):
+            for m in re.finditer(re.escape(bin_dir) + r"(lesson\d\d_solution)\b", arg):
+                needed.add(m.group(1))
+    return sorted(needed)
+
+
 def grade_e2e(nn, build, result, jobs, xml_path, names, skip):
     """The learner's own program on real processes (ctest label e2e, learner flavour): one point
     each (counted in result["total"] already), scored after the unit tests, added to the
@@ -195,10 +211,10 @@ def grade_e2e(nn, build, result, jobs, xml_path, names, skip):
         return
     outcome = {n: "not run: the unit tests failed first" for n in names}
     if not skip:
-        # The learner's program, and lesson 02's reference program: the end-to-end runs
-        # compare with its single-process losses and parameters.
+        # The learner's program, and the reference programs the runs compare with (lesson
+        # 02's single-process losses and parameters), only those: lesson 01 needs no LibTorch.
         built = run(["cmake", "--build", str(build), "-j", jobs, "--target", f"lesson{nn}",
-                     "lesson02_solution"])
+                     *e2e_programs(nn, build)])
         if built.returncode != 0:
             outcome = {n: "the program did not build" for n in names}
         else:

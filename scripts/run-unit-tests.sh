@@ -5,13 +5,14 @@
 #   scripts/run-unit-tests.sh BUILD NN [learner|solution]
 #
 # One process starts LibTorch once (about 0.6 s of its static initialisation) instead of once
-# per test, as ctest does: a lesson's suite takes about 1 s instead of 7-9 s. GoogleTest prints
-# each failure with its message (your TODO's hint, got / expected) and a summary.
+# per test: a lesson's suite takes about 1 s instead of 7-9 s. GoogleTest prints each failure
+# with its message (your TODO's hint, got / expected) and a summary. (ctest runs each program
+# once too, tests/support/gtest_once.py, and reports its tests one by one.)
 #
 # One process cannot survive a crash, or bound each test's time. So if the program dies on a
 # signal, or runs past DTC_UNIT_TIMEOUT seconds (default 300), this script says so and runs each
-# test in its own process through ctest (120 s per test), which names the test that crashes.
-# ISOLATE=1 does that from the start. Exit status: 0 when every test passed.
+# test in its own process through ctest (DTC_GTEST_ISOLATE=1, 120 s per test), which names the
+# test that crashes. ISOLATE=1 does that from the start. Exit status: 0 when every test passed.
 set -uo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: scripts/run-unit-tests.sh BUILD NN [learner|solution]" >&2
@@ -32,7 +33,8 @@ limit=${DTC_UNIT_TIMEOUT:-300}
 
 isolated() {
   echo "run-unit-tests: running each test of lesson $nn in its own process (ctest):"
-  ctest --test-dir "$build" -L "^lesson${nn}-${flavour}\$" -LE '^e2e$' --output-on-failure \
+  DTC_GTEST_ISOLATE=1 ctest --test-dir "$build" -L "^lesson${nn}-${flavour}\$" -LE '^e2e$' \
+    --output-on-failure \
     -j "$(nproc)"
 }
 if [ -n "${ISOLATE:-}" ]; then
