@@ -136,7 +136,7 @@ target_precompile_headers(dtc_pch PUBLIC ${_dtc_pch_headers})
 # library's own optimisation: the learner's exercise files (the file a learner edits compiles in
 # half the time: lesson 08's, with Clang, 5.5 s instead of 10.4 s), the programs' drivers and
 # the tests (GLUE): on the 2-core machine, a whole build's compile time falls from about 970 to
-# 600 CPU seconds. At -O1 stay the reference solutions and the benchmarks, whose code is what the
+# 580 CPU seconds. At -O1 stay the reference solutions and the benchmarks, whose code is what the
 # benchmarks time, and the common library, whose model runs in every program and test (at -O0
 # the tests take an eighth longer, more than its compile time saves).
 add_library(dtc_pch_exercise OBJECT "${CMAKE_CURRENT_LIST_DIR}/pch.cpp")
