@@ -69,28 +69,104 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<torch::Tensor>
 }
 
 Reducer::Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> comm,
-                 int64_t bucket_bytes)
-    : params_(std::move(params)), comm_(std::move(comm)) {
+                 int64_t bucket_bytes, int64_t first_bucket_bytes)
+    : params_(std::move(params)),
+      comm_(std::move(comm)),
+      bucket_bytes_(bucket_bytes),
+      first_bucket_bytes_(first_bucket_bytes) {
+  if (first_bucket_bytes < 0) {
+    throw UsageError("--first-bucket-kb",
+                     fmt::format("a first bucket of {} bytes is negative", first_bucket_bytes),
+                     "pass a positive size, e.g. --first-bucket-kb 64 (PyTorch's: 1 MiB)");
+  }
   buckets_ = assign_buckets(params_, bucket_bytes);
+  const size_t n = params_.size();
+  ready_.assign(n, false);
+  lay_out();
+  if (first_bucket_bytes_ > 0) {
+    // The order the gradients arrive in, for the rebuild: hooks registered before the
+    // Reducer's own, so they run first (a tensor's hooks run in registration order).
+    for (size_t i = 0; i < n; ++i) {
+      order_hook_ids_.push_back(params_[i].register_hook([this, i](const torch::Tensor&) {
+        if (sync_ && !rebuilt_) ready_order_.push_back(static_cast<int64_t>(i));
+      }));
+    }
+  }
+  // TODO(L06): parameter i needs one hook that calls on_grad(i, grad), its id kept for the
+  //   destructor (L06Bucketed.*; hints: README step 5)
+  DTC_TODO("L06", "parameter i needs one hook that calls on_grad(i, grad), its id kept for the "
+                  "destructor (L06Bucketed.*; hints: README step 5)");
+}
+
+void Reducer::lay_out() {
   const size_t n = params_.size();
   bucket_of_.assign(n, 0);
   offset_of_.assign(n, 0);
-  ready_.assign(n, false);
+  flat_.clear();
   pending_.resize(buckets_.size());  // no parameter of any bucket is ready yet
   for (size_t b = 0; b < buckets_.size(); ++b) {
     pending_[b] = static_cast<int64_t>(buckets_[b].size());
   }
   work_.assign(buckets_.size(), {});
+  next_to_launch_ = 0;
   // TODO(L06): parameter i needs a slot (bucket_of_, offset_of_) in its bucket's flat zero
-  //   buffer (the parameters' dtype and device) and one hook that calls on_grad(i, grad), its id
-  //   kept for the destructor (L06Bucketed.*; hints: README step 5)
+  //   buffer (the parameters' dtype and device), one buffer per bucket in flat_
+  //   (L06Bucketed.*; hints: README step 5)
   DTC_TODO("L06", "parameter i needs a slot (bucket_of_, offset_of_) in its bucket's flat zero "
-                  "buffer (the parameters' dtype and device) and one hook that calls on_grad(i, grad), its id "
-                  "kept for the destructor (L06Bucketed.*; hints: README step 5)");
+                  "buffer (the parameters' dtype and device), one buffer per bucket in flat_ "
+                  "(L06Bucketed.*; hints: README step 5)");
+}
+
+void Reducer::rebuild_buckets() {
+  const size_t n = params_.size();
+  // The order this rank saw, then the parameters whose gradient never came (unused in that
+  // step), last index first, as the constructor's buckets have them.
+  std::vector<int64_t> order;
+  std::vector<bool> seen(n, false);
+  for (int64_t i : ready_order_) {
+    if (!seen[static_cast<size_t>(i)]) {
+      seen[static_cast<size_t>(i)] = true;
+      order.push_back(i);
+    }
+  }
+  for (size_t i = n; i-- > 0;) {
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+  }
+  // Rank 0's order on every rank (autograd may finish gradients in another order on another
+  // rank, and the buckets, and so the collectives, must be the same everywhere).
+  std::vector<at::Tensor> shared{torch::tensor(order, torch::kLong)};
+  comm_->broadcast(shared)->wait();
+  const auto got = shared[0].contiguous();
+  const int64_t* o = got.data_ptr<int64_t>();
+  // assign_buckets walks its list from the end: give it order[from..n) last-ready first, and
+  // map its indices back (its j is order[n - 1 - j]).
+  auto along = [&](size_t from, int64_t cap) {
+    std::vector<torch::Tensor> reversed;
+    for (size_t k = n; k-- > from;) reversed.push_back(params_[static_cast<size_t>(o[k])]);
+    auto local =
+        reversed.empty() ? std::vector<std::vector<size_t>>{} : assign_buckets(reversed, cap);
+    for (auto& bucket : local) {
+      for (auto& j : bucket) j = static_cast<size_t>(o[n - 1 - j]);
+    }
+    return local;
+  };
+  std::vector<std::vector<size_t>> buckets;
+  auto first = along(0, first_bucket_bytes_);
+  if (!first.empty()) {
+    buckets.push_back(first.front());
+    for (auto& bucket : along(buckets.front().size(), bucket_bytes_)) buckets.push_back(bucket);
+  }
+  buckets_ = std::move(buckets);
+  lay_out();
+  for (size_t i = 0; i < order_hook_ids_.size(); ++i) params_[i].remove_hook(order_hook_ids_[i]);
+  order_hook_ids_.clear();
+  ready_order_.clear();
+  rebuilt_ = true;
 }
 
 Reducer::~Reducer() {
   for (size_t i = 0; i < hook_ids_.size(); ++i) params_[i].remove_hook(hook_ids_[i]);
+  for (size_t i = 0; i < order_hook_ids_.size(); ++i) params_[i].remove_hook(order_hook_ids_[i]);
 }
 
 void Reducer::launch(size_t b) {
@@ -159,6 +235,7 @@ void Reducer::finish() {
   DTC_TODO("L06", "on return every p.grad() is the mean over ranks, also where no hook fired "
                   "(that rank adds its p.grad() or zeros), and the next backward starts afresh "
                   "(L06Bucketed.*; hints: README step 5)");
+  if (first_bucket_bytes_ > 0 && !rebuilt_) rebuild_buckets();  // once, before the next forward
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,4 +308,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 4ab85d75218b1640
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum ce1c5f1e29922a84

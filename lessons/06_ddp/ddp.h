@@ -79,7 +79,16 @@ class Reducer {
   /// Assigns the buckets (assign_buckets), makes one flat zero buffer per bucket (on the
   /// parameters' device and dtype), and registers one gradient hook per parameter that calls
   /// on_grad(index, grad).
-  Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> comm, int64_t bucket_bytes);
+  /// @p first_bucket_bytes > 0: PyTorch's bucket rebuild. The first synced backward also
+  /// records the order in which the gradients became ready (hooks of the Reducer's own, given);
+  /// its finish() then takes rank 0's order (one broadcast, so that every rank's buckets agree,
+  /// PyTorch's sync_bucket_indices) and assigns the buckets again along it: the first one
+  /// capped at @p first_bucket_bytes, the others at @p bucket_bytes (assign_buckets on the
+  /// parameters in that order), and lays them out (lay_out()). From the second step on, each
+  /// bucket holds gradients that arrive together, whatever order the parameters were
+  /// registered in. 0: the buckets of the constructor for good.
+  Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> comm, int64_t bucket_bytes,
+          int64_t first_bucket_bytes = 0);
   /// Removes the hooks.
   ~Reducer();
   Reducer(const Reducer&) = delete;
@@ -117,8 +126,10 @@ class Reducer {
   /// sync() is false. Given.
   void prepare_for_backward(const torch::Tensor& output);
 
-  /// The buckets, as parameter indices (assign_buckets).
+  /// The buckets, as parameter indices (assign_buckets; after a rebuild, in the ready order).
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+  /// Whether the buckets were rebuilt (after the first synced step, with first_bucket_bytes).
+  bool rebuilt() const { return rebuilt_; }
   /// How many bucket allreduces were launched from inside backward (by on_grad), over the life
   /// of this reducer: the overlap. finish() launching a bucket does not count.
   int64_t launched_in_backward() const { return launched_in_backward_; }
@@ -128,6 +139,11 @@ class Reducer {
   void launch(size_t b);
   /// Parameter @p index's slot in its bucket's flat buffer, viewed with the parameter's shape.
   torch::Tensor slot(size_t index) const;
+  /// For buckets_: every parameter's slot (bucket_of_, offset_of_) and each bucket's flat zero
+  /// buffer (flat_, the parameters' dtype and device); pending_ and work_ for a fresh step.
+  void lay_out();
+  /// The bucket rebuild (see the constructor): rank 0's ready order, broadcast, and new buckets.
+  void rebuild_buckets();
 
   std::vector<torch::Tensor> params_;
   c10::intrusive_ptr<Comm> comm_;
@@ -142,6 +158,11 @@ class Reducer {
   std::vector<unsigned> hook_ids_;                    ///< parameter index -> its hook
   bool sync_ = true;
   int64_t launched_in_backward_ = 0;
+  int64_t bucket_bytes_ = 0;
+  int64_t first_bucket_bytes_ = 0;  ///< > 0: rebuild the buckets after the first step
+  bool rebuilt_ = false;
+  std::vector<int64_t> ready_order_;      ///< the first synced backward's ready order
+  std::vector<unsigned> order_hook_ids_;  ///< parameter index -> the hook that records it
 };
 
 /// no_sync as a scope, like PyTorch's `with model.no_sync():` block.

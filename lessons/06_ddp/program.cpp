@@ -112,7 +112,8 @@ DdpTrainer::DdpTrainer(const TrainConfig& config, c10::intrusive_ptr<Comm> comm,
   optimizer_ = make_optimizer(model_, config_);
   params_ = model_->parameters();
   if (config_.sync == SyncMode::kBucketed) {
-    reducer_ = std::make_unique<Reducer>(params_, comm_, config_.bucket_bytes);
+    reducer_ =
+        std::make_unique<Reducer>(params_, comm_, config_.bucket_bytes, config_.first_bucket_bytes);
   }
 }
 
@@ -169,6 +170,8 @@ namespace {
 struct Options {  // lesson 06's own flags (the shared ones: dtc::TrainCli)
   std::string sync = "bucketed";
   double bucket_kb = 256;
+  bool rebuild_buckets = false;
+  double first_bucket_kb = 64;
   int64_t accum = 1;
   std::string data = "steps";
   int64_t epoch_windows = 0;
@@ -344,6 +347,7 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
     j["sync"] = sync_name(c.sync);
     j["bucket_kb"] = o.bucket_kb;
     j["buckets"] = buckets;
+    j["buckets_rebuilt"] = reducer != nullptr && reducer->rebuilt();
     j["launched_in_backward"] = in_backward;
     j["accum"] = c.accum;
     j["data"] = epochs ? "epochs" : "steps";
@@ -362,8 +366,8 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
              first, steps - 1, losses.front(), losses.back(), log.tokens_per_s(), job.world(),
              log.median_step_s(2) * 1000.0);
   if (reducer) {
-    fmt::print(out, "  reducer: {} buckets, {} allreduces launched during backward\n", buckets,
-               in_backward);
+    fmt::print(out, "  reducer: {} buckets{}, {} allreduces launched during backward\n", buckets,
+               reducer->rebuilt() ? " (rebuilt after step 1 in the ready order)" : "", in_backward);
   }
   fmt::print(out, "  replicas: largest parameter difference between ranks {:g}{}\n", divergence,
              divergence == 0 ? " (identical)" : "   <- the replicas have drifted apart");
@@ -381,6 +385,13 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   c.sync = parse_sync(o.sync);
   c.accum = o.accum;
   c.bucket_bytes = static_cast<int64_t>(std::llround(o.bucket_kb * 1024.0));
+  if (o.rebuild_buckets) {
+    if (c.sync != SyncMode::kBucketed) {
+      throw UsageError("--rebuild-buckets", "rebuilds the buckets of --sync bucketed",
+                       "add --sync bucketed, or drop --rebuild-buckets");
+    }
+    c.first_bucket_bytes = std::max<int64_t>(1, std::llround(o.first_bucket_kb * 1024.0));
+  }
   if (o.pitfall == "all-ranks-save" && o.save.empty()) {
     throw UsageError("--pitfall", "all-ranks-save shows what happens to --save",
                      "add --save /tmp/l06.pt");
@@ -448,6 +459,13 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->capture_default_str();
   app.add_option("--bucket-kb", o.bucket_kb, "bucket cap of --sync bucketed, in KiB")
       ->check(finite_positive("--bucket-kb 256"))
+      ->capture_default_str();
+  app.add_flag("--rebuild-buckets", o.rebuild_buckets,
+               "after step 1, bucket the parameters again in the order their gradients arrived, "
+               "the first bucket small (PyTorch's DDP does it by default)");
+  app.add_option("--first-bucket-kb", o.first_bucket_kb,
+                 "cap of the first bucket after --rebuild-buckets, in KiB (PyTorch: 1024)")
+      ->check(finite_positive("--first-bucket-kb 64"))
       ->capture_default_str();
   app.add_option("--accum", o.accum,
                  "micro-steps per optimizer step (gradient accumulation; communication only on "

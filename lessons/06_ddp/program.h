@@ -37,6 +37,7 @@ struct TrainConfig : RunConfig {
   explicit TrainConfig(const RunConfig& run) : RunConfig(run) {}
   SyncMode sync = SyncMode::kBucketed;
   int64_t bucket_bytes = 256 * 1024;  ///< the Reducer's bucket cap (--bucket-kb)
+  int64_t first_bucket_bytes = 0;     ///< > 0: rebuild the buckets after step 1 (--rebuild-buckets)
   int64_t accum = 1;                  ///< micro-steps per optimizer step (--accum)
 };
 

@@ -17,6 +17,7 @@
 
 #include "dtc/cli.h"
 #include "dtc/digest.h"
+#include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/memory.h"
 #include "dtc/program.h"
@@ -76,6 +77,7 @@ struct Options {
   bool recompute = false;   // stage 3 (with --stage all: one more run, stage 3 recomputing)
   bool no_reshard = false;  // stage 3: keep a block's parameters from its forward to its backward
   double clip_norm = 0;     // > 0: clip the global gradient norm (every stage)
+  int hsdp = 0;             // > 0: HSDP, shard groups of this many ranks (stages 2-3)
   std::string save_sharded, load_sharded, consolidate_file;
 };
 
@@ -87,7 +89,9 @@ struct StageRun {
   double tokens_per_s = 0, step_s = 0;
   bool measured = false;
   int64_t params = 0, grads = 0, optimizer = 0, peak = 0;  // bytes, this rank
-  int64_t bytes_per_step = 0;
+  int64_t bytes_per_step = 0;            // the stage's collectives (HSDP: in the shard group)
+  int64_t replicate_bytes_per_step = 0;  // HSDP: the allreduces across the replicas
+  int shard_world = 1;                   // the ranks the layout shards over: W, or HSDP's G
   FlatLayout layout;
   nlohmann::json param_digest;  // the full parameters after the last step (rank 0)
 };
@@ -137,8 +141,29 @@ nlohmann::json digest(ZeroEngine& engine, const FlatLayout& layout, const GptCon
   return param_digest(names, pieces);
 }
 
+// HSDP's groups: shard groups of G consecutive ranks (a node), replicate groups of the ranks
+// with the same place in their shard group (PyTorch's 2-D mesh (W/G, G)).
+struct HsdpGroups {
+  c10::intrusive_ptr<Comm> shard, replicate;
+};
+
+HsdpGroups hsdp_groups(Job& job, int g) {
+  const int world = job.world(), rank = job.rank();
+  std::vector<int> shard, replicate;
+  for (int r = 0; r < world; ++r) {
+    if (r / g == rank / g) shard.push_back(r);
+    if (r % g == rank % g) replicate.push_back(r);
+  }
+  HsdpGroups groups;
+  groups.shard = new_subgroup(job.store, fmt::format("shard{}", rank / g), shard, rank, job.backend,
+                              job.timeout, job.env.master_addr);
+  groups.replicate = new_subgroup(job.store, fmt::format("replicate{}", rank % g), replicate, rank,
+                                  job.backend, job.timeout, job.env.master_addr);
+  return groups;
+}
+
 StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool recompute, Job& job,
-                   bool talk, std::ostream& err) {
+                   const HsdpGroups& hsdp, bool talk, std::ostream& err) {
   StageRun run;
   run.stage = stage;
   run.recompute = recompute;
@@ -162,8 +187,9 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
   Gpt model(config);
   init_weights(model, t.train.seed);
   model->to(job.device);
-  ZeroEngine engine(model, job.comm, zo);
+  ZeroEngine engine(model, hsdp.shard ? hsdp.shard : job.comm, zo, hsdp.replicate);
   model = nullptr;  // the engine holds it
+  run.shard_world = engine.comm().world();
   run.params = settled_current() - before_model;
   run.layout = engine.layout();
   if (!o.load_sharded.empty()) load_sharded(engine, o.load_sharded);
@@ -176,6 +202,8 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
     const Batch batch =
         data.batch(t.train.seed, step, rows, config.ctx, rank * rows).to(job.device);
     const int64_t bytes_before = engine.comm().bytes_sent();
+    CountingComm* replicate = engine.replicate_comm();
+    const int64_t replicate_before = replicate ? replicate->bytes_sent() : 0;
     const bool measure = step == first && run.measured && first == 0;
     const int64_t before = cpu_memory().current;
     if (measure) reset_cpu_peak();
@@ -189,6 +217,7 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
       run.peak = cpu_memory().peak - before_model;
     }
     run.bytes_per_step = engine.comm().bytes_sent() - bytes_before;
+    run.replicate_bytes_per_step = replicate ? replicate->bytes_sent() - replicate_before : 0;
     log.end_step(step, global_mean_loss(loss, job));  // reporting, not counted
   }
   run.losses = log.losses();
@@ -209,8 +238,9 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
   return run;
 }
 
-nlohmann::json stage_json(const StageRun& r, int world) {
+nlohmann::json stage_json(const StageRun& r) {
   const auto& L = r.layout;
+  const int world = r.shard_world;
   const StagePrediction ledger = predict_stage_memory(L.numel, r.stage, world);
   // The same formulas on the padded count: what the flat buffers hold exactly.
   const StagePrediction padded = predict_stage_memory(L.padded, r.stage, world);
@@ -236,17 +266,22 @@ nlohmann::json stage_json(const StageRun& r, int world) {
     j["memory"]["measured"] = nullptr;
   }
   j["comm"] = {{"bytes_per_step", r.bytes_per_step},
-               {"theory_bytes_per_step", predict_stage_comm(L.numel, r.stage, world, r.reshard)}};
+               {"theory_bytes_per_step", predict_stage_comm(L.numel, r.stage, world, r.reshard)},
+               {"replicate_bytes_per_step", r.replicate_bytes_per_step}};
+  j["shard_world"] = world;
   j["reshard_after_forward"] = r.reshard;
   return j;
 }
 
-void print_table(std::ostream& out, const std::vector<StageRun>& runs, int world) {
+void print_table(std::ostream& out, const std::vector<StageRun>& runs, int world, int job_world) {
   fmt::print(out,
-             "\nPer rank (W = {}), fp32 + AdamW: measured by the counting allocator / predicted "
+             "\nPer rank ({}), fp32 + AdamW: measured by the counting allocator / predicted "
              "by the ledger (ZeRO Fig. 1)\n\n"
              "  {:<6} {:>21} {:>21} {:>21} {:>10} {:>25} {:>9}\n",
-             world, "stage", "params MiB", "grads MiB", "optimizer MiB", "peak MiB",
+             world == job_world
+                 ? fmt::format("W = {}", world)
+                 : fmt::format("HSDP: sharded over {} of the W = {} ranks", world, job_world),
+             "stage", "params MiB", "grads MiB", "optimizer MiB", "peak MiB",
              "sent/step MiB (theory)", "ms/step");
   for (const auto& r : runs) {
     const StagePrediction p = predict_stage_memory(r.layout.numel, r.stage, world);
@@ -316,6 +351,23 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   // 2. Build: the job, the counting allocator (before the first tensor), the process group.
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
   check_batch_split(t.train.global_batch, job.env.world_size);
+  if (o.hsdp > 0) {
+    if (stages.size() > 1 || stages.front() < 2) {
+      throw UsageError("--hsdp", "HSDP shards stage 2 or 3",
+                       "pass --stage 2 or --stage 3 with --hsdp");
+    }
+    if (job.env.world_size % o.hsdp != 0) {
+      throw UsageError(
+          "--hsdp",
+          fmt::format("{} ranks do not split into shard groups of {}", job.env.world_size, o.hsdp),
+          fmt::format("pass a divisor of {}, e.g. --hsdp {} (ranks per node)", job.env.world_size,
+                      job.env.world_size > 1 ? 2 : 1));
+    }
+    if (!o.save_sharded.empty() || !o.load_sharded.empty() || !o.consolidate_file.empty()) {
+      throw UsageError("--hsdp", "this lesson's checkpoints are for plain ZeRO",
+                       "drop --save-sharded, --load-sharded and --consolidate, or --hsdp");
+    }
+  }
   install_counting_allocator();
   job.connect();
   const int world = job.world();
@@ -330,7 +382,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
               t.lr, t.train.steps, t.train.global_batch, t.train.global_batch / world, t.train.seed,
               std::string(o.prefetch ? ", prefetch" : "") + (o.recompute ? ", recompute" : "") +
                   (o.no_reshard ? ", no reshard after forward" : "") +
-                  (o.clip_norm > 0 ? fmt::format(", clip grad norm {:g}", o.clip_norm) : ""))},
+                  (o.clip_norm > 0 ? fmt::format(", clip grad norm {:g}", o.clip_norm) : "") +
+                  (o.hsdp > 0 ? fmt::format(", HSDP: shard groups of {}", o.hsdp) : ""))},
          {"stages", o.stage == "all" ? (o.recompute ? "0 (DDP), 1, 2, 3, 3 + recompute, one "
                                                       "after the other"
                                                     : "0 (DDP), 1, 2, 3, one after the other")
@@ -339,11 +392,14 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
 
   // 3. The loop, once per stage (a progress line per tenth of the run when there is one stage).
   std::vector<StageRun> runs;
+  const HsdpGroups hsdp = o.hsdp > 0 ? hsdp_groups(job, o.hsdp) : HsdpGroups{};
   for (int stage : stages) {
     const bool recompute = o.recompute && stages.size() == 1;
-    runs.push_back(run_stage(t, o, stage, recompute, job, talk && stages.size() == 1, err));
+    runs.push_back(run_stage(t, o, stage, recompute, job, hsdp, talk && stages.size() == 1, err));
   }
-  if (o.recompute && stages.size() > 1) runs.push_back(run_stage(t, o, 3, true, job, false, err));
+  if (o.recompute && stages.size() > 1) {
+    runs.push_back(run_stage(t, o, 3, true, job, hsdp, false, err));
+  }
 
   // 4. Report, 5. finish.
   job.finish();
@@ -355,11 +411,22 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     j["config"] = config_json(t.model_config(), t.train.global_batch, t.train.seed, t.lr);
     j["world"] = world;
     j["stages"] = nlohmann::json::array();
-    for (const auto& r : runs) j["stages"].push_back(stage_json(r, world));
+    j["hsdp"] = o.hsdp;
+    for (const auto& r : runs) j["stages"].push_back(stage_json(r));
     print_json_line(out, j);
     return kExitOk;
   }
-  print_table(out, runs, world);
+  print_table(out, runs, runs.front().shard_world, world);
+  if (o.hsdp > 0) {
+    const StageRun& r = runs.front();
+    fmt::print(out,
+               "  HSDP: {} replicas of shard groups of {} ranks; across the replicas, {:.3f} MiB "
+               "sent a step (theory 2 (R-1)/R x the shard: {:.3f}), beside the shard group's "
+               "above\n",
+               world / o.hsdp, o.hsdp, mib(static_cast<double>(r.replicate_bytes_per_step)),
+               mib(2.0 * (world / o.hsdp - 1) / (world / o.hsdp) * 4.0 *
+                   static_cast<double>(r.layout.shard)));
+  }
   if (!o.save_sharded.empty()) fmt::print(out, "  sharded checkpoint: {}/\n", o.save_sharded);
   if (!o.consolidate_file.empty()) fmt::print(out, "  consolidated: {}\n", o.consolidate_file);
   return kExitOk;
@@ -389,6 +456,10 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_flag("--recompute", o.recompute,
                "stage 3: keep each block's input only and recompute the block in backward (with "
                "--stage all: one more run, stage 3 recomputing)");
+  app.add_option("--hsdp", o.hsdp,
+                 "HSDP: shard over groups of G consecutive ranks, replicate across the W/G groups "
+                 "(FSDP's HYBRID_SHARD; stage 2 or 3)")
+      ->check(positive_count("--hsdp 2"));
   app.add_option("--save-sharded", o.save_sharded,
                  "after the last step, every rank writes its shard to DIR/shard-<r>-of-<W>.pt");
   app.add_option("--load-sharded", o.load_sharded,

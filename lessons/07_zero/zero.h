@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -189,8 +190,17 @@ struct ZeroOptions {
 /// uses). Training: forward_backward() on this rank's rows, then optimizer_step().
 class ZeroEngine {
  public:
-  /// @throws UsageError("--stage") for a stage outside 0..3.
-  ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptions& options);
+  /// @p replicate: HSDP (FSDP's HYBRID_SHARD, PyTorch's 2-D device mesh (replicate, shard)).
+  /// @p comm is then this rank's shard group, G ranks (usually one node), which the layout
+  /// shards over and whose collectives are the stage's; @p replicate is the group of the W/G
+  /// ranks that hold the same shard. After each unit's reduce-scatter (the G-rank mean), an
+  /// allreduce over @p replicate averages the shard over the replicas (given code): 2 (R-1)/R
+  /// of the shard's bytes each, R = W/G, on the slower inter-node links, instead of sharding
+  /// over all W. Stages 2 and 3 (ZeRO-2-like FSDP, _HYBRID_SHARD_ZERO2, and HYBRID_SHARD).
+  /// @throws UsageError("--stage") for a stage outside 0..3, UsageError("--hsdp") for HSDP at
+  ///   stage 0 or 1.
+  ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptions& options,
+             c10::intrusive_ptr<Comm> replicate = {});
 
   /// Forward and backward on @p batch (this rank's rows), then the stage's gradient
   /// communication, so that this rank holds the gradient it needs, averaged over the W ranks:
@@ -233,15 +243,20 @@ class ZeroEngine {
   };
   ShardState shard_state();
 
-  /// Replaces the training state with @p params, @p exp_avg and @p exp_avg_sq, full and
-  /// unpadded (Psi elements each, as full_parameters() lays them out), after @p step steps:
-  /// each rank keeps what its stage keeps. Not collective (checkpoint loading).
-  void load_full_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
-                       const torch::Tensor& exp_avg_sq, int64_t step);
+  /// Replaces the training state with what this rank keeps, after @p step steps. @p params is
+  /// full and unpadded (Psi elements, as full_parameters() lays them out) where the stage
+  /// replicates the parameters (0-2), else this rank's shard (layout().shard elements, as
+  /// shard_state() lays it out); @p exp_avg and @p exp_avg_sq are full and unpadded at stage 0,
+  /// else the shard. Not collective (checkpoint loading). Given.
+  /// @throws std::invalid_argument when a tensor has another number of elements.
+  void load_owned_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
+                        const torch::Tensor& exp_avg_sq, int64_t step);
 
   int64_t steps_done() const { return step_; }
   const FlatLayout& layout() const { return layout_; }
   CountingComm& comm() { return comm_; }
+  /// HSDP's replicate group (its bytes counted as comm()'s are), or nullptr without HSDP.
+  CountingComm* replicate_comm() { return replicate_.get(); }
   int stage() const { return options_.stage; }
   Gpt& model() { return model_; }
 
@@ -268,6 +283,7 @@ class ZeroEngine {
   Gpt model_;
   torch::TensorOptions float_options_;  ///< fp32 on the model's device
   CountingComm comm_;
+  std::unique_ptr<CountingComm> replicate_;  ///< HSDP: the ranks holding the same shard
   ZeroOptions options_;
   FlatLayout layout_;
   torch::Tensor flat_params_;  ///< stages 0-2: (padded); stage 3: undefined
@@ -291,12 +307,27 @@ class ZeroEngine {
 /// it; @p dir must exist.
 void save_sharded(ZeroEngine& engine, const std::string& dir);
 
+/// Elements [@p begin, @p end) of unit @p unit's unpadded range (0 <= begin <= end <=
+/// layout.units[unit].numel), from a checkpoint saved by @p saved_world ranks. Saved file j
+/// holds, for every unit in order, chunk j of the unit in the layout of those N ranks:
+/// padded_size(numel, N) / N elements (zeros past numel), starting where the earlier units'
+/// N-rank chunks end. @p shard_of(j) returns file j's flat tensor (the parameters, or one
+/// moment); read_unit_range() asks it only for the files whose chunk of the unit overlaps
+/// [begin, end), none for an empty range: loading, a rank reads only the files that hold what
+/// it keeps (as torch.distributed.checkpoint plans its reads).
+/// @throws std::invalid_argument for a unit, range or saved_world out of bounds.
+torch::Tensor read_unit_range(const FlatLayout& layout, size_t unit, int64_t begin, int64_t end,
+                              int saved_world,
+                              const std::function<torch::Tensor(int file)>& shard_of);
+
 /// Loads a checkpoint saved by save_sharded() with any number N of ranks into @p engine, which
-/// may run on M != N ranks and at any stage (re-sharding): every rank reads the N files,
-/// rebuilds the full, unpadded parameters and moments of each unit (dropping the N-rank
-/// padding), and hands them to load_full_state(), which keeps this rank's M-rank part.
+/// may run on M != N ranks and at any stage (re-sharding). For each unit, this rank keeps the
+/// whole unit where its stage replicates it (the parameters at stages 0-2, the moments at stage
+/// 0), else its chunk of the M-rank layout; read_unit_range() gets exactly that range from the
+/// files, each file read once, when first needed, and none that holds nothing this rank keeps
+/// (at stage 3, one or two of the N files instead of N), and load_owned_state() takes it. Given.
 /// @throws UsageError("--load-sharded") when @p dir is not a directory, has no COMPLETE marker
-///   (the save did not finish), lacks a rank's file, or holds another model.
+///   (the save did not finish), lacks a file this rank needs, or holds another model.
 void load_sharded(ZeroEngine& engine, const std::string& dir);
 
 /// Gathers the full parameters and writes them on rank 0 to @p file as one archive of named

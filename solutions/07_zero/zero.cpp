@@ -8,8 +8,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <stdexcept>
 
 #include "dtc/errors.h"
@@ -236,11 +238,20 @@ void refill_storage(const torch::Tensor& into, const torch::Tensor& from) {
   src->set_nbytes(0);
 }
 
-ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptions& options)
+ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptions& options,
+                       c10::intrusive_ptr<Comm> replicate)
     : model_(std::move(model)), comm_(std::move(comm)), options_(options) {
   if (options_.stage < 0 || options_.stage > 3) {
     throw UsageError("--stage", fmt::format("{} is not a ZeRO stage", options_.stage),
                      "use 0 (DDP), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)");
+  }
+  if (replicate) {
+    if (options_.stage < 2) {
+      throw UsageError("--hsdp",
+                       fmt::format("HSDP shards stage 2 or 3, not stage {}", options_.stage),
+                       "pass --stage 2 or --stage 3 with --hsdp");
+    }
+    replicate_ = std::make_unique<CountingComm>(std::move(replicate));
   }
   torch::NoGradGuard no_grad;
   float_options_ =
@@ -367,7 +378,15 @@ float ZeroEngine::forward_backward_replicated(const Batch& batch) {
 void ZeroEngine::reduce_unit_gradient(Pending& pending, const Unit& unit) {
   if (!pending.work) return;
   auto sum = CountingComm::reduce_scatter_finish(pending);
-  chunk_of_shard(grad_shard_, unit).copy_(sum.div_(static_cast<double>(comm_.world())));
+  auto chunk = chunk_of_shard(grad_shard_, unit);
+  chunk.copy_(sum.div_(static_cast<double>(comm_.world())));
+  if (replicate_) {
+    // HSDP: the mean over the shard group, averaged over the replicas of this shard: the mean
+    // over all W ranks (equal groups). Blocking, unit by unit (FSDP2 overlaps it too).
+    auto mean = chunk.contiguous();
+    replicate_->all_reduce(mean);
+    chunk.copy_(mean.div_(static_cast<double>(replicate_->world())));
+  }
 }
 
 float ZeroEngine::forward_backward_sharded(const Batch& batch) {
@@ -607,19 +626,27 @@ ZeroEngine::ShardState ZeroEngine::shard_state() {
   return s;
 }
 
-void ZeroEngine::load_full_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
-                                 const torch::Tensor& exp_avg_sq, int64_t step) {
+void ZeroEngine::load_owned_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
+                                  const torch::Tensor& exp_avg_sq, int64_t step) {
   torch::NoGradGuard no_grad;
-  auto p = pad_full(params.to(float_options_.device()));
-  auto m = pad_full(exp_avg.to(float_options_.device()));
-  auto v = pad_full(exp_avg_sq.to(float_options_.device()));
-  if (options_.stage <= 2) {
-    flat_params_.copy_(p);  // the parameters stay views of it
-  } else {
-    param_shard_ = shard_of_full(p);
+  const int64_t whole_params = options_.stage <= 2 ? layout_.numel : layout_.shard;
+  const int64_t whole_moments = options_.stage == 0 ? layout_.numel : layout_.shard;
+  if (params.numel() != whole_params || exp_avg.numel() != whole_moments ||
+      exp_avg_sq.numel() != whole_moments) {
+    throw std::invalid_argument(fmt::format(
+        "load_owned_state at stage {}: {} parameters and {}/{} moment elements, expected {} "
+        "and {}",
+        options_.stage, params.numel(), exp_avg.numel(), exp_avg_sq.numel(), whole_params,
+        whole_moments));
   }
-  exp_avg_ = options_.stage == 0 ? m : shard_of_full(m);
-  exp_avg_sq_ = options_.stage == 0 ? v : shard_of_full(v);
+  auto here = [&](const torch::Tensor& t) { return t.to(float_options_).contiguous().clone(); };
+  if (options_.stage <= 2) {
+    flat_params_.copy_(pad_full(here(params)));  // the parameters stay views of it
+  } else {
+    param_shard_ = here(params);
+  }
+  exp_avg_ = options_.stage == 0 ? pad_full(here(exp_avg)) : here(exp_avg);
+  exp_avg_sq_ = options_.stage == 0 ? pad_full(here(exp_avg_sq)) : here(exp_avg_sq);
   step_ = step;
   if (step == 0) {
     exp_avg_ = torch::Tensor();
@@ -661,6 +688,34 @@ torch::Tensor unit_numels(const FlatLayout& layout) {
 }
 
 }  // namespace
+
+torch::Tensor read_unit_range(const FlatLayout& layout, size_t unit, int64_t begin, int64_t end,
+                              int saved_world,
+                              const std::function<torch::Tensor(int file)>& shard_of) {
+  if (unit >= layout.units.size() || saved_world < 1 || begin < 0 || begin > end ||
+      end > layout.units[unit].numel) {
+    throw std::invalid_argument(fmt::format(
+        "read_unit_range: unit {} of {}, range [{}, {}), saved by {} ranks: out of bounds", unit,
+        layout.units.size(), begin, end, saved_world));
+  }
+  std::vector<torch::Tensor> parts;  // [begin, end), in order
+  // BEGIN SOLUTION: the pieces of [begin, end) in order, each narrowed from the file whose
+  //   N-rank chunk of the unit holds it, asking shard_of only for files that hold a piece
+  //   (L07Checkpoint.*; hints: README sections 6 and 8)
+  int64_t offset = 0;  // where the unit's chunk starts in every file: the earlier units' chunks
+  for (size_t k = 0; k < unit; ++k) {
+    offset += padded_size(layout.units[k].numel, saved_world) / saved_world;
+  }
+  const int64_t chunk = padded_size(layout.units[unit].numel, saved_world) / saved_world;
+  for (int64_t r = chunk > 0 ? begin / chunk : 0; begin < end && r * chunk < end; ++r) {
+    const int64_t lo = std::max(begin, r * chunk);
+    const int64_t hi = std::min(end, (r + 1) * chunk);
+    parts.push_back(shard_of(static_cast<int>(r)).narrow(0, offset + lo - r * chunk, hi - lo));
+  }
+  // END SOLUTION
+  if (parts.empty()) return torch::empty({0}, torch::kFloat);
+  return torch::cat(parts);
+}
 
 void save_sharded(ZeroEngine& engine, const std::string& dir) {
   const auto s = engine.shard_state();
@@ -715,9 +770,13 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
     saved_world = static_cast<int>(w.item<int64_t>());
     saved_step = st.item<int64_t>();
   }
-  std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;
-  int64_t step = 0;
-  for (int r = 0; r < saved_world; ++r) {
+  // The files, each read when first needed and checked: the same model, the marker's step.
+  struct Saved {
+    torch::Tensor params, exp_avg, exp_avg_sq;
+  };
+  std::map<int, Saved> files;
+  auto file_of = [&](int r) -> const Saved& {
+    if (auto it = files.find(r); it != files.end()) return it->second;
     const std::string file = shard_file(dir, r, saved_world);
     if (!std::filesystem::exists(file)) {
       throw UsageError(
@@ -726,49 +785,49 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
     }
     torch::serialize::InputArchive archive;
     archive.load_from(file);
-    torch::Tensor numels, p, m, v, st;
+    torch::Tensor numels, st;
+    Saved saved;
     archive.read("unit_numels", numels);
     if (!torch::equal(numels, unit_numels(engine.layout()))) {
       throw UsageError("--load-sharded", fmt::format("'{}' is a checkpoint of another model", file),
                        "use the same model flags (--layers, --hidden, --seq, --untied, ...)");
     }
-    archive.read("params", p);
-    archive.read("exp_avg", m);
-    archive.read("exp_avg_sq", v);
+    archive.read("params", saved.params);
+    archive.read("exp_avg", saved.exp_avg);
+    archive.read("exp_avg_sq", saved.exp_avg_sq);
     archive.read("step", st);
-    params.push_back(p);
-    exp_avg.push_back(m);
-    exp_avg_sq.push_back(v);
-    step = st.item<int64_t>();
-    if (step != saved_step) {
+    if (st.item<int64_t>() != saved_step) {
       throw UsageError("--load-sharded",
                        fmt::format("'{}' is from step {}, but the checkpoint's COMPLETE marker "
                                    "says step {}: shards of two saves are mixed",
-                                   file, step, saved_step),
+                                   file, st.item<int64_t>(), saved_step),
                        "load a directory that one finished save wrote");
     }
-  }
-  torch::Tensor full_params, full_exp_avg, full_exp_avg_sq;  // Psi elements each, unpadded
-  // BEGIN SOLUTION: the full_* tensors: Psi elements each, unit after unit, unpadded, rebuilt
-  //   from files laid out for the N ranks that saved them, not for this run's
-  //   (L07Checkpoint.*; hints: README sections 6 and 8)
-  auto rebuild = [&](const std::vector<torch::Tensor>& shards) {
-    std::vector<torch::Tensor> units;
-    int64_t shard_offset = 0;
-    for (const Unit& unit : engine.layout().units) {
-      const int64_t chunk = padded_size(unit.numel, saved_world) / saved_world;
-      std::vector<torch::Tensor> chunks;
-      for (const auto& s : shards) chunks.push_back(s.narrow(0, shard_offset, chunk));
-      units.push_back(torch::cat(chunks).narrow(0, 0, unit.numel));
-      shard_offset += chunk;
-    }
-    return torch::cat(units);
+    return files.emplace(r, std::move(saved)).first->second;
   };
-  full_params = rebuild(params);
-  full_exp_avg = rebuild(exp_avg);
-  full_exp_avg_sq = rebuild(exp_avg_sq);
-  // END SOLUTION
-  engine.load_full_state(full_params, full_exp_avg, full_exp_avg_sq, step);
+  // What this rank keeps of each unit, in the current layout: the whole unit, unpadded, where
+  // the stage replicates it; else its chunk, zero-padded to unit.chunk() (the shard layout).
+  const FlatLayout& layout = engine.layout();
+  const int64_t rank = engine.comm().rank();
+  auto owned = [&](bool whole, torch::Tensor Saved::*which) {
+    std::vector<torch::Tensor> parts;
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      const Unit& unit = layout.units[u];
+      const int64_t begin = whole ? 0 : std::min(unit.numel, rank * unit.chunk());
+      const int64_t end = whole ? unit.numel : std::min(unit.numel, (rank + 1) * unit.chunk());
+      auto part = read_unit_range(layout, u, begin, end, saved_world,
+                                  [&](int r) { return file_of(r).*which; });
+      parts.push_back(part.to(torch::kFloat));
+      if (!whole && part.numel() < unit.chunk()) {
+        parts.push_back(torch::zeros({unit.chunk() - part.numel()}, torch::kFloat));
+      }
+    }
+    return torch::cat(parts);
+  };
+  auto params = owned(engine.stage() <= 2, &Saved::params);
+  auto exp_avg = owned(engine.stage() == 0, &Saved::exp_avg);
+  auto exp_avg_sq = owned(engine.stage() == 0, &Saved::exp_avg_sq);
+  engine.load_owned_state(params, exp_avg, exp_avg_sq, saved_step);
 }
 
 void consolidate(ZeroEngine& engine, const std::string& file) {

@@ -330,6 +330,107 @@ TEST(L06Bucketed, FindUnusedParametersKeepsTheOverlap) {
       kTimeout);
 }
 
+// The bucket rebuild (first_bucket_bytes > 0): four layers registered m0..m3 but used in another
+// order, so that the constructor's buckets (reverse registration order, one layer each) fill out
+// of turn: in-order launching holds ready buckets back behind one that is not. After step 1 the
+// Reducer buckets the parameters again in the order their gradients arrived, on rank 0; rank 1
+// runs the layers in yet another order and must take rank 0's buckets (one broadcast), or the
+// two ranks' allreduces would pair different buckets. Seen from outside: a RecordingComm, and
+// marks from hooks of the test's own after each gradient; the mean gradients against an
+// allreduce of the test's own.
+TEST(L06Bucketed, RebuiltBucketsFollowTheReadyOrderOfRankZero) {
+  constexpr int kWorld = 2;
+  std::vector<std::vector<std::vector<size_t>>> buckets_of(kWorld);
+  run_ranks(
+      kWorld,
+      [&](RankContext& ctx) {
+        for (bool rebuild : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "rebuild " << rebuild);
+          torch::manual_seed(5);
+          std::vector<torch::nn::Linear> m;
+          std::vector<torch::Tensor> params;
+          for (int k = 0; k < 4; ++k) {
+            m.emplace_back(16, 16);
+            for (const auto& p : m.back()->parameters()) params.push_back(p);
+          }
+          auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+          Reducer reducer(params, rec, 16 * 16 * 4, rebuild ? 64 : 0);  // one layer per bucket
+          for (size_t i = 0; i < params.size(); ++i) {
+            params[i].register_hook(
+                [rec, i](const torch::Tensor&) { rec->mark(std::to_string(i)); });
+          }
+          const std::vector<int> use =
+              ctx.rank == 0 ? std::vector<int>{1, 3, 0, 2} : std::vector<int>{2, 0, 3, 1};
+          std::vector<int64_t> first_order;
+          for (int step = 0; step < 2; ++step) {
+            for (auto& p : params) p.mutable_grad().reset();
+            torch::Tensor y = torch::randn({4, 16}) + static_cast<double>(ctx.rank);
+            for (int k : use) y = torch::tanh(m[static_cast<size_t>(k)](y));
+            const torch::Tensor loss = y.pow(2).mean();
+            rec->clear();
+            loss.backward();
+            std::vector<int64_t> marks, order;
+            for (const auto& e : rec->events("mark")) {
+              marks.push_back(e.seq);
+              order.push_back(std::stoll(e.label));
+            }
+            // Buckets launched on time: a bucket's allreduce (the b-th: in-order launching) before
+            // the mark that follows its last gradient's, i.e. while backward goes on.
+            const auto& buckets = reducer.buckets();
+            const auto calls = rec->events("allreduce");
+            std::vector<size_t> pos(params.size(), 0);
+            for (size_t k = 0; k < order.size(); ++k) pos[static_cast<size_t>(order[k])] = k;
+            int64_t on_time = 0;
+            for (size_t b = 0; b < buckets.size() && b < calls.size(); ++b) {
+              size_t last = 0;
+              for (size_t i : buckets[b]) last = std::max(last, pos[i]);
+              on_time += last + 1 >= marks.size() || calls[b].seq < marks[last + 1];
+            }
+            // The local gradients, before finish() overwrites them with the mean.
+            std::vector<torch::Tensor> want;
+            for (const auto& p : params) want.push_back(p.grad().clone());
+            reducer.finish();
+            for (auto& g : want) {
+              std::vector<at::Tensor> v{g};
+              ctx.comm->allreduce(v)->wait();
+              g.div_(kWorld);
+            }
+            for (size_t i = 0; i < params.size(); ++i) {
+              EXPECT_TRUE(torch::allclose(params[i].grad(), want[i], 1e-6, 1e-7))
+                  << "parameter " << i << "'s mean gradient in step " << step + 1;
+            }
+            const auto n = static_cast<int64_t>(reducer.buckets().size());
+            if (step == 0) {
+              first_order = order;
+              EXPECT_EQ(reducer.rebuilt(), rebuild);
+              continue;
+            }
+            if (!rebuild) {
+              EXPECT_LT(on_time, n)
+                  << "the registration-order buckets fill out of turn: ready ones wait";
+              continue;
+            }
+            // Step 2, rebuilt: the buckets, end to end, are rank 0's ready order of step 1.
+            std::vector<int64_t> flat;
+            for (const auto& b : reducer.buckets()) {
+              for (size_t i : b) flat.push_back(static_cast<int64_t>(i));
+            }
+            buckets_of[static_cast<size_t>(ctx.rank)] = reducer.buckets();
+            if (ctx.rank == 0) {
+              EXPECT_EQ(flat, first_order) << "the buckets follow the order gradients arrived in";
+              EXPECT_EQ(on_time, n) << "every rebuilt bucket launched as soon as it is full";
+            }
+            int64_t first_bytes = 0;
+            for (size_t i : reducer.buckets().front()) first_bytes += params[i].numel() * 4;
+            EXPECT_TRUE(first_bytes <= 64 || reducer.buckets().front().size() == 1)
+                << "the first bucket is capped at first_bucket_bytes";
+          }
+        }
+      },
+      kTimeout);
+  EXPECT_EQ(buckets_of[0], buckets_of[1]) << "rank 1 takes rank 0's buckets";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Step 6: accumulation without communication on the inner micro-steps
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 // of PyTorch's own run (tests/reference/lesson02_reference.json) within kFp32VsPyTorch; bytes per
 // step by the ring's count; and sharded checkpoints saved by 2 ranks load on 3 (re-sharded) and
 // consolidate to the unsharded model.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -11,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 
 #include <unistd.h>
 
 #include "adamw_params.h"
 #include "dtc/compare.h"
+#include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/memory.h"
 #include "dtc/observe.h"
@@ -203,6 +206,89 @@ TEST(L07ReshardAfterForward, FalseSendsTwoPsiAndKeepsTheBlocks) {
     EXPECT_EQ(got.bytes.front(), (2 - 1) * (2 * L.padded / 2) * 4)
         << "2 Psi: every unit gathered once, every gradient reduce-scattered once";
   }
+}
+
+// HSDP (FSDP's HYBRID_SHARD) on 4 ranks: shard groups {0, 1} and {2, 3} (what would be two
+// nodes), replicate groups {0, 2} and {1, 3}. Each rank trains its own rows of the global batch;
+// after each unit's reduce-scatter in its shard group, the shard's gradient is averaged over the
+// replicas: the parameters are the single-process baseline's, at stage 2 and stage 3. Seen from
+// outside, by RecordingComms on both groups: the shard group carries what ZeRO on 2 ranks does,
+// and across the replicas one allreduce of the shard per step: 2 (R-1)/R x shard x 4 bytes.
+TEST(L07Hsdp, ShardGroupsOfTwoReplicatedTwiceMatchTheBaseline) {
+  const GptConfig config = tiny(true);
+  const int64_t batch = 8, steps = 4;
+  const ByteDataset data = ByteDataset::builtin();
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << "stage " << stage);
+    RunResult got;
+    got.losses.assign(static_cast<size_t>(steps), 0.0f);
+    std::mutex mu;
+    int64_t shard_bytes = 0, replicate_bytes = 0, replicate_counted = 0;
+    run_ranks(
+        4,
+        [&](RankContext& ctx) {
+          const std::vector<int> shard =
+              ctx.rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+          const std::vector<int> replicate =
+              ctx.rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+          auto rec_shard = c10::make_intrusive<RecordingComm>(
+              new_subgroup(ctx.store, fmt::format("shard{}", ctx.rank / 2), shard, ctx.rank,
+                           BackendKind::kGloo, kTimeout));
+          auto rec_replicate = c10::make_intrusive<RecordingComm>(
+              new_subgroup(ctx.store, fmt::format("replicate{}", ctx.rank % 2), replicate, ctx.rank,
+                           BackendKind::kGloo, kTimeout));
+          Gpt model(config);
+          init_weights(model, 1);
+          ZeroOptions o;
+          o.stage = stage;
+          ZeroEngine engine(model, rec_shard, o, rec_replicate);
+          const int64_t rows = batch / 4;
+          for (int64_t step = 0; step < steps; ++step) {
+            rec_shard->clear();
+            rec_replicate->clear();
+            const int64_t before = engine.replicate_comm()->bytes_sent();
+            const float loss =
+                engine.forward_backward(data.batch(1, step, rows, config.ctx, ctx.rank * rows));
+            engine.optimizer_step();
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              got.losses[static_cast<size_t>(step)] += loss / 4.0f;
+            }
+            if (ctx.rank == 0 && step == steps - 1) {
+              shard_bytes = ring_bytes(rec_shard->events(), 2);
+              replicate_bytes = ring_bytes(rec_replicate->events(), 2);
+              replicate_counted = engine.replicate_comm()->bytes_sent() - before;
+            }
+          }
+          auto params = engine.full_parameters();
+          if (ctx.rank == 0) {
+            got.params = params;
+            got.layout = engine.layout();
+          }
+        },
+        kTimeout);
+    expect_matches_baseline(got, config, batch, steps);
+    const auto& L = got.layout;
+    EXPECT_EQ(L.world, 2) << "the layout shards over the shard group";
+    EXPECT_EQ(replicate_bytes, 2 * (2 - 1) * L.shard * 4 / 2)
+        << "one allreduce of the shard across the 2 replicas per step";
+    EXPECT_EQ(replicate_counted, replicate_bytes) << "the replicate group's CountingComm";
+    const auto plain = train(config, stage, 2, 4, 1);
+    EXPECT_EQ(shard_bytes, plain.bytes.front()) << "inside a shard group: ZeRO on 2 ranks";
+  }
+}
+
+// A stage without sharded gradients cannot be HSDP here: a clear error, before any collective.
+TEST(L07HsdpGiven, StageOneIsAUsageError) {
+  run_ranks(
+      1,
+      [&](RankContext& ctx) {
+        Gpt model(tiny(true));
+        ZeroOptions o;
+        o.stage = 1;
+        EXPECT_THROW(ZeroEngine(model, ctx.comm, o, ctx.comm), UsageError);
+      },
+      kTimeout);
 }
 
 // Global-norm clipping on shards: each rank's squared norm of what it owns, summed over the
@@ -482,6 +568,59 @@ TEST(L07Checkpoint, SavedByTwoLoadedByThreeAndConsolidated) {
     EXPECT_TENSOR_CLOSE(t, item.value().detach(), kFp32Steps);
   }
   std::filesystem::remove_all(dir);
+}
+
+// read_unit_range() on files made here: saved file j holds, for each unit in order, chunk j of
+// the unit in the N-rank layout, each element its own index (10000 * unit + i; the padding -1),
+// so that every range read back must be exactly its indices, and the files it asks for (which
+// the test records, outside the code under test) exactly those whose chunk overlaps the range:
+// a load that reads every file, or misplaces a unit's chunk, fails here.
+TEST(L07Checkpoint, ReadUnitRangeReadsOnlyTheFilesItsRangeOverlaps) {
+  FlatLayout layout;  // only the units' sizes matter: 10, 7, 1 and 5 elements
+  for (int64_t n : {10, 7, 1, 5}) {
+    Unit unit;
+    unit.numel = n;
+    layout.units.push_back(unit);
+  }
+  int wrong = 0;
+  for (int saved : {1, 2, 3, 4}) {
+    std::vector<torch::Tensor> files;
+    for (int j = 0; j < saved; ++j) {
+      std::vector<float> v;
+      for (size_t k = 0; k < layout.units.size(); ++k) {
+        const int64_t n = layout.units[k].numel, c = padded_size(n, saved) / saved;
+        for (int64_t i = j * c; i < (j + 1) * c; ++i) {
+          v.push_back(i < n ? 10000.f * static_cast<float>(k) + static_cast<float>(i) : -1.f);
+        }
+      }
+      files.push_back(torch::tensor(v));
+    }
+    for (size_t k = 0; k < layout.units.size(); ++k) {
+      const int64_t n = layout.units[k].numel, c = padded_size(n, saved) / saved;
+      for (int64_t b = 0; b <= n; ++b) {
+        for (int64_t e = b; e <= n; ++e) {
+          std::set<int> asked, overlapping;
+          for (int j = 0; j < saved; ++j) {
+            if (std::max(b, j * c) < std::min(e, (j + 1) * c)) overlapping.insert(j);
+          }
+          auto got = read_unit_range(layout, k, b, e, saved, [&](int j) {
+            asked.insert(j);
+            return files.at(static_cast<size_t>(j));
+          });
+          auto want = torch::arange(b, e, torch::kFloat) + 10000.f * static_cast<float>(k);
+          const bool values_ok = got.numel() == e - b && torch::equal(got.to(torch::kFloat), want);
+          if ((!values_ok || asked != overlapping) && ++wrong <= 5) {
+            ADD_FAILURE() << "unit " << k << " (" << n << " elements), range [" << b << ", " << e
+                          << "), saved by " << saved << " ranks: got " << got.numel()
+                          << " elements " << (values_ok ? "(right)" : "(wrong values)")
+                          << ", asked for " << asked.size() << " files, " << overlapping.size()
+                          << " hold a piece of the range (a rank reads only those)";
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "ranges read wrong (the first five above)";
 }
 
 TEST(L07Checkpoint, MissingDirectoryIsAUsageError) {
