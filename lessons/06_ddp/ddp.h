@@ -126,6 +126,13 @@ class Reducer {
   /// sync() is false. Given.
   void prepare_for_backward(const torch::Tensor& output);
 
+  /// The collectives of one synced backward and finish(), with zeros: what a rank that has no
+  /// batch left sends while the others train a step (DdpTrainer::join: DDP's
+  /// _match_all_reduce_for_bwd_pass). Leaves the parameters' gradients alone. Given.
+  /// @throws std::logic_error while a bucket rebuild is still due (a rank that trained no step
+  ///   cannot answer the rebuild's broadcast).
+  void shadow_step();
+
   /// The buckets, as parameter indices (assign_buckets; after a rebuild, in the ready order).
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
   /// Whether the buckets were rebuilt (after the first synced step, with first_bucket_bytes).

@@ -118,6 +118,10 @@ DdpTrainer::DdpTrainer(const TrainConfig& config, c10::intrusive_ptr<Comm> comm,
 }
 
 float DdpTrainer::step(const std::vector<Batch>& micro_batches) {
+  if (config_.join) {  // Join: "I train this step" (a joined rank answers 0)
+    std::vector<at::Tensor> active{torch::ones({1}, torch::kFloat).to(device_)};
+    comm_->allreduce(active)->wait();
+  }
   zero_grad_to_none(*optimizer_);
   const auto n = static_cast<int64_t>(micro_batches.size());
   double local_loss = 0;
@@ -147,6 +151,52 @@ float DdpTrainer::step(const std::vector<Batch>& micro_batches) {
   return loss[0].cpu().item<float>() / static_cast<float>(comm_->getSize());
 }
 
+void DdpTrainer::shadow_step() {
+  torch::NoGradGuard no_grad;
+  auto zeros_allreduce = [&](int64_t numel) {
+    std::vector<at::Tensor> z{torch::zeros({numel}, torch::kFloat).to(device_)};
+    comm_->allreduce(z)->wait();
+  };
+  switch (config_.sync) {
+    case SyncMode::kNaive:  // one allreduce per parameter (every parameter is used here)
+      for (const auto& p : params_) zeros_allreduce(p.numel());
+      break;
+    case SyncMode::kFlat: {
+      int64_t numel = 0;
+      for (const auto& p : params_) numel += p.numel();
+      zeros_allreduce(numel);
+      break;
+    }
+    case SyncMode::kBucketed: reducer_->shadow_step(); break;
+  }
+  zeros_allreduce(1);  // the step's loss: this rank adds 0
+}
+
+void DdpTrainer::join(bool trained_to_the_end) {
+  if (!config_.join) return;
+  torch::NoGradGuard no_grad;
+  for (;;) {
+    std::vector<at::Tensor> active{torch::zeros({1}, torch::kFloat).to(device_)};
+    comm_->allreduce(active)->wait();
+    if (active[0].cpu().item<float>() == 0) break;  // every rank has joined
+    shadow_step();
+  }
+  // The final model: the highest rank that trained every step (its optimizer saw every step).
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  std::vector<at::Tensor> who{
+      torch::full({1}, trained_to_the_end ? comm_->getRank() : -1, torch::kLong)};
+  comm_->allreduce(who, max)->wait();
+  const int64_t root = who[0].item<int64_t>();
+  if (root < 0) return;  // every rank stopped early: nothing to prefer
+  c10d::BroadcastOptions from;
+  from.rootRank = root;
+  for (auto& p : params_) {
+    std::vector<at::Tensor> t{p.detach()};
+    comm_->broadcast(t, from)->wait();
+  }
+}
+
 double replica_divergence(Gpt& model, Comm& comm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> flat;
@@ -171,6 +221,7 @@ struct Options {  // lesson 06's own flags (the shared ones: dtc::TrainCli)
   std::string sync = "bucketed";
   double bucket_kb = 256;
   bool rebuild_buckets = false;
+  bool join = false;
   double first_bucket_kb = 64;
   int64_t accum = 1;
   std::string data = "steps";
@@ -348,6 +399,7 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
     j["bucket_kb"] = o.bucket_kb;
     j["buckets"] = buckets;
     j["buckets_rebuilt"] = reducer != nullptr && reducer->rebuilt();
+    j["join"] = c.join;
     j["launched_in_backward"] = in_backward;
     j["accum"] = c.accum;
     j["data"] = epochs ? "epochs" : "steps";
@@ -385,6 +437,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   c.sync = parse_sync(o.sync);
   c.accum = o.accum;
   c.bucket_bytes = static_cast<int64_t>(std::llround(o.bucket_kb * 1024.0));
+  c.join = o.join;
   if (o.rebuild_buckets) {
     if (c.sync != SyncMode::kBucketed) {
       throw UsageError("--rebuild-buckets", "rebuilds the buckets of --sync bucketed",
@@ -433,7 +486,15 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     log.begin_step();
     log.end_step(step, step_or_explain(trainer, batches, rank, step, o, t.timeout_s));
   }
-  if (last < steps) return stop_early(rank, last, steps, t.timeout_s, err);
+  if (last < steps && !o.join) return stop_early(rank, last, steps, t.timeout_s, err);
+  if (last < steps) {
+    fmt::print(err,
+               "[rank {}] --pitfall uneven-steps --join: out of batches after {} steps; "
+               "shadowing the others' step {} with zeros (Join)\n",
+               rank, last, last);
+    err.flush();
+  }
+  trainer.join(last == steps);
   save(o, rank, trainer, steps, err);
   // Are the replicas still the same? (The no-broadcast pitfall: they never were.)
   const double divergence = replica_divergence(trainer.model(), *job.comm);
@@ -467,6 +528,10 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "cap of the first bucket after --rebuild-buckets, in KiB (PyTorch: 1024)")
       ->check(finite_positive("--first-bucket-kb 64"))
       ->capture_default_str();
+  app.add_flag("--join", o.join,
+               "uneven inputs: a rank out of batches shadows the others' collectives with zeros "
+               "until all are done, then every rank takes the model of one that trained to the "
+               "end (PyTorch's Join)");
   app.add_option("--accum", o.accum,
                  "micro-steps per optimizer step (gradient accumulation; communication only on "
                  "the last: no_sync)")

@@ -38,7 +38,8 @@ struct TrainConfig : RunConfig {
   SyncMode sync = SyncMode::kBucketed;
   int64_t bucket_bytes = 256 * 1024;  ///< the Reducer's bucket cap (--bucket-kb)
   int64_t first_bucket_bytes = 0;     ///< > 0: rebuild the buckets after step 1 (--rebuild-buckets)
-  int64_t accum = 1;                  ///< micro-steps per optimizer step (--accum)
+  bool join = false;  ///< uneven inputs: each step announces itself, done ranks shadow (--join)
+  int64_t accum = 1;  ///< micro-steps per optimizer step (--accum)
 };
 
 /// The course's GPT for @p config, initialised from @p seed (dtc::init_weights), on @p device.
@@ -70,6 +71,18 @@ class DdpTrainer {
   ///   small allreduce (every rank gets it).
   float step(const std::vector<Batch>& micro_batches);
 
+  /// PyTorch's Join (torch.distributed.algorithms.Join with DDP's join hook), for ranks that run
+  /// out of batches at different steps: with TrainConfig::join, every step() begins with one
+  /// allreduce of 1 (this rank trains a step); a rank with no batch left calls join(), which
+  /// answers that allreduce with 0 and, while the sum says some rank still trains, shadows
+  /// that step's collectives with zeros (the Reducer's buckets, in order: a zero gradient, the
+  /// mean still divided by the initial world size, as DDP's default
+  /// divide_by_initial_world_size=True), until every rank has joined. Then every rank takes
+  /// the parameters of the highest rank that trained to the end (@p trained_to_the_end; DDP's
+  /// _sync_final_model), so the replicas agree again. Every rank calls it, after its last step.
+  /// Does nothing without TrainConfig::join. Given.
+  void join(bool trained_to_the_end);
+
   Gpt& model() { return model_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   /// The Reducer (SyncMode::kBucketed only, else nullptr).
@@ -84,6 +97,8 @@ class DdpTrainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::vector<torch::Tensor> params_;
   std::unique_ptr<Reducer> reducer_;
+  /// One step's collectives, with zeros: join()'s answer to a rank that trains.
+  void shadow_step();
 };
 
 /// The largest elementwise difference of @p model's parameters between any two ranks (0 when

@@ -215,6 +215,19 @@ void Reducer::rebuild_buckets() {
   rebuilt_ = true;
 }
 
+void Reducer::shadow_step() {
+  if (first_bucket_bytes_ > 0 && !rebuilt_) {
+    throw std::logic_error(
+        "Reducer::shadow_step: the buckets are rebuilt after the first step, which this rank "
+        "has not trained: join after at least one step, or drop --rebuild-buckets");
+  }
+  for (auto& flat : flat_) {  // the buckets in launch order, each its own allreduce
+    flat.zero_();
+    std::vector<at::Tensor> tensors{flat};
+    comm_->allreduce(tensors)->wait();
+  }
+}
+
 Reducer::~Reducer() {
   for (size_t i = 0; i < hook_ids_.size(); ++i) params_[i].remove_hook(hook_ids_[i]);
   for (size_t i = 0; i < order_hook_ids_.size(); ++i) params_[i].remove_hook(order_hook_ids_[i]);

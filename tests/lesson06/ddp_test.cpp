@@ -431,6 +431,66 @@ TEST(L06Bucketed, RebuiltBucketsFollowTheReadyOrderOfRankZero) {
   EXPECT_EQ(buckets_of[0], buckets_of[1]) << "rank 1 takes rank 0's buckets";
 }
 
+// Join (given): rank 1 has batches for 2 steps, rank 0 for 3. With join, rank 1 shadows step 3's
+// collectives with zeros, so step 3's mean gradient is rank 0's / W (the initial world size,
+// DDP's default), and both ranks end with rank 0's parameters. The reference, outside the
+// trainer: one process, the same model and AdamW, fed by hand the mean of both ranks' gradients
+// for steps 1-2 and half of rank 0's for step 3. Every sync mode.
+TEST(L06Join, UnevenStepsShadowedGiveTheMeanOverTheInitialWorld) {
+  const ByteDataset data = ByteDataset::builtin();
+  auto flatten = [](const std::vector<torch::Tensor>& params) {
+    std::vector<torch::Tensor> flat;
+    for (const auto& p : params) flat.push_back(p.detach().reshape({-1}).clone());
+    return torch::cat(flat);
+  };
+  for (SyncMode sync : {SyncMode::kNaive, SyncMode::kFlat, SyncMode::kBucketed}) {
+    SCOPED_TRACE(testing::Message() << "sync " << static_cast<int>(sync));
+    TrainConfig c = tiny(sync, 4);
+    c.join = true;
+    // The reference.
+    Gpt ref = make_model(c, c.seed, torch::kCPU);
+    auto opt = make_optimizer(ref, c);
+    const auto ref_params = ref->parameters();
+    for (int64_t step = 0; step < 3; ++step) {
+      std::vector<torch::Tensor> mean;
+      for (int rank = 0; rank < 2; ++rank) {
+        if (step == 2 && rank == 1) continue;  // rank 1 is out of batches: a zero gradient
+        for (auto& p : ref_params) p.mutable_grad().reset();
+        forward_loss(ref, rank_batches(data, c, step, rank, 2).front()).backward();
+        for (size_t i = 0; i < ref_params.size(); ++i) {
+          auto g = ref_params[i].grad().detach() / 2.0;
+          if (mean.size() <= i) {
+            mean.push_back(g.clone());
+          } else {
+            mean[i] += g;
+          }
+        }
+      }
+      for (size_t i = 0; i < ref_params.size(); ++i) ref_params[i].mutable_grad() = mean[i];
+      opt->step();
+    }
+    std::vector<torch::Tensor> got(2);
+    run_ranks(
+        2,
+        [&](RankContext& ctx) {
+          DdpTrainer trainer(c, ctx.comm, torch::kCPU, c.seed);
+          const int64_t steps = ctx.rank == 0 ? 3 : 2;
+          for (int64_t step = 0; step < steps; ++step) {
+            trainer.step(rank_batches(data, c, step, ctx.rank, 2));
+          }
+          trainer.join(/*trained_to_the_end=*/ctx.rank == 0);
+          got[static_cast<size_t>(ctx.rank)] = flatten(trainer.model()->parameters());
+        },
+        kTimeout);
+    const auto want = flatten(ref_params);
+    for (int rank = 0; rank < 2; ++rank) {
+      auto cmp = compare_tensors(got[static_cast<size_t>(rank)], want, kFp32Steps,
+                                 fmt::format("rank {}'s parameters after Join", rank));
+      EXPECT_TRUE(cmp.ok) << cmp.message;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Step 6: accumulation without communication on the inner micro-steps
 // ---------------------------------------------------------------------------------------------

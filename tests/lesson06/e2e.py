@@ -12,7 +12,8 @@ MODE is one of
                   starts both processes with the variables srun(1) gives its tasks (SLURM_PROCID,
                   SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_TASKS_PER_NODE)
     resume        20 steps in one go == 10 steps, --save, then --resume to 20: exactly (CPU)
-    uneven-steps  --pitfall uneven-steps --timeout-s 5 ends with a clear error, never a hang
+    uneven-steps  --pitfall uneven-steps --timeout-s 5 ends with a clear error, never a hang;
+                  with --join (PyTorch's Join) the same run finishes, the replicas identical
 
 Tolerance (written down): each loss within rtol 1e-3 + atol 1e-5 of lesson02's. DDP's loss is
 the mean of the ranks' mean losses over equal shards: the same number, summed in another order
@@ -200,6 +201,19 @@ def mode_uneven(args):
     expect("uneven-steps" in p.stderr and "a collective failed" in p.stderr,
            "rank 0's error names the collective that failed and the pitfall")
     expect(took < 80, f"it ends within the timeout's reach ({took:.0f} s)")
+    # The real fix, Join: the same uneven steps finish, and the replicas agree at the end.
+    p = run(torchrun_cmd(args) + [args.program, "--layers", "1", "--hidden", "32", "--heads",
+                                  "2", "--seq", "16", "--steps", "4", "--pitfall",
+                                  "uneven-steps", "--timeout-s", "30", "--join", "--json"],
+            timeout=90)
+    expect(p.returncode == 0, f"with --join the job finishes (exit {p.returncode}): {p.stderr[-800:]}")
+    line = [l for l in p.stdout.splitlines() if "{" in l and l.rstrip().endswith("}")]
+    expect(bool(line), "with --join rank 0 prints its JSON line")
+    result = json.loads(line[-1][line[-1].index("{"):])
+    expect(result["join"] is True and len(result["losses"]) == 4,
+           f"4 steps on rank 0 under Join ({len(result['losses'])} losses)")
+    expect(result["replica_divergence"] == 0,
+           f"every replica ends with rank 0's parameters (divergence {result['replica_divergence']})")
 
 
 def main() -> int:
