@@ -128,9 +128,8 @@ class Reducer {
 
   /// The collectives of one synced backward and finish(), with zeros: what a rank that has no
   /// batch left sends while the others train a step (DdpTrainer::join: DDP's
-  /// _match_all_reduce_for_bwd_pass). Leaves the parameters' gradients alone. Given.
-  /// @throws std::logic_error while a bucket rebuild is still due (a rank that trained no step
-  ///   cannot answer the rebuild's broadcast).
+  /// _match_all_reduce_for_bwd_pass), and the bucket rebuild's broadcast when it is still due.
+  /// Leaves the parameters' gradients alone. Given.
   void shadow_step();
 
   /// The buckets, as parameter indices (assign_buckets; after a rebuild, in the ready order).

@@ -172,23 +172,24 @@ void DdpTrainer::shadow_step() {
   zeros_allreduce(1);  // the step's loss: this rank adds 0
 }
 
-void DdpTrainer::join(bool trained_to_the_end) {
+void DdpTrainer::join() {
   if (!config_.join) return;
   torch::NoGradGuard no_grad;
+  bool last_joiner = true;  // no other rank trained a step after this one joined
   for (;;) {
     std::vector<at::Tensor> active{torch::zeros({1}, torch::kFloat).to(device_)};
     comm_->allreduce(active)->wait();
     if (active[0].cpu().item<float>() == 0) break;  // every rank has joined
     shadow_step();
+    last_joiner = false;
   }
-  // The final model: the highest rank that trained every step (its optimizer saw every step).
+  // The final model: the highest of the last joiners (at least one rank shadowed nothing).
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
   std::vector<at::Tensor> who{
-      torch::full({1}, trained_to_the_end ? comm_->getRank() : -1, torch::kLong)};
+      torch::full({1}, last_joiner ? comm_->getRank() : -1, torch::kLong).to(device_)};
   comm_->allreduce(who, max)->wait();
-  const int64_t root = who[0].item<int64_t>();
-  if (root < 0) return;  // every rank stopped early: nothing to prefer
+  const int64_t root = who[0].cpu().item<int64_t>();
   c10d::BroadcastOptions from;
   from.rootRank = root;
   for (auto& p : params_) {
@@ -494,7 +495,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                rank, last, last);
     err.flush();
   }
-  trainer.join(last == steps);
+  trainer.join();
   save(o, rank, trainer, steps, err);
   // Are the replicas still the same? (The no-broadcast pitfall: they never were.)
   const double divergence = replica_divergence(trainer.model(), *job.comm);

@@ -78,10 +78,10 @@ class DdpTrainer {
   /// that step's collectives with zeros (the Reducer's buckets, in order: a zero gradient, the
   /// mean still divided by the initial world size, as DDP's default
   /// divide_by_initial_world_size=True), until every rank has joined. Then every rank takes
-  /// the parameters of the highest rank that trained to the end (@p trained_to_the_end; DDP's
-  /// _sync_final_model), so the replicas agree again. Every rank calls it, after its last step.
-  /// Does nothing without TrainConfig::join. Given.
-  void join(bool trained_to_the_end);
+  /// the parameters of the highest of the last joiners, the ranks that shadowed no step (DDP's
+  /// _sync_final_model, Join's is_last_joiner), so the replicas agree again. Every rank calls
+  /// it, after its last step. Does nothing without TrainConfig::join. Given.
+  void join();
 
   Gpt& model() { return model_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }

@@ -305,6 +305,7 @@ class ZeroEngine {
 /// rank's file is in place, rank 0 writes @p dir/COMPLETE (with W), atomically too: a save that
 /// dies halfway leaves no COMPLETE, and load_sharded() refuses it. Collective: every rank calls
 /// it; @p dir must exist.
+/// @throws UsageError("--save-sharded") for an HSDP engine (its replicas would write one file).
 void save_sharded(ZeroEngine& engine, const std::string& dir);
 
 /// Elements [@p begin, @p end) of unit @p unit's unpadded range (0 <= begin <= end <=
@@ -325,9 +326,12 @@ torch::Tensor read_unit_range(const FlatLayout& layout, size_t unit, int64_t beg
 /// whole unit where its stage replicates it (the parameters at stages 0-2, the moments at stage
 /// 0), else its chunk of the M-rank layout; read_unit_range() gets exactly that range from the
 /// files, each file read once, when first needed, and none that holds nothing this rank keeps
-/// (at stage 3, one or two of the N files instead of N), and load_owned_state() takes it. Given.
+/// (at stage 3 on M >= N ranks, one or two of the N files instead of N), and
+/// load_owned_state() takes it. Collective: one allreduce agrees on the outcome, so that a bad
+/// file that only some ranks read stops every rank. Given.
 /// @throws UsageError("--load-sharded") when @p dir is not a directory, has no COMPLETE marker
-///   (the save did not finish), lacks a file this rank needs, or holds another model.
+///   (the save did not finish), lacks a file, holds another model, or another rank failed; also
+///   for an HSDP engine (these checkpoints are plain ZeRO's).
 void load_sharded(ZeroEngine& engine, const std::string& dir);
 
 /// Gathers the full parameters and writes them on rank 0 to @p file as one archive of named

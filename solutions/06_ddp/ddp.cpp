@@ -185,9 +185,10 @@ void Reducer::rebuild_buckets() {
   }
   // Rank 0's order on every rank (autograd may finish gradients in another order on another
   // rank, and the buckets, and so the collectives, must be the same everywhere).
-  std::vector<at::Tensor> shared{torch::tensor(order, torch::kLong)};
+  // (On the parameters' device: NCCL takes no CPU tensors.)
+  std::vector<at::Tensor> shared{torch::tensor(order, torch::kLong).to(params_.front().device())};
   comm_->broadcast(shared)->wait();
-  const auto got = shared[0].contiguous();
+  const auto got = shared[0].cpu().contiguous();
   const int64_t* o = got.data_ptr<int64_t>();
   // assign_buckets walks its list from the end: give it order[from..n) last-ready first, and
   // map its indices back (its j is order[n - 1 - j]).
@@ -216,16 +217,15 @@ void Reducer::rebuild_buckets() {
 }
 
 void Reducer::shadow_step() {
-  if (first_bucket_bytes_ > 0 && !rebuilt_) {
-    throw std::logic_error(
-        "Reducer::shadow_step: the buckets are rebuilt after the first step, which this rank "
-        "has not trained: join after at least one step, or drop --rebuild-buckets");
-  }
   for (auto& flat : flat_) {  // the buckets in launch order, each its own allreduce
     flat.zero_();
     std::vector<at::Tensor> tensors{flat};
     comm_->allreduce(tensors)->wait();
   }
+  // The others rebuild after their first step: take part in its broadcast (with no ready order
+  // of its own, this rank offers reverse registration order, used only if it is rank 0), as
+  // DDP's join hook does (_rebuild_buckets in main_hook).
+  if (first_bucket_bytes_ > 0 && !rebuilt_) rebuild_buckets();
 }
 
 Reducer::~Reducer() {

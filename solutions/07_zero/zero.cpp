@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <stdexcept>
@@ -718,6 +719,10 @@ torch::Tensor read_unit_range(const FlatLayout& layout, size_t unit, int64_t beg
 }
 
 void save_sharded(ZeroEngine& engine, const std::string& dir) {
+  if (engine.replicate_comm() != nullptr) {
+    throw UsageError("--save-sharded", "this lesson's checkpoints are for plain ZeRO, not HSDP",
+                     "drop --hsdp, or save without it");
+  }
   const auto s = engine.shard_state();
   torch::serialize::OutputArchive archive;
   archive.write("params", s.params.cpu());
@@ -747,6 +752,10 @@ void save_sharded(ZeroEngine& engine, const std::string& dir) {
 }
 
 void load_sharded(ZeroEngine& engine, const std::string& dir) {
+  if (engine.replicate_comm() != nullptr) {
+    throw UsageError("--load-sharded", "this lesson's checkpoints are for plain ZeRO, not HSDP",
+                     "drop --hsdp, or load without it");
+  }
   // How many ranks saved it: the N in the COMPLETE marker, written last by a finished save.
   if (!std::filesystem::is_directory(dir)) {
     throw UsageError("--load-sharded", fmt::format("'{}' is not a directory", dir),
@@ -769,6 +778,14 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
     marker.read("step", st);
     saved_world = static_cast<int>(w.item<int64_t>());
     saved_step = st.item<int64_t>();
+  }
+  // Every file is there: checked on every rank before any is read, so that all ranks agree.
+  for (int r = 0; r < saved_world; ++r) {
+    if (!std::filesystem::exists(shard_file(dir, r, saved_world))) {
+      throw UsageError(
+          "--load-sharded", fmt::format("'{}' is missing", shard_file(dir, r, saved_world)),
+          fmt::format("a checkpoint of {} ranks has {} files", saved_world, saved_world));
+    }
   }
   // The files, each read when first needed and checked: the same model, the marker's step.
   struct Saved {
@@ -824,9 +841,29 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
     }
     return torch::cat(parts);
   };
-  auto params = owned(engine.stage() <= 2, &Saved::params);
-  auto exp_avg = owned(engine.stage() == 0, &Saved::exp_avg);
-  auto exp_avg_sq = owned(engine.stage() == 0, &Saved::exp_avg_sq);
+  torch::Tensor params, exp_avg, exp_avg_sq;
+  std::exception_ptr failed;
+  try {
+    params = owned(engine.stage() <= 2, &Saved::params);
+    exp_avg = owned(engine.stage() == 0, &Saved::exp_avg);
+    exp_avg_sq = owned(engine.stage() == 0, &Saved::exp_avg_sq);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  // A rank reads only some files, so only it may find one bad: agree on the outcome (one
+  // allreduce, MAX, not counted), so that every rank stops, instead of the others waiting in
+  // the first collective until the timeout.
+  const auto device = engine.model()->parameters().front().device();
+  std::vector<at::Tensor> bad{
+      torch::full({1}, failed ? 1.0f : 0.0f, torch::TensorOptions().device(device))};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  engine.comm().comm().allreduce(bad, max)->wait();
+  if (failed) std::rethrow_exception(failed);
+  if (bad[0].cpu().item<float>() > 0) {
+    throw UsageError("--load-sharded", "another rank could not load the checkpoint",
+                     "that rank's error says which file and why");
+  }
   engine.load_owned_state(params, exp_avg, exp_avg_sq, saved_step);
 }
 

@@ -224,6 +224,7 @@ TEST(L07Hsdp, ShardGroupsOfTwoReplicatedTwiceMatchTheBaseline) {
     got.losses.assign(static_cast<size_t>(steps), 0.0f);
     std::mutex mu;
     int64_t shard_bytes = 0, replicate_bytes = 0, replicate_counted = 0;
+    double first_norm = 0;
     run_ranks(
         4,
         [&](RankContext& ctx) {
@@ -241,6 +242,9 @@ TEST(L07Hsdp, ShardGroupsOfTwoReplicatedTwiceMatchTheBaseline) {
           init_weights(model, 1);
           ZeroOptions o;
           o.stage = stage;
+          // A clip that never clips: the first step's global gradient norm, from the shards,
+          // tells whether the replicas' allreduce averaged (AdamW alone would hide a sum).
+          o.clip_norm = 1e9;
           ZeroEngine engine(model, rec_shard, o, rec_replicate);
           const int64_t rows = batch / 4;
           for (int64_t step = 0; step < steps; ++step) {
@@ -254,6 +258,7 @@ TEST(L07Hsdp, ShardGroupsOfTwoReplicatedTwiceMatchTheBaseline) {
               std::lock_guard<std::mutex> lock(mu);
               got.losses[static_cast<size_t>(step)] += loss / 4.0f;
             }
+            if (ctx.rank == 0 && step == 0) first_norm = engine.last_grad_norm();
             if (ctx.rank == 0 && step == steps - 1) {
               shard_bytes = ring_bytes(rec_shard->events(), 2);
               replicate_bytes = ring_bytes(rec_replicate->events(), 2);
@@ -268,13 +273,24 @@ TEST(L07Hsdp, ShardGroupsOfTwoReplicatedTwiceMatchTheBaseline) {
         },
         kTimeout);
     expect_matches_baseline(got, config, batch, steps);
+    Gpt model(config);
+    init_weights(model, 1);
+    const Batch x = data.batch(1, 0, batch, config.ctx);
+    auto logits = model->forward(x.inputs);
+    torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), x.targets.view({-1}))
+        .backward();
+    const double want = torch::nn::utils::clip_grad_norm_(model->parameters(), 1e9);
+    EXPECT_NEAR(first_norm, want, 1e-4 * want)
+        << "the first step's gradient is the mean over all 4 ranks (clip_grad_norm_ on one "
+           "process): divided by W = G x R";
     const auto& L = got.layout;
     EXPECT_EQ(L.world, 2) << "the layout shards over the shard group";
     EXPECT_EQ(replicate_bytes, 2 * (2 - 1) * L.shard * 4 / 2)
         << "one allreduce of the shard across the 2 replicas per step";
     EXPECT_EQ(replicate_counted, replicate_bytes) << "the replicate group's CountingComm";
-    const auto plain = train(config, stage, 2, 4, 1);
-    EXPECT_EQ(shard_bytes, plain.bytes.front()) << "inside a shard group: ZeRO on 2 ranks";
+    const auto plain = train(config, stage, 2, 4, 1, false, false, true, /*clip=*/1e9);
+    EXPECT_EQ(shard_bytes, plain.bytes.front())
+        << "inside a shard group: ZeRO on 2 ranks (with the clip's 8-byte norm allreduce)";
   }
 }
 
