@@ -88,7 +88,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> com
     // Reducer's own, so they run first (a tensor's hooks run in registration order).
     for (size_t i = 0; i < n; ++i) {
       order_hook_ids_.push_back(params_[i].register_hook([this, i](const torch::Tensor&) {
-        if (sync_ && !rebuilt_) ready_order_.push_back(static_cast<int64_t>(i));
+        if (sync_ && rebuild_due()) ready_order_.push_back(static_cast<int64_t>(i));
       }));
     }
   }
@@ -174,7 +174,7 @@ void Reducer::shadow_step() {
   // The others rebuild after their first step: take part in its broadcast (with no ready order
   // of its own, this rank offers reverse registration order, used only if it is rank 0), as
   // DDP's join hook does (_rebuild_buckets in main_hook).
-  if (first_bucket_bytes_ > 0 && !rebuilt_) rebuild_buckets();
+  if (rebuild_due()) rebuild_buckets();
 }
 
 Reducer::~Reducer() {
@@ -248,7 +248,7 @@ void Reducer::finish() {
   DTC_TODO("L06", "on return every p.grad() is the mean over ranks, also where no hook fired "
                   "(that rank adds its p.grad() or zeros), and the next backward starts afresh "
                   "(L06Bucketed.*; hints: README step 5)");
-  if (first_bucket_bytes_ > 0 && !rebuilt_) rebuild_buckets();  // once, before the next forward
+  if (rebuild_due()) rebuild_buckets();  // once, before the next forward
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -321,4 +321,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum e104a997dd880a42
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 110b9bf1954186a3

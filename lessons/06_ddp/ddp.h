@@ -150,6 +150,8 @@ class Reducer {
   void lay_out();
   /// The bucket rebuild (see the constructor): rank 0's ready order, broadcast, and new buckets.
   void rebuild_buckets();
+  /// Whether the rebuild is asked for and has not happened yet.
+  bool rebuild_due() const { return first_bucket_bytes_ > 0 && !rebuilt_; }
 
   std::vector<torch::Tensor> params_;
   c10::intrusive_ptr<Comm> comm_;

@@ -118,10 +118,7 @@ DdpTrainer::DdpTrainer(const TrainConfig& config, c10::intrusive_ptr<Comm> comm,
 }
 
 float DdpTrainer::step(const std::vector<Batch>& micro_batches) {
-  if (config_.join) {  // Join: "I train this step" (a joined rank answers 0)
-    std::vector<at::Tensor> active{torch::ones({1}, torch::kFloat).to(device_)};
-    comm_->allreduce(active)->wait();
-  }
+  if (config_.join) ranks_training(true);  // Join: "I train this step" (a joined rank: 0)
   zero_grad_to_none(*optimizer_);
   const auto n = static_cast<int64_t>(micro_batches.size());
   double local_loss = 0;
@@ -151,6 +148,12 @@ float DdpTrainer::step(const std::vector<Batch>& micro_batches) {
   return loss[0].cpu().item<float>() / static_cast<float>(comm_->getSize());
 }
 
+int64_t DdpTrainer::ranks_training(bool training) {
+  std::vector<at::Tensor> active{torch::full({1}, training ? 1.0f : 0.0f).to(device_)};
+  comm_->allreduce(active)->wait();
+  return std::llround(active[0].cpu().item<double>());
+}
+
 void DdpTrainer::shadow_step() {
   torch::NoGradGuard no_grad;
   auto zeros_allreduce = [&](int64_t numel) {
@@ -175,11 +178,8 @@ void DdpTrainer::shadow_step() {
 void DdpTrainer::join() {
   if (!config_.join) return;
   torch::NoGradGuard no_grad;
-  bool last_joiner = true;  // no other rank trained a step after this one joined
-  for (;;) {
-    std::vector<at::Tensor> active{torch::zeros({1}, torch::kFloat).to(device_)};
-    comm_->allreduce(active)->wait();
-    if (active[0].cpu().item<float>() == 0) break;  // every rank has joined
+  bool last_joiner = true;             // no other rank trained a step after this one joined
+  while (ranks_training(false) > 0) {  // until every rank has joined
     shadow_step();
     last_joiner = false;
   }

@@ -99,6 +99,9 @@ class DdpTrainer {
   std::unique_ptr<Reducer> reducer_;
   /// One step's collectives, with zeros: join()'s answer to a rank that trains.
   void shadow_step();
+  /// Join's announcement: allreduces 1 if this rank trains the step, 0 if it has joined;
+  /// @return how many ranks train it.
+  int64_t ranks_training(bool training);
 };
 
 /// The largest elementwise difference of @p model's parameters between any two ranks (0 when

@@ -419,13 +419,13 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   print_table(out, runs, runs.front().shard_world, world);
   if (o.hsdp > 0) {
     const StageRun& r = runs.front();
+    const double replicas = world / o.hsdp;
     fmt::print(out,
                "  HSDP: {} replicas of shard groups of {} ranks; across the replicas, {:.3f} MiB "
                "sent a step (theory 2 (R-1)/R x the shard: {:.3f}), beside the shard group's "
                "above\n",
-               world / o.hsdp, o.hsdp, mib(static_cast<double>(r.replicate_bytes_per_step)),
-               mib(2.0 * (world / o.hsdp - 1) / (world / o.hsdp) * 4.0 *
-                   static_cast<double>(r.layout.shard)));
+               replicas, o.hsdp, mib(static_cast<double>(r.replicate_bytes_per_step)),
+               mib(2.0 * (replicas - 1) / replicas * 4.0 * static_cast<double>(r.layout.shard)));
   }
   if (!o.save_sharded.empty()) fmt::print(out, "  sharded checkpoint: {}/\n", o.save_sharded);
   if (!o.consolidate_file.empty()) fmt::print(out, "  consolidated: {}\n", o.consolidate_file);

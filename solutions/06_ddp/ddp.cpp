@@ -126,7 +126,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> com
     // Reducer's own, so they run first (a tensor's hooks run in registration order).
     for (size_t i = 0; i < n; ++i) {
       order_hook_ids_.push_back(params_[i].register_hook([this, i](const torch::Tensor&) {
-        if (sync_ && !rebuilt_) ready_order_.push_back(static_cast<int64_t>(i));
+        if (sync_ && rebuild_due()) ready_order_.push_back(static_cast<int64_t>(i));
       }));
     }
   }
@@ -225,7 +225,7 @@ void Reducer::shadow_step() {
   // The others rebuild after their first step: take part in its broadcast (with no ready order
   // of its own, this rank offers reverse registration order, used only if it is rank 0), as
   // DDP's join hook does (_rebuild_buckets in main_hook).
-  if (first_bucket_bytes_ > 0 && !rebuilt_) rebuild_buckets();
+  if (rebuild_due()) rebuild_buckets();
 }
 
 Reducer::~Reducer() {
@@ -347,7 +347,7 @@ void Reducer::finish() {
   }
   next_to_launch_ = 0;
   // END SOLUTION
-  if (first_bucket_bytes_ > 0 && !rebuilt_) rebuild_buckets();  // once, before the next forward
+  if (rebuild_due()) rebuild_buckets();  // once, before the next forward
 }
 
 // ---------------------------------------------------------------------------------------------

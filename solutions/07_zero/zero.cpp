@@ -640,7 +640,10 @@ void ZeroEngine::load_owned_state(const torch::Tensor& params, const torch::Tens
         options_.stage, params.numel(), exp_avg.numel(), exp_avg_sq.numel(), whole_params,
         whole_moments));
   }
-  auto here = [&](const torch::Tensor& t) { return t.to(float_options_).contiguous().clone(); };
+  // A copy of its own, on the engine's device (one copy, whatever the input's device).
+  auto here = [&](const torch::Tensor& t) {
+    return t.to(float_options_, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  };
   if (options_.stage <= 2) {
     flat_params_.copy_(pad_full(here(params)));  // the parameters stay views of it
   } else {
@@ -781,9 +784,10 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
   }
   // Every file is there: checked on every rank before any is read, so that all ranks agree.
   for (int r = 0; r < saved_world; ++r) {
-    if (!std::filesystem::exists(shard_file(dir, r, saved_world))) {
+    const std::string file = shard_file(dir, r, saved_world);
+    if (!std::filesystem::exists(file)) {
       throw UsageError(
-          "--load-sharded", fmt::format("'{}' is missing", shard_file(dir, r, saved_world)),
+          "--load-sharded", fmt::format("'{}' is missing", file),
           fmt::format("a checkpoint of {} ranks has {} files", saved_world, saved_world));
     }
   }
@@ -795,11 +799,6 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
   auto file_of = [&](int r) -> const Saved& {
     if (auto it = files.find(r); it != files.end()) return it->second;
     const std::string file = shard_file(dir, r, saved_world);
-    if (!std::filesystem::exists(file)) {
-      throw UsageError(
-          "--load-sharded", fmt::format("'{}' is missing", file),
-          fmt::format("a checkpoint of {} ranks has {} files", saved_world, saved_world));
-    }
     torch::serialize::InputArchive archive;
     archive.load_from(file);
     torch::Tensor numels, st;
