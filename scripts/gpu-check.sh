@@ -174,6 +174,12 @@ if built lesson02_solution; then
     skip_step lesson02-cuda "--cpu: no GPU"
   else
     DTC_DEVICE=cuda run_step lesson02-cuda 120 lesson02-cuda.log "$bin/lesson02_solution" --steps 20 --json
+    # mixed precision and recomputation on the GPU: the caching allocator against the ledger
+    for numerics in "bf16 selective" "fp16 full"; do
+      read -r prec rec <<< "$numerics"
+      DTC_DEVICE=cuda run_step "lesson02-cuda-$prec-$rec" 120 "lesson02-cuda-$prec-$rec.log" \
+        "$bin/lesson02_solution" --steps 20 --json --precision "$prec" --recompute "$rec"
+    done
   fi
 else
   skip_step lesson02 "$bin/lesson02_solution is not built (see build.log)"

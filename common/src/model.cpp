@@ -31,6 +31,33 @@ void validate(const GptConfig& c) {
   }
 }
 
+const char* precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+    case Precision::kFp32: break;
+  }
+  return "fp32";
+}
+
+torch::ScalarType working_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::kBf16: return torch::kBFloat16;
+    case Precision::kFp16: return torch::kHalf;
+    case Precision::kFp32: break;
+  }
+  return torch::kFloat;
+}
+
+const char* recompute_name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+    case Recompute::kNone: break;
+  }
+  return "none";
+}
+
 torch::optim::AdamWOptions adamw_options(const RunConfig& config) {
   return torch::optim::AdamWOptions(config.lr)
       .betas({config.beta1, config.beta2})
@@ -54,13 +81,23 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto q = qkv[0].view({B, T, heads_, D}).transpose(1, 2);
   auto k = qkv[1].view({B, T, heads_, D}).transpose(1, 2);
   auto v = qkv[2].view({B, T, heads_, D}).transpose(1, 2);
+  auto y = checkpoint
+               ? checkpoint(
+                     [](const std::vector<torch::Tensor>& in) { return core(in[0], in[1], in[2]); },
+                     {q, k, v})
+               : core(q, k, v);
+  return c_proj(y);
+}
+
+torch::Tensor CausalSelfAttentionImpl::core(const torch::Tensor& q, const torch::Tensor& k,
+                                            const torch::Tensor& v) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   // scores (B, heads, T, T); position t attends to positions <= t only
   auto att = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
-  auto future = torch::ones({T, T}, torch::dtype(torch::kBool).device(x.device())).triu(1);
+  auto future = torch::ones({T, T}, torch::dtype(torch::kBool).device(q.device())).triu(1);
   att = att.masked_fill(future, -std::numeric_limits<float>::infinity()).softmax(-1);
   // (B, heads, T, D) -> (B, T, C)
-  auto y = att.matmul(v).transpose(1, 2).contiguous().view({B, T, C});
-  return c_proj(y);
+  return att.matmul(v).transpose(1, 2).contiguous().view({B, T, H * D});
 }
 
 MlpImpl::MlpImpl(const GptConfig& c) {
@@ -81,6 +118,12 @@ BlockImpl::BlockImpl(const GptConfig& c) {
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  if (!checkpoint) return forward_body(std::move(x));
+  return checkpoint([this](const std::vector<torch::Tensor>& in) { return forward_body(in[0]); },
+                    {x});
+}
+
+torch::Tensor BlockImpl::forward_body(torch::Tensor x) {
   x = x + attn(ln_1(x));
   return x + mlp(ln_2(x));
 }
@@ -106,8 +149,20 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
   auto x = wte(tokens) + wpe(pos);  // (B, T, h) + (T, h)
   for (const auto& block : *h) x = block->as<Block>()->forward(x);
   x = ln_f(x);
-  // (B, T, h) @ (h, V) -> (B, T, V)
-  return config_.tied ? torch::matmul(x, wte->weight.t()) : lm_head(x);
+  // (B, T, h) @ (h, V) -> (B, T, V), in fp32 for the loss (a no-op in fp32)
+  auto logits = config_.tied ? torch::matmul(x, wte->weight.t()) : lm_head(x);
+  return logits.to(torch::kFloat);
+}
+
+void GptImpl::set_recompute(Recompute mode, CheckpointFn checkpoint) {
+  TORCH_CHECK(mode == Recompute::kNone || checkpoint, "recompute ", recompute_name(mode),
+              " needs a checkpoint function");
+  recompute_ = mode;
+  for (const auto& module : *h) {
+    auto block = module->as<Block>();
+    block->checkpoint = mode == Recompute::kFull ? checkpoint : CheckpointFn();
+    block->attn->checkpoint = mode == Recompute::kSelective ? checkpoint : CheckpointFn();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

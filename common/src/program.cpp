@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <ostream>
 
 #include "dtc/errors.h"
@@ -30,6 +31,9 @@ RunConfig TrainOptions::run_config() const {
   c.batch = train.global_batch;
   c.seed = train.seed;
   c.lr = lr;
+  c.precision = precision;
+  c.fp32_grads = grad_dtype == "fp32" && precision != Precision::kFp32;
+  c.recompute = recompute;
   return c;
 }
 
@@ -46,6 +50,28 @@ void TrainCli::add_timeout_flag() {
                   "seconds a collective may wait before it fails (a hang becomes an error)")
       ->check(positive_count("--timeout-s 60"))
       ->capture_default_str();
+}
+
+void TrainCli::add_precision_flags() {
+  const std::map<std::string, Precision> precisions{
+      {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
+  app_.add_option("--precision", options_.precision,
+                  "fp32, or bf16/fp16 weights and activations with fp32 master weights and AdamW "
+                  "state (fp16 with dynamic loss scaling)")
+      ->transform(CLI::CheckedTransformer(precisions, CLI::ignore_case))
+      ->default_str("fp32");
+  app_.add_option("--grad-dtype", options_.grad_dtype,
+                  "gradients in the working precision (16 bytes/param with AdamW) or in fp32 "
+                  "(18 bytes/param); fp32 runs have fp32 gradients either way")
+      ->check(CLI::IsMember({"working", "fp32"}))
+      ->capture_default_str();
+  const std::map<std::string, Recompute> modes{
+      {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
+  app_.add_option("--recompute", options_.recompute,
+                  "activation recomputation: none, selective (the attention core) or full (each "
+                  "block)")
+      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))
+      ->default_str("none");
 }
 
 int TrainCli::run(int argc, const char* const* argv, std::ostream& err,

@@ -5,6 +5,8 @@
 // that a checkpoint resumes bit for bit.
 #include "baseline.h"
 
+#include "mixed.h"
+
 #include "dtc/compat.h"
 #include "dtc/todo.h"
 
@@ -15,7 +17,9 @@ namespace dtc::l02 {
 // ---------------------------------------------------------------------------------------------
 
 Gpt make_model(const TrainConfig& config, const torch::Device& device) {
-  return make_gpt(config.model, config.seed, device);
+  Gpt model = make_gpt(config.model, config.seed, device);
+  if (config.recompute != Recompute::kNone) model->set_recompute(config.recompute, checkpoint);
+  return model;
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {
@@ -81,4 +85,4 @@ int64_t load_checkpoint(const std::string& path, Gpt& model, torch::optim::AdamW
 }
 
 }  // namespace dtc::l02
-// exercise generated from solutions/02_baseline/baseline.cpp by scripts/exercises.py; checksum 3afb1532a8979d62
+// exercise generated from solutions/02_baseline/baseline.cpp by scripts/exercises.py; checksum bc9de8ab8af29367

@@ -32,7 +32,8 @@ namespace dtc::l02 {
 using TrainConfig = RunConfig;
 
 /// The course's GPT for @p config, initialised from config.seed (dtc::init_weights), on
-/// @p device.
+/// @p device, in fp32; with config.recompute, its blocks or attention cores recompute through
+/// your checkpoint() (mixed.h, part 4).
 Gpt make_model(const TrainConfig& config, const torch::Device& device = torch::kCPU);
 
 /// AdamW over every parameter of @p model with @p config's hyperparameters (one group).

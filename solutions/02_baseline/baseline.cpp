@@ -5,6 +5,8 @@
 // that a checkpoint resumes bit for bit.
 #include "baseline.h"
 
+#include "mixed.h"
+
 #include "dtc/compat.h"
 #include "dtc/todo.h"
 
@@ -15,7 +17,9 @@ namespace dtc::l02 {
 // ---------------------------------------------------------------------------------------------
 
 Gpt make_model(const TrainConfig& config, const torch::Device& device) {
-  return make_gpt(config.model, config.seed, device);
+  Gpt model = make_gpt(config.model, config.seed, device);
+  if (config.recompute != Recompute::kNone) model->set_recompute(config.recompute, checkpoint);
+  return model;
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dtc/compat.h"
 #include "program.h"
 #include "program_run.h"
 #include "reference.h"
@@ -37,10 +38,17 @@ std::vector<std::string> tiny(std::vector<std::string> more) {
 TEST(L02ProgramGiven, BadInputExitsTwoNamingTheFlag) {
   ::setenv("DTC_DEVICE", "cpu", 1);
   const std::vector<::dtc::test::BadInput> cases = {
-      {{"--heads", "3"}, "--heads"},           {{"--layers", "0"}, "--layers"},
-      {{"--seq", "1000000"}, "--seq"},         {{"--lr", "-1"}, "--lr"},
-      {{"--steps", "0"}, "--steps"},           {{"--resume", "/nonexistent/ck.pt"}, "--resume"},
-      {{"--data", "/nonexistent/x"}, "--data"}};
+      {{"--heads", "3"}, "--heads"},
+      {{"--layers", "0"}, "--layers"},
+      {{"--seq", "1000000"}, "--seq"},
+      {{"--lr", "-1"}, "--lr"},
+      {{"--steps", "0"}, "--steps"},
+      {{"--resume", "/nonexistent/ck.pt"}, "--resume"},
+      {{"--data", "/nonexistent/x"}, "--data"},
+      {{"--precision", "fp8"}, "--precision"},
+      {{"--grad-dtype", "bf16"}, "--grad-dtype"},
+      {{"--recompute", "half"}, "--recompute"},
+      {{"--precision", "bf16", "--save", "/tmp/x.pt"}, "--save"}};
   ::dtc::test::expect_usage_errors("lesson02", cases, run_program);
 }
 
@@ -70,6 +78,57 @@ TEST(L02Program, JsonLineHasLossesTokensPerSecondAndMemory) {
             mem.at("predicted").at("activations").get<int64_t>());
   EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << "progress goes to stderr";
   EXPECT_EQ(r.err.find("ETA"), std::string::npos) << "a 3-step run needs no time left";
+}
+
+TEST(L02Program, JsonReportsPrecisionRecomputeAndTheLedgersBytes) {
+  // Any mode checked against the ledger by one command: the allocator's bytes for parameters,
+  // gradients, master weights and AdamW's moments equal the ledger's, to the byte.
+  GptConfig m{256, 16, 32, 1, 2, true};
+  const int64_t P = test::gpt_params(m);
+  struct Case {
+    std::vector<std::string> flags;
+    const char* precision;
+    const char* grad_dtype;
+    const char* recompute;
+    int64_t params, grads, master;
+  };
+  const Case cases[] = {
+      {{"--precision", "bf16"}, "bf16", "bf16", "none", 2 * P, 2 * P, 4 * P},
+      {{"--precision", "bf16", "--grad-dtype", "fp32", "--recompute", "selective"},
+       "bf16",
+       "fp32",
+       "selective",
+       2 * P,
+       4 * P,
+       4 * P},
+      {{"--precision", "fp16", "--recompute", "full"}, "fp16", "fp16", "full", 2 * P, 2 * P, 4 * P},
+      {{"--recompute", "full"}, "fp32", "fp32", "full", 4 * P, 4 * P, 0}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(testing::Message() << k.precision << " " << k.recompute);
+    auto flags = k.flags;
+    flags.insert(flags.end(), {"--steps", "2", "--json"});
+    const ProgramRun r = run(tiny(flags));
+    if (std::string(k.precision) == "fp16" && !kCpuFp16Training) {
+      EXPECT_EQ(r.code, 2) << "1.13 has no CPU fp16: a usage error that says so";
+      EXPECT_NE(r.err.find("--precision"), std::string::npos) << r.err;
+      continue;
+    }
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = last_json_line(r.out);
+    EXPECT_EQ(j.at("precision"), k.precision);
+    EXPECT_EQ(j.at("grad_dtype"), k.grad_dtype);
+    EXPECT_EQ(j.at("recompute"), k.recompute);
+    const auto& mem = j.at("memory");
+    for (const char* kind : {"measured", "predicted"}) {
+      SCOPED_TRACE(kind);
+      EXPECT_EQ(mem.at(kind).at("params").get<int64_t>(), k.params);
+      EXPECT_EQ(mem.at(kind).at("grads").get<int64_t>(), k.grads);
+      EXPECT_EQ(mem.at(kind).at("master").get<int64_t>(), k.master);
+      EXPECT_EQ(mem.at(kind).at("optimizer").get<int64_t>(), 8 * P);
+    }
+    EXPECT_GE(mem.at("measured").at("activations").get<int64_t>(),
+              mem.at("predicted").at("activations").get<int64_t>());
+  }
 }
 
 TEST(L02Program, SaveAndResumeContinueTheRun) {

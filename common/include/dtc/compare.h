@@ -31,6 +31,10 @@ inline constexpr Tolerance kFp32Steps{1e-4, 1e-5, "fp32, several training steps"
 inline constexpr Tolerance kFp32VsPyTorch{1e-4, 1e-5, "fp32, LibTorch vs PyTorch reference"};
 /// One bfloat16 operation: assert_close's bfloat16 default.
 inline constexpr Tolerance kBf16Op{1.6e-2, 1e-5, "bf16, one op (assert_close default)"};
+/// Losses of a few bf16/fp16 training steps against PyTorch's run of the same scheme (16-bit
+/// weights, fp32 master weights): lesson 02's half-precision policy (its README, section 11).
+inline constexpr Tolerance kHalfStepsVsPyTorch{1e-3, 1e-3,
+                                               "bf16/fp16 steps, same scheme in PyTorch"};
 
 /// The result of compare_tensors(): ok, or a message "got / expected / max diff".
 struct Comparison {

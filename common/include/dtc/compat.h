@@ -10,12 +10,15 @@
 // Training (lesson 02 on): the CPU allocator interface (CpuAllocatorBase: `allocate` is const
 // before 2.3, 2.3 adds copy_data), setting gradients to none (zero_grad_to_none: 1.13's
 // zero_grad() only zeroes), and the optimizer's state map (optimizer_state: keyed by a
-// TensorImpl* in 2.x, by its string in 1.13).
+// TensorImpl* in 2.x, by its string in 1.13), a parameter's gradient accumulator
+// (GradAccumulator: a shared_ptr in 1.13, an intrusive_ptr in 2.x).
 #pragma once
 
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -35,6 +38,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtc {
@@ -60,6 +64,20 @@ inline std::string torch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
          std::to_string(TORCH_VERSION_PATCH);
 }
+
+/// The LibTorch generation: 1 (Debian's 1.13) or 2 (PyPI's 2.x, which wrote the course's PyTorch
+/// reference values: a test may hold 1.13 to a wider tolerance where kernels differ).
+inline constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
+
+/// Whether this LibTorch can train the course's GPT in fp16 on the CPU. 1.13 has no CPU fp16
+/// LayerNorm ("LayerNormKernelImpl" not implemented for 'Half'); 2.15 has every op the model
+/// needs. (bf16 works on both.)
+inline constexpr bool kCpuFp16Training = TORCH_VERSION_MAJOR >= 2;
+
+/// Whether gloo allreduces fp16 tensors (both generations) and bf16 ones (2.x; 1.13's gloo
+/// backend rejects bf16: "Invalid scalar type"). Lesson 06's compression hook needs them.
+inline constexpr bool kGlooHalf = true;
+inline constexpr bool kGlooBf16 = TORCH_VERSION_MAJOR >= 2;
 
 /// Whether this LibTorch records gloo's collectives in the Flight Recorder (2.8 on).
 #if defined(DTC_HAVE_FLIGHT_RECORDER)
@@ -171,6 +189,17 @@ inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {
     for (auto& p : group.params()) p.mutable_grad().reset();
   }
 #endif
+}
+
+/// The node that adds a leaf's gradients into its grad() (AccumulateGrad): hooks added to it
+/// with add_post_hook run once the gradient is in grad(). A leaf refers to its accumulator only
+/// weakly, so whoever hooks it holds this pointer for as long as the hook should run.
+using GradAccumulator =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+
+/// @p leaf's gradient accumulator (made now if the leaf has none yet).
+inline GradAccumulator grad_accumulator(const torch::Tensor& leaf) {
+  return torch::autograd::impl::grad_accumulator(leaf);
 }
 
 /// The optimizer state of parameter @p param (e.g. a torch::optim::AdamWParamState), or nullptr

@@ -20,9 +20,39 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace dtc {
+
+/// How training stores weights and runs the forward and backward pass (lesson 02, part 5).
+enum class Precision {
+  kFp32,  ///< everything in fp32
+  kBf16,  ///< bf16 weights, activations (and gradients, unless fp32); fp32 master weights
+  kFp16,  ///< as bf16 in fp16, with dynamic loss scaling (fp16's range is too narrow without)
+};
+/// "fp32", "bf16" or "fp16": the --precision value and the --json "precision".
+const char* precision_name(Precision precision);
+/// The dtype the model computes in: kFloat, kBFloat16 or kHalf.
+torch::ScalarType working_dtype(Precision precision);
+
+/// Activation recomputation (checkpointing), Korthikanti et al. 2022, as lesson 01's ledger
+/// models it.
+enum class Recompute {
+  kNone,       ///< keep every tensor backward needs
+  kSelective,  ///< recompute the attention core (scores, softmax, attention over V) in backward
+  kFull,       ///< keep each block's input only; recompute the whole block in backward
+};
+/// "none", "selective" or "full": the --recompute value and the --json "recompute".
+const char* recompute_name(Recompute recompute);
+
+/// A piece of the forward pass that a checkpoint may run twice: a pure function of its inputs
+/// (and of module parameters it captures).
+using CheckpointBody = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+/// Runs @p body on @p inputs so that backward recomputes it: lesson 02's checkpoint().
+using CheckpointFn =
+    std::function<torch::Tensor(const CheckpointBody& body, const std::vector<torch::Tensor>&)>;
 
 /// The shape of the course's GPT.
 struct GptConfig {
@@ -56,6 +86,9 @@ struct RunConfig {
   double eps = 1e-8;           ///< AdamW epsilon
   double weight_decay = 0.01;  ///< AdamW decoupled weight decay (PyTorch's default), on every
                                ///< parameter
+  Precision precision = Precision::kFp32;  ///< --precision (lesson 02, part 5)
+  bool fp32_grads = false;                 ///< --grad-dtype fp32: fp32 gradients in low precision
+  Recompute recompute = Recompute::kNone;  ///< --recompute
 };
 
 /// torch::optim::AdamW's options for @p config: lr, betas, eps and weight decay.
@@ -67,9 +100,14 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GptConfig& config);
   /// x (B, T, h) -> (B, T, h)
   torch::Tensor forward(const torch::Tensor& x);
+  /// The attention core, q, k, v (B, heads, T, D) -> y (B, T, h): causal softmax(q k^T /
+  /// sqrt(D)) v, the heads concatenated. What selective recomputation runs again.
+  static torch::Tensor core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
 
   torch::nn::Linear c_attn{nullptr};
   torch::nn::Linear c_proj{nullptr};
+  /// Set by GptImpl::set_recompute: when defined, core() runs inside it (selective).
+  CheckpointFn checkpoint;
 
  private:
   int64_t heads_;
@@ -92,9 +130,13 @@ TORCH_MODULE(Mlp);
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GptConfig& config);
-  /// x (B, T, h) -> (B, T, h)
+  /// x (B, T, h) -> (B, T, h); inside `checkpoint` when that is set (full recomputation).
   torch::Tensor forward(torch::Tensor x);
+  /// The block's computation itself, never checkpointed.
+  torch::Tensor forward_body(torch::Tensor x);
 
+  /// Set by GptImpl::set_recompute: when defined, forward() runs inside it (full).
+  CheckpointFn checkpoint;
   torch::nn::LayerNorm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::LayerNorm ln_2{nullptr};
@@ -110,9 +152,16 @@ class GptImpl : public torch::nn::Module {
   /// Builds the modules; weights are LibTorch's defaults until init_weights().
   /// @throws dtc::UsageError for a bad config (see validate()).
   explicit GptImpl(const GptConfig& config);
-  /// tokens (B, T) int64 in [0, V), T <= ctx -> logits (B, T, V) float32.
+  /// tokens (B, T) int64 in [0, V), T <= ctx -> logits (B, T, V) float32. The model computes
+  /// in its parameters' dtype (fp32, or bf16/fp16 after to()); the logits are cast to fp32 for
+  /// the loss, as Megatron-LM does, so log-softmax runs in fp32.
   torch::Tensor forward(const torch::Tensor& tokens);
   const GptConfig& config() const { return config_; }
+  /// Recomputes each block (kFull) or each attention core (kSelective) in backward through
+  /// @p checkpoint; kNone (the default) keeps everything. @p checkpoint must be defined unless
+  /// @p mode is kNone.
+  void set_recompute(Recompute mode, CheckpointFn checkpoint);
+  Recompute recompute() const { return recompute_; }
 
   torch::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
@@ -122,6 +171,7 @@ class GptImpl : public torch::nn::Module {
 
  private:
   GptConfig config_;
+  Recompute recompute_ = Recompute::kNone;
 };
 TORCH_MODULE(Gpt);
 

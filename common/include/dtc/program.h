@@ -46,6 +46,10 @@ struct TrainOptions {
   bool untied = false;  ///< --untied: a separate output head
   double lr = 3e-3;     ///< --lr: AdamW's learning rate (lesson 02's)
   int timeout_s = 60;   ///< --timeout-s (TrainCli::add_timeout_flag): how long a collective waits
+  /// --precision, --grad-dtype, --recompute (TrainCli::add_precision_flags)
+  Precision precision = Precision::kFp32;
+  std::string grad_dtype = "working";
+  Recompute recompute = Recompute::kNone;
 
   /// The model the flags describe: tied unless --untied, checked (dtc::validate).
   /// @throws UsageError naming the flag when the shape does not make a model
@@ -70,6 +74,9 @@ class TrainCli {
   CLI::App& app() { return app_; }
   /// Adds --timeout-s, the seconds a collective may wait before it fails (multi-rank programs).
   void add_timeout_flag();
+  /// Adds --precision fp32|bf16|fp16, --grad-dtype working|fp32 and --recompute
+  /// none|selective|full (lesson 02, parts 4 and 5).
+  void add_precision_flags();
   const TrainOptions& options() const { return options_; }
 
   /// Parses @p argv and runs @p body (dtc::run_cli: usage errors exit 2 with a hint).

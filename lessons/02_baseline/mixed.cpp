@@ -1,0 +1,185 @@
+// Lesson 02, parts 4 and 5: recomputation and mixed precision. Implements lessons/02_baseline/mixed.h.
+//
+// Fill in every TODO(L02) below; `make test-lesson02` checks the checkpoint's gradients and
+// memory, the loss scaler against torch.amp.GradScaler on the same overflows, and bf16/fp16
+// training against PyTorch.
+#include "mixed.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "dtc/compat.h"
+#include "dtc/todo.h"
+
+namespace dtc::l02 {
+
+// ---------------------------------------------------------------------------------------------
+// Recomputation
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// The body travels through the autograd context as a capsule (saved_data holds IValues).
+struct BodyHolder : torch::CustomClassHolder {
+  explicit BodyHolder(CheckpointBody b) : body(std::move(b)) {}
+  CheckpointBody body;
+};
+
+// A custom autograd function (lesson 08 writes more): LibTorch runs forward() with gradients off
+// and calls backward() with the gradient of the output.
+struct Checkpoint : public torch::autograd::Function<Checkpoint> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
+                               const c10::intrusive_ptr<BodyHolder>& holder,
+                               torch::TensorList inputs) {
+    ctx->saved_data["body"] = c10::IValue::make_capsule(holder);
+    // TODO(L02): keep the inputs, and nothing else, for backward, and return the body's
+    //   output; autograd records no graph here. Tests: L02Checkpoint*; hints: README section 9
+    DTC_TODO("L02", "keep the inputs, and nothing else, for backward, and return the body's "
+                    "output; autograd records no graph here. Tests: L02Checkpoint*; hints: README section 9");
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto holder =
+        c10::static_intrusive_pointer_cast<BodyHolder>(ctx->saved_data["body"].toCapsule());
+    torch::autograd::variable_list grads{torch::Tensor()};  // the body is not a tensor
+    // TODO(L02): run the body again on the saved inputs with gradients on, backpropagate
+    //   grad_outputs through that run (which also fills the gradients of the body's parameters),
+    //   and append each input's gradient to grads, in order. Tests: L02Checkpoint*; hints:
+    //   README section 9
+    DTC_TODO("L02", "run the body again on the saved inputs with gradients on, backpropagate "
+                    "grad_outputs through that run (which also fills the gradients of the body's parameters), "
+                    "and append each input's gradient to grads, in order. Tests: L02Checkpoint*; hints: "
+                    "README section 9");
+    return grads;
+  }
+};
+
+}  // namespace
+
+torch::Tensor checkpoint(const CheckpointBody& body, const std::vector<torch::Tensor>& inputs) {
+  return Checkpoint::apply(c10::make_intrusive<BodyHolder>(body), torch::TensorList(inputs));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss scaling
+// ---------------------------------------------------------------------------------------------
+
+LossScaler::LossScaler(LossScalerOptions options) : options_(options), scale_(options.init_scale) {}
+
+torch::Tensor LossScaler::scale(const torch::Tensor& loss) const {
+  return loss * static_cast<float>(scale_);
+}
+
+bool LossScaler::unscale(const std::vector<torch::Tensor>& grads) const {
+  bool found_inf = false;
+  // TODO(L02): multiply every defined gradient in place by 1/scale (computed in double,
+  //   rounded to float) and say whether any element is inf or NaN. Tests: L02LossScaler.*; hints:
+  //   README section 10
+  DTC_TODO("L02", "multiply every defined gradient in place by 1/scale (computed in double, "
+                  "rounded to float) and say whether any element is inf or NaN. Tests: L02LossScaler.*; hints: "
+                  "README section 10");
+  return found_inf;
+}
+
+void LossScaler::update(bool found_inf) {
+  // TODO(L02): back off on an overflow; grow after growth_interval good steps in a row, as
+  //   GradScaler.update does. Tests: L02LossScaler.*; hints: README section 10
+  DTC_TODO("L02", "back off on an overflow; grow after growth_interval good steps in a row, as "
+                  "GradScaler.update does. Tests: L02LossScaler.*; hints: README section 10");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Master weights
+// ---------------------------------------------------------------------------------------------
+
+// With fp32 gradients: a hook after each parameter's gradient accumulator moves the 16-bit
+// gradient into an fp32 buffer (Megatron-LM's main_grad) and frees it.
+struct MasterWeights::Hooks {
+  struct MoveToFp32 : torch::autograd::FunctionPostHook {
+    MoveToFp32(torch::Tensor p, torch::Tensor* b) : param(std::move(p)), buffer(b) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      torch::NoGradGuard no_grad;
+      auto& g = param.mutable_grad();
+      if (g.defined()) {
+        if (buffer->defined()) {
+          buffer->add_(g);
+        } else {
+          *buffer = g.to(torch::kFloat);
+        }
+        g.reset();
+      }
+      return outputs;
+    }
+    torch::Tensor param;
+    torch::Tensor* buffer;
+  };
+  std::vector<torch::Tensor> buffers;
+  std::vector<GradAccumulator> accumulators;  // held: a parameter keeps its own only weakly
+};
+
+MasterWeights::MasterWeights(Gpt& model, const TrainConfig& config,
+                             const std::function<void()>& after_copy) {
+  if (config.precision == Precision::kFp32) {
+    throw std::invalid_argument(
+        "MasterWeights is for bf16/fp16 training; fp32 uses make_optimizer");
+  }
+  std::vector<torch::Tensor> fp32 = model->parameters();
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : fp32) master_.push_back(p.detach().clone());
+  }
+  if (after_copy) after_copy();
+  model->to(working_dtype(config.precision));
+  params_ = model->parameters();
+  for (auto& m : master_) m.requires_grad_(true);
+  optimizer_ = std::make_unique<torch::optim::AdamW>(master_, adamw_options(config));
+  if (config.fp32_grads) {
+    hooks_ = std::make_unique<Hooks>();
+    hooks_->buffers.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto accumulator = grad_accumulator(params_[i]);
+      accumulator->add_post_hook(
+          std::make_unique<Hooks::MoveToFp32>(params_[i], &hooks_->buffers[i]));
+      hooks_->accumulators.push_back(std::move(accumulator));
+    }
+  }
+}
+
+MasterWeights::~MasterWeights() = default;
+
+torch::Tensor MasterWeights::grad(size_t i) const {
+  return hooks_ ? hooks_->buffers.at(i) : params_.at(i).grad();
+}
+
+void MasterWeights::zero_grad() {
+  for (auto& p : params_) p.mutable_grad().reset();
+  if (hooks_) {
+    for (auto& b : hooks_->buffers) b.reset();
+  }
+}
+
+bool MasterWeights::step(LossScaler* scaler) {
+  // TODO(L02): give each master weight the fp32 value of its parameter's gradient, unscale
+  //   and check them when there is a scaler (skip the step on inf/NaN, update the scaler either
+  //   way), step AdamW, round the master weights into the model's parameters, and free the fp32
+  //   gradient copies. Tests: L02MasterWeights.*, L02Mixed.*; hints: README section 10
+  DTC_TODO("L02", "give each master weight the fp32 value of its parameter's gradient, unscale "
+                  "and check them when there is a scaler (skip the step on inf/NaN, update the scaler either "
+                  "way), step AdamW, round the master weights into the model's parameters, and free the fp32 "
+                  "gradient copies. Tests: L02MasterWeights.*, L02Mixed.*; hints: README section 10");
+}
+
+float train_step_mixed(Gpt& model, MasterWeights& master, LossScaler* scaler, const Batch& batch,
+                       bool* stepped) {
+  master.zero_grad();
+  torch::Tensor loss = forward_loss(model, batch);
+  (scaler != nullptr ? scaler->scale(loss) : loss).backward();
+  const bool took = master.step(scaler);
+  if (stepped != nullptr) *stepped = took;
+  return loss.item<float>();
+}
+
+}  // namespace dtc::l02
+// exercise generated from solutions/02_baseline/mixed.cpp by scripts/exercises.py; checksum dc139c8569c8b626
