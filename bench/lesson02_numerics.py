@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lesson 02, part 2: the step time of every recompute mode and precision, against the ledger.
+"""Lesson 02, parts 4 and 5: the step time of every recompute mode and precision, against the ledger.
 
 Runs the lesson02 program (one thread) for each --recompute mode and --precision and prints the
 median step time, its ratio to recompute none in the same precision, and lesson 01's FLOP
@@ -10,8 +10,9 @@ ledger (states to the byte, activations as measured / predicted).
     python3 bench/lesson02_numerics.py --binary build/bin/lesson02_solution --steps 30
     # smoke size (ctest): --steps 3 --layers 1 --hidden 32 --seq 16
 
-On the CPU, time is not FLOPs: bf16/fp16 matmuls are slower than fp32 ones on a CPU without
-native 16-bit units (the course machine's), so the precision rows compare memory, not speed.
+On the CPU, time is not FLOPs: bf16 matmuls are fast where the CPU has bf16 dot products
+(avx512_bf16) and fp16 ones slow where it has no fp16 arithmetic, so the precision rows compare
+memory, and the recompute ratios within one precision.
 """
 import argparse
 import json

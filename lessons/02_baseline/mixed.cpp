@@ -33,9 +33,9 @@ struct Checkpoint : public torch::autograd::Function<Checkpoint> {
                                torch::TensorList inputs) {
     ctx->saved_data["body"] = c10::IValue::make_capsule(holder);
     // TODO(L02): keep the inputs, and nothing else, for backward, and return the body's
-    //   output; autograd records no graph here. Tests: L02Checkpoint*; hints: README section 9
+    //   output; autograd records no graph here. Tests: L02Recompute.*; hints: README section 9
     DTC_TODO("L02", "keep the inputs, and nothing else, for backward, and return the body's "
-                    "output; autograd records no graph here. Tests: L02Checkpoint*; hints: README section 9");
+                    "output; autograd records no graph here. Tests: L02Recompute.*; hints: README section 9");
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -45,11 +45,11 @@ struct Checkpoint : public torch::autograd::Function<Checkpoint> {
     torch::autograd::variable_list grads{torch::Tensor()};  // the body is not a tensor
     // TODO(L02): run the body again on the saved inputs with gradients on, backpropagate
     //   grad_outputs through that run (which also fills the gradients of the body's parameters),
-    //   and append each input's gradient to grads, in order. Tests: L02Checkpoint*; hints:
+    //   and append each input's gradient to grads, in order. Tests: L02Recompute.*; hints:
     //   README section 9
     DTC_TODO("L02", "run the body again on the saved inputs with gradients on, backpropagate "
                     "grad_outputs through that run (which also fills the gradients of the body's parameters), "
-                    "and append each input's gradient to grads, in order. Tests: L02Checkpoint*; hints: "
+                    "and append each input's gradient to grads, in order. Tests: L02Recompute.*; hints: "
                     "README section 9");
     return grads;
   }
@@ -73,12 +73,12 @@ torch::Tensor LossScaler::scale(const torch::Tensor& loss) const {
 
 bool LossScaler::unscale(const std::vector<torch::Tensor>& grads) const {
   bool found_inf = false;
-  // TODO(L02): multiply every defined gradient in place by 1/scale (computed in double,
-  //   rounded to float) and say whether any element is inf or NaN. Tests: L02LossScaler.*; hints:
-  //   README section 10
-  DTC_TODO("L02", "multiply every defined gradient in place by 1/scale (computed in double, "
-                  "rounded to float) and say whether any element is inf or NaN. Tests: L02LossScaler.*; hints: "
-                  "README section 10");
+  // TODO(L02): say whether any element of the (still scaled) gradients is inf or NaN, and
+  //   multiply every defined gradient in place by 1/scale (computed in double, rounded to float).
+  //   Tests: L02LossScaler.*; hints: README section 10
+  DTC_TODO("L02", "say whether any element of the (still scaled) gradients is inf or NaN, and "
+                  "multiply every defined gradient in place by 1/scale (computed in double, rounded to float). "
+                  "Tests: L02LossScaler.*; hints: README section 10");
   return found_inf;
 }
 
@@ -96,26 +96,30 @@ void LossScaler::update(bool found_inf) {
 // With fp32 gradients: a hook after each parameter's gradient accumulator moves the 16-bit
 // gradient into an fp32 buffer (Megatron-LM's main_grad) and frees it.
 struct MasterWeights::Hooks {
+  using Buffers = std::vector<torch::Tensor>;
   struct MoveToFp32 : torch::autograd::FunctionPostHook {
-    MoveToFp32(torch::Tensor p, torch::Tensor* b) : param(std::move(p)), buffer(b) {}
+    MoveToFp32(torch::Tensor p, std::shared_ptr<Buffers> b, size_t i)
+        : param(std::move(p)), buffers(std::move(b)), index(i) {}
     torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                               const torch::autograd::variable_list&) override {
       torch::NoGradGuard no_grad;
       auto& g = param.mutable_grad();
+      auto& buffer = (*buffers)[index];
       if (g.defined()) {
-        if (buffer->defined()) {
-          buffer->add_(g);
+        if (buffer.defined()) {
+          buffer.add_(g);
         } else {
-          *buffer = g.to(torch::kFloat);
+          buffer = g.to(torch::kFloat);
         }
         g.reset();
       }
       return outputs;
     }
     torch::Tensor param;
-    torch::Tensor* buffer;
+    std::shared_ptr<Buffers> buffers;  // shared: a hook may outlive its MasterWeights
+    size_t index;
   };
-  std::vector<torch::Tensor> buffers;
+  std::shared_ptr<Buffers> buffers = std::make_shared<Buffers>();
   std::vector<GradAccumulator> accumulators;  // held: a parameter keeps its own only weakly
 };
 
@@ -137,11 +141,11 @@ MasterWeights::MasterWeights(Gpt& model, const TrainConfig& config,
   optimizer_ = std::make_unique<torch::optim::AdamW>(master_, adamw_options(config));
   if (config.fp32_grads) {
     hooks_ = std::make_unique<Hooks>();
-    hooks_->buffers.resize(params_.size());
+    hooks_->buffers->resize(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
       auto accumulator = grad_accumulator(params_[i]);
       accumulator->add_post_hook(
-          std::make_unique<Hooks::MoveToFp32>(params_[i], &hooks_->buffers[i]));
+          std::make_unique<Hooks::MoveToFp32>(params_[i], hooks_->buffers, i));
       hooks_->accumulators.push_back(std::move(accumulator));
     }
   }
@@ -150,13 +154,13 @@ MasterWeights::MasterWeights(Gpt& model, const TrainConfig& config,
 MasterWeights::~MasterWeights() = default;
 
 torch::Tensor MasterWeights::grad(size_t i) const {
-  return hooks_ ? hooks_->buffers.at(i) : params_.at(i).grad();
+  return hooks_ ? hooks_->buffers->at(i) : params_.at(i).grad();
 }
 
 void MasterWeights::zero_grad() {
   for (auto& p : params_) p.mutable_grad().reset();
   if (hooks_) {
-    for (auto& b : hooks_->buffers) b.reset();
+    for (auto& b : *hooks_->buffers) b.reset();
   }
 }
 
@@ -182,4 +186,4 @@ float train_step_mixed(Gpt& model, MasterWeights& master, LossScaler* scaler, co
 }
 
 }  // namespace dtc::l02
-// exercise generated from solutions/02_baseline/mixed.cpp by scripts/exercises.py; checksum dc139c8569c8b626
+// exercise generated from solutions/02_baseline/mixed.cpp by scripts/exercises.py; checksum 1e8dac680d4a952e

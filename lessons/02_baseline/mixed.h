@@ -32,7 +32,10 @@ namespace dtc::l02 {
 /// while it runs the first time); backward yields the same gradients, for @p inputs and for every
 /// parameter @p body uses, as running @p body without a checkpoint (bit for bit on the CPU: the
 /// same operations run on the same values). @p body must be a pure function of its inputs and
-/// parameters (no dropout here, so no random state to replay).
+/// parameters (no dropout here, so no random state to replay). Like PyTorch's reentrant
+/// checkpoint (use_reentrant=True): backward through it works with backward() (not
+/// torch::autograd::grad), and at least one input must require grad, else nothing is recorded
+/// and the body's parameters get no gradients.
 /// @param inputs floating-point tensors; the ones that require grad get gradients
 torch::Tensor checkpoint(const CheckpointBody& body, const std::vector<torch::Tensor>& inputs);
 
@@ -48,7 +51,8 @@ struct LossScalerOptions {
   int64_t growth_interval = 2000;  ///< good steps in a row before the scale grows
 };
 
-/// fp16's smallest normal number is 6.1e-5: small gradients underflow to zero. The scaler
+/// fp16 keeps full precision only down to 6.1e-5 (its smallest normal number); below that it
+/// loses bits, and below 2^-24 (6e-8) a gradient becomes zero. The scaler
 /// multiplies the loss by a large scale so that the gradients land in fp16's range, divides them
 /// again in fp32 before the step, and adapts the scale: an inf or NaN gradient means the scale
 /// overflowed fp16 (max 65504), so the step is skipped and the scale halved; growth_interval good
@@ -62,9 +66,11 @@ class LossScaler {
   /// Unscales @p grads in place, and reports whether any of them holds an inf or a NaN
   /// (GradScaler.unscale_, which the step consults).
   ///
-  /// What must hold: each defined gradient (fp32) is multiplied by the fp32 reciprocal of the
-  /// scale, 1/scale computed in double and rounded to float, as GradScaler does; undefined ones
-  /// are skipped; the result is true exactly when some element of some gradient is not finite.
+  /// What must hold, as in GradScaler's kernel (_amp_foreach_non_finite_check_and_unscale_):
+  /// the result is true exactly when some element of some gradient is inf or NaN as it comes in
+  /// (still scaled); each defined gradient (fp32) is then multiplied in place by the fp32
+  /// reciprocal of the scale, 1/scale computed in double and rounded to float; undefined ones
+  /// are skipped.
   bool unscale(const std::vector<torch::Tensor>& grads) const;
 
   /// Adapts the scale after a step on which unscale() found @p found_inf (GradScaler.update).

@@ -1,6 +1,7 @@
 // The lesson02 program: trains the course's GPT on one device and prints the measured memory of
 // its first step next to lesson 01's ledger. Given in full; the training step, the byte counts
-// from the tensors and the checkpoint are yours, in baseline.cpp.
+// from the tensors and the checkpoint are yours, in baseline.cpp, and the recomputation, the
+// loss scaler and the master-weight step in mixed.cpp.
 #include "program.h"
 
 #include <fmt/format.h>
@@ -121,7 +122,7 @@ MeasuredMemory measure_mixed_step(Gpt& model, MasterWeights& master, LossScaler*
   loss = torch::Tensor();
   m.grads = now() - before;  // the 16-bit gradients, or the fp32 buffers
   const int64_t before_step = now();
-  master.step(scaler);
+  m.stepped = master.step(scaler);
   m.optimizer = now() - before_step;  // AdamW's moments; the step's fp32 gradient copies are gone
   return m;
 }
@@ -205,6 +206,9 @@ void print_memory(std::ostream& out, const TrainConfig& c, const LedgerPredictio
   row("gradients", m ? m->grads : 0, t.grads, p.grad_bytes);
   if (p.master_bytes > 0) row("master weights", m ? m->master : 0, t.master, p.master_bytes);
   row("optimizer states", m ? m->optimizer : 0, t.optimizer, p.optimizer_bytes);
+  if (m && !m->stepped) {
+    fmt::print(out, "  (the loss scaler skipped the measured step: AdamW has made no state yet)\n");
+  }
   if (m) {
     fmt::print(out, "  {:<22} {:>14} {:>14} {:>14} {:>9.2f}   measured / ledger = {:.2f}\n",
                "activations (saved)", with_commas(m->activations), "-",
@@ -355,6 +359,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                        : measure_step(model, *optimizer, batch, loss, device);
       measured.params = model_bytes;
       measured.master = master_bytes;
+      skipped += measured.stepped ? 0 : 1;
       from_tensors = mixed ? mixed_state(model, *master) : fp32_state(model, *optimizer);
     } else if (mixed) {
       bool stepped = true;

@@ -47,6 +47,7 @@ struct MeasuredMemory {
   int64_t activations = 0;  ///< held after forward_loss(): what forward saved for backward
   int64_t step_peak = 0;    ///< the highest point of forward + backward, above what was held
                             ///< before forward (activations, their gradients, the new grads)
+  bool stepped = true;      ///< false when the loss scaler skipped the step (no AdamW state yet)
 };
 
 /// Runs the first training step in its pieces (zero_grad_to_none, forward_loss, backward,

@@ -166,10 +166,10 @@ void Reducer::rebuild_buckets() {
 }
 
 void Reducer::shadow_step() {
-  for (auto& flat : flat_) {  // the buckets in launch order, each its own allreduce
-    flat.zero_();
-    std::vector<at::Tensor> tensors{flat};
-    comm_->allreduce(tensors)->wait();
+  for (size_t b = 0; b < flat_.size(); ++b) {  // the buckets in launch order, as the others'
+    flat_[b].zero_();
+    launch(b);  // in the hook's dtype, if there is one
+    work_[b]->wait();
   }
   // The others rebuild after their first step: take part in its broadcast (with no ready order
   // of its own, this rank offers reverse registration order, used only if it is rank 0), as
@@ -182,9 +182,52 @@ Reducer::~Reducer() {
   for (size_t i = 0; i < order_hook_ids_.size(); ++i) params_[i].remove_hook(order_hook_ids_[i]);
 }
 
+namespace {
+
+// The compression hook's Work: the 16-bit allreduce, then the cast back into the fp32 bucket
+// (PyTorch's decompress callback on the hook's future).
+class DecompressWork : public c10d::Work {
+ public:
+  DecompressWork(c10::intrusive_ptr<c10d::Work> inner, torch::Tensor wire, torch::Tensor flat)
+      : inner_(std::move(inner)), wire_(std::move(wire)), flat_(std::move(flat)) {}
+  bool wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);
+    if (!done_) {
+      torch::NoGradGuard no_grad;
+      flat_.copy_(wire_);
+      done_ = true;
+    }
+    return true;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  torch::Tensor wire_, flat_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+void Reducer::register_compress_hook(torch::ScalarType wire_dtype) {
+  if (wire_dtype != torch::kBFloat16 && wire_dtype != torch::kHalf && wire_dtype != torch::kFloat) {
+    throw UsageError("--reduce-dtype", "a compression hook sends bf16 or fp16",
+                     "pass --reduce-dtype bf16, fp16 or fp32");
+  }
+  wire_dtype_ = wire_dtype;
+}
+
 void Reducer::launch(size_t b) {
-  std::vector<at::Tensor> tensors{flat_[b]};
-  work_[b] = comm_->allreduce(tensors);  // asynchronous: returns at once, runs on gloo's threads
+  if (!compressed()) {
+    std::vector<at::Tensor> tensors{flat_[b]};
+    work_[b] = comm_->allreduce(tensors);  // asynchronous: returns at once, runs on gloo's threads
+    return;
+  }
+  // bf16/fp16_compress_hook: compress, pre-divide, allreduce; decompress when it completes.
+  torch::NoGradGuard no_grad;
+  if (wire_.size() != flat_.size()) wire_.resize(flat_.size());
+  wire_[b] = flat_[b].to(wire_dtype_).div_(static_cast<double>(comm_->getSize()));
+  std::vector<at::Tensor> tensors{wire_[b]};
+  work_[b] = c10::make_intrusive<DecompressWork>(comm_->allreduce(tensors), wire_[b], flat_[b]);
 }
 
 void Reducer::on_grad(size_t index, const torch::Tensor& grad) {
@@ -243,11 +286,11 @@ void Reducer::prepare_for_backward(const torch::Tensor& output) {
 void Reducer::finish() {
   if (!sync_) return;
   // TODO(L06): on return every p.grad() is the mean over ranks, also where no hook fired
-  //   (that rank adds its p.grad() or zeros), and the next backward starts afresh
-  //   (L06Bucketed.*; hints: README step 5)
+  //   (that rank adds its p.grad() or zeros), and the next backward starts afresh; with a
+  //   compression hook the hook has divided (L06Bucketed.*, L06CommHook.*; hints: README step 5)
   DTC_TODO("L06", "on return every p.grad() is the mean over ranks, also where no hook fired "
-                  "(that rank adds its p.grad() or zeros), and the next backward starts afresh "
-                  "(L06Bucketed.*; hints: README step 5)");
+                  "(that rank adds its p.grad() or zeros), and the next backward starts afresh; with a "
+                  "compression hook the hook has divided (L06Bucketed.*, L06CommHook.*; hints: README step 5)");
   if (rebuild_due()) rebuild_buckets();  // once, before the next forward
 }
 
@@ -321,4 +364,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 110b9bf1954186a3
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 2767b707f9f1d212

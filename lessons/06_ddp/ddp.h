@@ -112,7 +112,8 @@ class Reducer {
   /// On return every bucket's allreduce has completed and every p.grad() is the mean over ranks,
   /// also for a parameter whose hook did not fire on this rank (it contributes its p.grad(), or
   /// zeros when it has none); the per-step state is reset, so the next backward starts afresh.
-  /// Does nothing while sync() is false.
+  /// With a compression hook (compressed()), the hook has divided already: the bucket holds the
+  /// mean when its Work is done. Does nothing while sync() is false.
   void finish();
 
   /// PyTorch DDP's find_unused_parameters=True: walks the autograd graph of @p output (the loss,
@@ -131,6 +132,18 @@ class Reducer {
   /// _match_all_reduce_for_bwd_pass), and the bucket rebuild's broadcast when it is still due.
   /// Leaves the parameters' gradients alone. Given.
   void shadow_step();
+
+  /// PyTorch's bf16_compress_hook / fp16_compress_hook (DDP's register_comm_hook): from now on
+  /// each bucket is cast to @p wire_dtype (torch::kBFloat16 or torch::kHalf) and divided by the
+  /// world size BEFORE its allreduce, so that the sum of the ranks' shares cannot overflow in 16
+  /// bits, and the result is cast back into the fp32 bucket when the allreduce completes (the
+  /// bucket's Work waits for both). Half the bytes on the wire; the mean is rounded to 16 bits.
+  /// With a hook the hook divides, not finish(): PyTorch's Reducer divides a bucket only
+  /// without a comm hook. Call it before the first backward, on every rank alike. Given.
+  /// @throws dtc::UsageError("--reduce-dtype") for another dtype
+  void register_compress_hook(torch::ScalarType wire_dtype);
+  /// Whether a compression hook is registered (finish() must not divide then).
+  bool compressed() const { return wire_dtype_ != torch::kFloat; }
 
   /// The buckets, as parameter indices (assign_buckets; after a rebuild, in the ready order).
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
@@ -169,8 +182,10 @@ class Reducer {
   int64_t bucket_bytes_ = 0;
   int64_t first_bucket_bytes_ = 0;  ///< > 0: rebuild the buckets after the first step
   bool rebuilt_ = false;
-  std::vector<int64_t> ready_order_;      ///< the first synced backward's ready order
-  std::vector<unsigned> order_hook_ids_;  ///< parameter index -> the hook that records it
+  torch::ScalarType wire_dtype_ = torch::kFloat;  ///< the compression hook's dtype, or kFloat
+  std::vector<torch::Tensor> wire_;               ///< bucket -> its 16-bit copy on the wire
+  std::vector<int64_t> ready_order_;              ///< the first synced backward's ready order
+  std::vector<unsigned> order_hook_ids_;          ///< parameter index -> the hook that records it
 };
 
 /// no_sync as a scope, like PyTorch's `with model.no_sync():` block.

@@ -24,6 +24,7 @@
 #include "dtc/compat.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
+#include "dtc/observe.h"
 #include "dtc/program.h"
 #include "dtc/todo.h"
 
@@ -114,6 +115,8 @@ DdpTrainer::DdpTrainer(const TrainConfig& config, c10::intrusive_ptr<Comm> comm,
   if (config_.sync == SyncMode::kBucketed) {
     reducer_ =
         std::make_unique<Reducer>(params_, comm_, config_.bucket_bytes, config_.first_bucket_bytes);
+    if (config_.reduce_dtype != torch::kFloat)
+      reducer_->register_compress_hook(config_.reduce_dtype);
   }
 }
 
@@ -224,6 +227,7 @@ struct Options {  // lesson 06's own flags (the shared ones: dtc::TrainCli)
   bool rebuild_buckets = false;
   bool join = false;
   double first_bucket_kb = 64;
+  std::string reduce_dtype = "fp32";
   int64_t accum = 1;
   std::string data = "steps";
   int64_t epoch_windows = 0;
@@ -372,17 +376,21 @@ void print_banner(std::ostream& out, const Job& job, const TrainConfig& c, const
                     c.batch, world, c.batch / world,
                     c.accum > 1 ? fmt::format(" in {} micro-steps", c.accum) : std::string(),
                     c.seed)},
-       {"ddp", fmt::format("--sync {}{}, timeout {} s", sync_name(c.sync),
-                           trainer.reducer()
-                               ? fmt::format(", {} buckets of <= {} KB",
-                                             trainer.reducer()->buckets().size(), o.bucket_kb)
-                               : std::string(),
-                           job.timeout.count() / 1000)}});
+       {"ddp",
+        fmt::format(
+            "--sync {}{}{}, timeout {} s", sync_name(c.sync),
+            trainer.reducer() ? fmt::format(", {} buckets of <= {} KB",
+                                            trainer.reducer()->buckets().size(), o.bucket_kb)
+                              : std::string(),
+            o.reduce_dtype == "fp32"
+                ? std::string()
+                : fmt::format(", gradients reduced in {} (compression hook)", o.reduce_dtype),
+            job.timeout.count() / 1000)}});
 }
 
 int report(std::ostream& out, const Job& job, const TrainOptions& t, const TrainConfig& c,
            const Options& o, DdpTrainer& trainer, const StepLog& log, int64_t first,
-           double divergence, const EpochData* epochs) {
+           double divergence, int64_t allreduce_bytes_per_step, const EpochData* epochs) {
   const int64_t steps = t.train.steps;
   const Reducer* reducer = trainer.reducer();
   const int64_t buckets = reducer ? static_cast<int64_t>(reducer->buckets().size()) : 0;
@@ -403,6 +411,10 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
     j["join"] = c.join;
     j["launched_in_backward"] = in_backward;
     j["accum"] = c.accum;
+    j["reduce_dtype"] = o.reduce_dtype;
+    // every allreduce of a step on this rank, in bytes: the gradients (the buckets, in
+    // --reduce-dtype) and the 4-byte loss; the parameters' broadcast is not an allreduce
+    j["allreduce_bytes_per_step"] = allreduce_bytes_per_step;
     j["data"] = epochs ? "epochs" : "steps";
     j["params"] = count_parameters(*trainer.model());
     j["replica_divergence"] = divergence;
@@ -422,6 +434,9 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
     fmt::print(out, "  reducer: {} buckets{}, {} allreduces launched during backward\n", buckets,
                reducer->rebuilt() ? " (rebuilt after step 1 in the ready order)" : "", in_backward);
   }
+  fmt::print(out,
+             "  on the wire: {} bytes of allreduce per step per rank (gradients in {}, the loss)\n",
+             with_commas(allreduce_bytes_per_step), o.reduce_dtype);
   fmt::print(out, "  replicas: largest parameter difference between ranks {:g}{}\n", divergence,
              divergence == 0 ? " (identical)" : "   <- the replicas have drifted apart");
   if (epochs && epochs->orders().size() >= 2) {
@@ -439,6 +454,18 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   c.accum = o.accum;
   c.bucket_bytes = static_cast<int64_t>(std::llround(o.bucket_kb * 1024.0));
   c.join = o.join;
+  if (o.reduce_dtype != "fp32") {
+    if (c.sync != SyncMode::kBucketed) {
+      throw UsageError("--reduce-dtype", "compresses the buckets of --sync bucketed (a comm hook)",
+                       "add --sync bucketed, or drop --reduce-dtype");
+    }
+    c.reduce_dtype = o.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kHalf;
+    if (c.reduce_dtype == torch::kBFloat16 && !kGlooBf16 && t.train.backend == "gloo") {
+      throw UsageError("--reduce-dtype",
+                       fmt::format("gloo in LibTorch {} has no bf16 allreduce", torch_version()),
+                       "pass --reduce-dtype fp16, or use LibTorch 2.x or --backend nccl");
+    }
+  }
   if (o.rebuild_buckets) {
     if (c.sync != SyncMode::kBucketed) {
       throw UsageError("--rebuild-buckets", "rebuilds the buckets of --sync bucketed",
@@ -463,8 +490,10 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
 
   // 3. wrap: the same weights everywhere (the pitfall: a different seed per rank, no broadcast).
   const bool broadcast = o.pitfall != "no-broadcast";
-  DdpTrainer trainer(c, job.comm, job.device,
-                     broadcast ? c.seed : c.seed + static_cast<uint64_t>(rank), broadcast);
+  // The trainer talks through a recorder: the bytes its allreduces put on the wire.
+  auto wire = c10::make_intrusive<RecordingComm>(job.comm);
+  DdpTrainer trainer(c, wire, job.device, broadcast ? c.seed : c.seed + static_cast<uint64_t>(rank),
+                     broadcast);
   const int64_t first =
       o.resume.empty() ? 0 : load_checkpoint(o.resume, *trainer.model(), trainer.optimizer());
   const int64_t steps = t.train.steps;
@@ -496,6 +525,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     err.flush();
   }
   trainer.join();
+  const int64_t trained = std::max<int64_t>(1, last - first);
+  const int64_t allreduce_bytes_per_step = wire->bytes("allreduce") / trained;
   save(o, rank, trainer, steps, err);
   // Are the replicas still the same? (The no-broadcast pitfall: they never were.)
   const double divergence = replica_divergence(trainer.model(), *job.comm);
@@ -503,7 +534,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   // 5. destroy: wait for everyone, then the communicator goes out of scope.
   job.finish();
   if (!job.rank0()) return kExitOk;
-  return report(out, job, t, c, o, trainer, log, first, divergence, epochs.get());
+  return report(out, job, t, c, o, trainer, log, first, divergence, allreduce_bytes_per_step,
+                epochs.get());
 }
 
 }  // namespace
@@ -533,6 +565,11 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                "uneven inputs: a rank out of batches shadows the others' collectives with zeros "
                "until all are done, then every rank takes the model of one that trained to the "
                "end (PyTorch's Join)");
+  app.add_option("--reduce-dtype", o.reduce_dtype,
+                 "the gradients on the wire: fp32, or bf16/fp16 through a compression hook "
+                 "(PyTorch's bf16_compress_hook: cast, pre-divide, allreduce, cast back)")
+      ->check(one_of({"fp32", "bf16", "fp16"}, "a dtype for the gradients' allreduce"))
+      ->capture_default_str();
   app.add_option("--accum", o.accum,
                  "micro-steps per optimizer step (gradient accumulation; communication only on "
                  "the last: no_sync)")

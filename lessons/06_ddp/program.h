@@ -40,6 +40,9 @@ struct TrainConfig : RunConfig {
   int64_t first_bucket_bytes = 0;     ///< > 0: rebuild the buckets after step 1 (--rebuild-buckets)
   bool join = false;  ///< uneven inputs: each step announces itself, done ranks shadow (--join)
   int64_t accum = 1;  ///< micro-steps per optimizer step (--accum)
+  /// The gradients' dtype on the wire (--reduce-dtype): kFloat, or kBFloat16/kHalf through the
+  /// Reducer's compression hook (Reducer::register_compress_hook).
+  torch::ScalarType reduce_dtype = torch::kFloat;
 };
 
 /// The course's GPT for @p config, initialised from @p seed (dtc::init_weights), on @p device.

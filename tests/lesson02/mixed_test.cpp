@@ -228,10 +228,10 @@ TEST(L02Recompute, SameWeightsAsWithoutRecomputation) {
 // LossScaler
 // ---------------------------------------------------------------------------------------------
 
-TEST(L02LossScaler, MatchesGradScalerOnTheSameOverflows) {
-  // tests/reference/lesson02_mixed.py drove torch.amp.GradScaler through this sequence of
-  // gradients, some with an inf or NaN, and recorded each step's outcome.
-  const auto& ref = mixed_reference().at("scaler");
+// Replays one of the reference's GradScaler records (tests/reference/lesson02_mixed.py) through
+// a LossScaler with the same options: the same gradients, some with an inf, a NaN or a value
+// that only unscaling takes past fp32's range.
+void replay_grad_scaler(const nlohmann::json& ref) {
   const auto& o = ref.at("options");
   LossScalerOptions options;
   options.init_scale = o.at("init_scale").get<double>();
@@ -242,21 +242,29 @@ TEST(L02LossScaler, MatchesGradScalerOnTheSameOverflows) {
   const auto values = ref.at("grad").get<std::vector<float>>();
   int step = 0;
   for (const auto& expected : ref.at("steps")) {
-    SCOPED_TRACE(testing::Message() << "step " << step++ << " (" << expected.at("kind") << ")");
+    const std::string kind = expected.at("kind");
+    SCOPED_TRACE(testing::Message() << "step " << step++ << " (" << kind << ")");
     ASSERT_EQ(scaler.scale_value(), expected.at("scale_before").get<double>());
     auto g = torch::tensor(values) * torch::tensor(static_cast<float>(scaler.scale_value()));
-    const std::string kind = expected.at("kind");
-    if (kind != "ok") {
-      g[2] = kind == "nan"      ? std::nanf("")
-             : kind == "neginf" ? -std::numeric_limits<float>::infinity()
-                                : std::numeric_limits<float>::infinity();
-    }
+    const float inf = std::numeric_limits<float>::infinity();
+    if (kind == "inf") g[1] = inf;
+    if (kind == "neginf") g[1] = -inf;
+    if (kind == "nan") g[1] = std::nanf("");
+    if (kind == "huge") g[1] = 3e38f;
     const bool found_inf = scaler.unscale({g, torch::Tensor()});
-    EXPECT_EQ(!found_inf, expected.at("stepped").get<bool>()) << "inf/NaN detection";
+    EXPECT_EQ(!found_inf, expected.at("stepped").get<bool>())
+        << "inf/NaN among the gradients as they come in (still scaled)";
     if (!expected.at("unscaled").is_null()) {
       SCOPED_TRACE("each gradient times the fp32 reciprocal of the scale, in place");
-      EXPECT_TENSOR_CLOSE(g, torch::tensor(expected.at("unscaled").get<std::vector<float>>()),
-                          kExact);
+      const auto& want = expected.at("unscaled");
+      for (size_t i = 0; i < want.size(); ++i) {
+        const float got = g[static_cast<int64_t>(i)].item<float>();
+        if (want[i].is_null()) {
+          EXPECT_FALSE(std::isfinite(got)) << "element " << i;
+        } else {
+          EXPECT_EQ(got, want[i].get<float>()) << "element " << i;
+        }
+      }
     }
     scaler.update(found_inf);
     EXPECT_EQ(scaler.scale_value(), expected.at("scale_after").get<double>());
@@ -264,20 +272,33 @@ TEST(L02LossScaler, MatchesGradScalerOnTheSameOverflows) {
   }
 }
 
+TEST(L02LossScaler, MatchesGradScalerOnTheSameOverflows) {
+  replay_grad_scaler(mixed_reference().at("scaler"));
+}
+
+TEST(L02LossScaler, MatchesGradScalerWithOtherFactorsAndAScaleNearFp32sLimit) {
+  // growth 4, backoff 0.25, growth every good step, from 2^125: 2^127 * 4 is past fp32's range,
+  // so GradScaler keeps 2^127.
+  replay_grad_scaler(mixed_reference().at("scaler_factors"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // MasterWeights::step
 // ---------------------------------------------------------------------------------------------
 
-// A bf16 model with known gradients, and fp32 AdamW stepping fp32 copies of the same weights with
-// the same (unscaled) gradients: what the master weights must become.
+// A bf16/fp16 model with known gradients, and fp32 AdamW stepping fp32 copies of the same
+// weights with what the gradients must be in fp32: the 16-bit gradient that backward would
+// leave (the gradient times the scale, rounded to 16 bits), times the fp32 reciprocal of the
+// scale, computed in fp32. That is what the master weights must become.
 struct StepCase {
   TrainConfig config;
   Gpt model{nullptr};
   std::unique_ptr<MasterWeights> master;
   std::vector<torch::Tensor> expected;
-  std::vector<torch::Tensor> grads;  // fp32 values of the bf16 gradients
+  std::vector<torch::Tensor> grads;     // the true gradients, fp32
+  std::vector<torch::Tensor> unscaled;  // what AdamW must see: set_grads() makes them
 
-  explicit StepCase(double eps, Precision precision = Precision::kBf16) {
+  explicit StepCase(double eps, Precision precision = Precision::kBf16, double magnitude = 1e-3) {
     config = reference_config(precision);
     config.model.layers = 1;
     config.eps = eps;
@@ -286,20 +307,22 @@ struct StepCase {
     torch::manual_seed(5);
     for (const auto& m : master->master()) {
       expected.push_back(m.detach().clone().requires_grad_(true));
-      grads.push_back(
-          torch::randn(m.sizes()).mul_(1e-3).to(working_dtype(precision)).to(torch::kFloat));
+      grads.push_back(torch::randn(m.sizes()).mul_(magnitude));
     }
   }
   // Gives the model's parameters the gradients times @p scale, in the working dtype.
   void set_grads(double scale) {
+    unscaled.clear();
     for (size_t i = 0; i < grads.size(); ++i) {
-      master->params()[i].mutable_grad() =
+      const auto sent =
           (grads[i] * static_cast<float>(scale)).to(master->params()[i].scalar_type());
+      master->params()[i].mutable_grad() = sent;
+      unscaled.push_back(sent.to(torch::kFloat) * static_cast<float>(1.0 / scale));
     }
   }
   void step_expected() {
     torch::optim::AdamW adamw(expected, adamw_options(config));
-    for (size_t i = 0; i < grads.size(); ++i) expected[i].mutable_grad() = grads[i].clone();
+    for (size_t i = 0; i < unscaled.size(); ++i) expected[i].mutable_grad() = unscaled[i].clone();
     adamw.step();
   }
 };
@@ -349,10 +372,12 @@ Precision scaled_precision() { return kCpuFp16Training ? Precision::kFp16 : Prec
 
 TEST(L02MasterWeights, StepUnscalesTheGradientsFirst) {
   // With eps = 1 AdamW's update depends on the gradient's size (m / (sqrt(v) + 1)), so a step
-  // from scaled gradients is visibly wrong.
-  StepCase t(1.0, scaled_precision());
-  LossScaler scaler(LossScalerOptions{1024.0, 2.0, 0.5, 2000});
-  t.set_grads(1024.0);
+  // from scaled gradients is visibly wrong. Gradients of about 1e-6 and a scale of 1000 (not a
+  // power of two): unscaled in fp32 they keep their bits; unscaled in 16 bits they round (in
+  // fp16 to subnormals), and the step differs.
+  StepCase t(1.0, scaled_precision(), 1e-6);
+  LossScaler scaler(LossScalerOptions{1000.0, 2.0, 0.5, 2000});
+  t.set_grads(1000.0);
   ASSERT_TRUE(t.master->step(&scaler));
   t.step_expected();
   for (size_t i = 0; i < t.expected.size(); ++i) {
@@ -373,6 +398,8 @@ TEST(L02MasterWeights, AnOverflowSkipsTheStepAndHalvesTheScale) {
   SCOPED_TRACE("a skipped step leaves the master weights as they were");
   for (size_t i = 0; i < before.size(); ++i) {
     EXPECT_TENSOR_CLOSE(t.master->master()[i], before[i].detach(), kExact);
+    EXPECT_FALSE(t.master->master()[i].grad().defined())
+        << "a skipped step frees the fp32 gradient copies too";
   }
   EXPECT_EQ(t.master->optimizer().state().size(), 0u) << "AdamW must not have stepped";
   EXPECT_EQ(scaler.scale_value(), 512.0);
@@ -422,7 +449,7 @@ TEST(L02Mixed, Bf16AndFp16MatchPyTorchsMasterWeightRun) {
   // fp32 master copies, GradScaler for fp16). LibTorch's C++ AdamW and PyTorch's round their
   // last fp32 bit differently, and a master weight one ulp apart rounds to another 16-bit weight
   // where it sits near a rounding boundary; so the policy (README section 11): losses within
-  // kHalfStepsVsPyTorch, weights within half the noise floor, fp16's loss scale and skipped
+  // kHalfStepsVsPyTorch, weights within 0.75 of the noise floor, fp16's loss scale and skipped
   // steps exactly, also with a scale that overflows (2^21).
   struct Case {
     const char* run;
@@ -445,7 +472,7 @@ TEST(L02Mixed, Bf16AndFp16MatchPyTorchsMasterWeightRun) {
     EXPECT_EQ(got.scales, ref.at("scales").get<std::vector<double>>());
     // 1.13's 16-bit kernels are not 2.x's: the full noise floor there.
     EXPECT_LE(rho(sample_of(got.weights), reference_sample(k.run)),
-              (kTorchMajor >= 2 ? 0.5 : 1.0) * noise_floor(precision_name(k.precision)));
+              (kTorchMajor >= 2 ? 0.75 : 1.0) * noise_floor(precision_name(k.precision)));
   }
 }
 
@@ -461,6 +488,9 @@ TEST(L02Mixed, HalfPrecisionIsAsCloseToAutocastAsAutocastIsToFp32) {
     const double floor = noise_floor(name);
     EXPECT_GT(floor, 0.0);
     EXPECT_LE(rho(got, reference_sample("autocast-" + name)), 1.5 * floor);
+    // and it is a half-precision run: fp32 training would pass the bound above by itself
+    // (its distance is the floor); ours is at least a quarter of the floor away from fp32.
+    EXPECT_GE(rho(got, reference_sample("fp32")), 0.25 * floor);
   }
 }
 
@@ -472,7 +502,9 @@ TEST(L02Mixed, Fp32GradientsGiveTheSameWeightsWithOneMicroBatch) {
   const auto working = train_run(c, 3);
   c.fp32_grads = true;
   const auto fp32 = train_run(c, 3);
-  EXPECT_TRUE(equal(fp32.weights, working.weights));
+  EXPECT_TRUE(equal(fp32.weights, working.weights))
+      << "with fp32 gradients, MasterWeights::step must read grad(i) (the fp32 buffers), not "
+         "params()[i].grad(), which the hook has freed";
 }
 
 }  // namespace

@@ -128,6 +128,13 @@ TEST(L02Program, JsonReportsPrecisionRecomputeAndTheLedgersBytes) {
     }
     EXPECT_GE(mem.at("measured").at("activations").get<int64_t>(),
               mem.at("predicted").at("activations").get<int64_t>());
+    for (const char* key : {"params", "grads", "master", "optimizer"}) {
+      EXPECT_EQ(mem.at("from_tensors").at(key), mem.at("measured").at(key)) << key;
+    }
+    if (std::string(k.precision) == "fp16") {
+      EXPECT_EQ(j.at("loss_scale").get<double>(), 65536.0) << "no overflow in 2 steps here";
+      EXPECT_EQ(j.at("skipped_steps").get<int64_t>(), 0);
+    }
   }
 }
 

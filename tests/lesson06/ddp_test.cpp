@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "adamw_params.h"
 #include "ddp.h"
 #include "dtc/compare.h"
+#include "dtc/compat.h"
 #include "dtc/data.h"
 #include "dtc/observe.h"
 #include "dtc/ranks.h"
@@ -438,6 +440,78 @@ TEST(L06Bucketed, RebuiltBucketsFollowTheReadyOrderOfRankZero) {
 // stopped after step 1). The reference, outside the trainer: one process, the same model and
 // AdamW, fed by hand the mean of both ranks' gradients for step 1 and half of rank 1's for
 // steps 2 and 3. Every sync mode.
+// ---------------------------------------------------------------------------------------------
+// The compression hook (--reduce-dtype): bf16/fp16 on the wire, pre-divided
+// ---------------------------------------------------------------------------------------------
+
+// Two ranks, three parameters, rank r's gradient g_r (the test's own formula); the Reducer with
+// a compression hook to @p wire. Returns rank 0's mean gradients and the allreduced bytes.
+struct HookedStep {
+  std::vector<torch::Tensor> grads;
+  int64_t wire_bytes = 0;
+};
+
+HookedStep hooked_step(torch::ScalarType wire,
+                       const std::function<torch::Tensor(int64_t, int)>& g) {
+  HookedStep out;
+  std::mutex m;
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        std::vector<torch::Tensor> params{torch::zeros({3, 4}, torch::requires_grad()),
+                                          torch::zeros({5}, torch::requires_grad()),
+                                          torch::zeros({2, 2}, torch::requires_grad())};
+        auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+        Reducer reducer(params, rec, 40);
+        if (wire != torch::kFloat) reducer.register_compress_hook(wire);
+        auto loss = torch::zeros({});
+        for (auto& p : params) loss = loss + (p * g(p.numel(), ctx.rank).view_as(p)).sum();
+        loss.backward();
+        reducer.finish();
+        if (ctx.rank != 0) return;
+        std::lock_guard<std::mutex> lock(m);
+        for (auto& p : params) out.grads.push_back(p.grad().clone());
+        out.wire_bytes = rec->bytes("allreduce");
+      },
+      kTimeout);
+  return out;
+}
+
+// g_r[i] = 0.37 sin(i + 3r): values that 16 bits round.
+torch::Tensor wavy(int64_t n, int rank) {
+  return torch::arange(n, torch::kFloat).add_(3.0 * rank).sin_().mul_(0.37f);
+}
+
+TEST(L06CommHook, Bf16MeanIsThePreDividedSumInBf16WithHalfTheBytes) {
+  // bf16_compress_hook's arithmetic, written out: each rank sends bf16(g_r) / 2, the two halves
+  // are added in bf16 (two ranks: one rounding, in either order), the result cast to fp32.
+  if (!kGlooBf16) GTEST_SKIP() << "this LibTorch's gloo has no bf16 allreduce";
+  const HookedStep fp32 = hooked_step(torch::kFloat, wavy);
+  const HookedStep bf16 = hooked_step(torch::kBFloat16, wavy);
+  const int64_t numel = 12 + 5 + 4;
+  EXPECT_EQ(fp32.wire_bytes, 4 * numel);
+  EXPECT_EQ(bf16.wire_bytes, 2 * numel) << "the buckets go on the wire in bf16";
+  const int64_t sizes[] = {12, 5, 4};
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    const auto half = [&](int r) { return wavy(sizes[i], r).to(torch::kBFloat16).div(2); };
+    const auto expected = (half(0) + half(1)).to(torch::kFloat);
+    EXPECT_TENSOR_CLOSE(bf16.grads[i].flatten(), expected, kExact);
+    EXPECT_FALSE(torch::equal(bf16.grads[i].flatten(), fp32.grads[i].flatten()))
+        << "bf16 rounding must show: the mean was not reduced in fp32";
+  }
+}
+
+TEST(L06CommHook, Fp16PreDivisionKeepsTheSumInRange) {
+  // 40000 on each rank: their sum, 80000, is past fp16's largest value (65504), so dividing
+  // after the allreduce would give inf; dividing before it gives the mean, 40000, exactly.
+  if (!kGlooHalf) GTEST_SKIP() << "this LibTorch's gloo has no fp16 allreduce";
+  const HookedStep r =
+      hooked_step(torch::kHalf, [](int64_t n, int) { return torch::full({n}, 40000.0f); });
+  for (const auto& g : r.grads) EXPECT_TENSOR_CLOSE(g, torch::full_like(g, 40000.0f), kExact);
+  EXPECT_EQ(r.wire_bytes, 2 * (12 + 5 + 4));
+}
+
 TEST(L06Join, UnevenStepsShadowedGiveTheMeanOverTheInitialWorld) {
   const ByteDataset data = ByteDataset::builtin();
   auto flatten = [](const std::vector<torch::Tensor>& params) {

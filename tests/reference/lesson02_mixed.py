@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lesson 02, part 2 reference values: mixed precision and loss scaling, computed by PyTorch.
+"""Lesson 02, parts 4 and 5 reference values: mixed precision and loss scaling, computed by PyTorch.
 
 Three things, each by PyTorch's own code:
 
@@ -38,36 +38,44 @@ CASE = dict(vocab=256, ctx=32, hidden=64, layers=2, heads=4, tied=True, seed=1, 
 
 # GradScaler's sequence: gradient values (exact in fp32), with an inf or NaN where marked.
 SCALER = dict(init_scale=3.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+# "huge": a finite scaled value (3e38) that unscaling by a scale below 1 takes past fp32's
+# range: GradScaler checks the values as they come in, before it multiplies, and steps.
 SCALER_STEPS = ["ok", "ok", "ok", "ok", "inf", "ok", "nan", "inf", "ok", "ok", "ok", "ok", "ok",
-                "ok", "ok", "neginf", "ok"]
+                "ok", "ok", "neginf", "ok", "inf", "inf", "inf", "huge", "ok"]
 SCALER_GRAD = [0.1, -3.3, 0.7, 7.25, -0.0625, 1e-3]
+# Other factors, and growth that would overflow fp32's range (2^127 * 4): the scale stays.
+SCALER_FACTORS = dict(init_scale=2.0**125, growth_factor=4.0, backoff_factor=0.25,
+                      growth_interval=1)
+SCALER_FACTORS_STEPS = ["ok", "ok", "inf", "ok", "ok", "nan", "ok"]
+SCALER_FACTORS_GRAD = [1e-30, -2.5e-31, 3e-32]
 
 
-def scaler_sequence() -> dict:
-    p = torch.nn.Parameter(torch.zeros(len(SCALER_GRAD)))
+def scaler_sequence(options: dict, kinds: list, grad: list) -> dict:
+    p = torch.nn.Parameter(torch.zeros(len(grad)))
     opt = torch.optim.SGD([p], lr=1.0)
-    scaler = torch.amp.GradScaler("cpu", **SCALER)
+    scaler = torch.amp.GradScaler("cpu", **options)
     scaler.scale(torch.ones(()))  # GradScaler makes its scale tensor on the first scale()
     steps = []
-    for kind in SCALER_STEPS:
+    for kind in kinds:
         scale = scaler.get_scale()
-        g = torch.tensor(SCALER_GRAD, dtype=torch.float32) * torch.tensor(scale,
-                                                                           dtype=torch.float32)
+        g = torch.tensor(grad, dtype=torch.float32) * torch.tensor(scale, dtype=torch.float32)
         if kind != "ok":
-            g[2] = {"inf": float("inf"), "nan": float("nan"), "neginf": float("-inf")}[kind]
+            g[1] = {"inf": float("inf"), "nan": float("nan"), "neginf": float("-inf"),
+                    "huge": 3e38}[kind]
         p.grad = g.clone()
         before = p.detach().clone()
         scaler.unscale_(opt)
-        unscaled = [float(v) for v in p.grad]
+        # JSON has no inf: a non-finite unscaled value is written as null
+        unscaled = [float(v) if torch.isfinite(v) else None for v in p.grad]
         scaler.step(opt)
         stepped = not torch.equal(before, p.detach())
         scaler.update()
         steps.append({"kind": kind, "scale_before": scale, "stepped": stepped,
-                      "unscaled": unscaled if kind == "ok" else None,
+                      "unscaled": unscaled if kind in ("ok", "huge") else None,
                       "scale_after": scaler.get_scale(),
                       "growth_tracker_after": int(scaler._growth_tracker.item())})
         opt.zero_grad(set_to_none=True)
-    return {"options": SCALER, "grad": SCALER_GRAD, "steps": steps}
+    return {"options": options, "grad": grad, "steps": steps}
 
 
 def summary(weights, names) -> dict:
@@ -156,7 +164,9 @@ def main() -> None:
         "sample_every": SAMPLE,
         "config": {k: v for k, v in CASE.items()},
         "init": summary(list(init.parameters()), [n for n, _ in init.named_parameters()]),
-        "scaler": scaler_sequence(),
+        "scaler": scaler_sequence(SCALER, SCALER_STEPS, SCALER_GRAD),
+        "scaler_factors": scaler_sequence(SCALER_FACTORS, SCALER_FACTORS_STEPS,
+                                          SCALER_FACTORS_GRAD),
         "runs": runs,
     }
     OUT.write_text(json.dumps(out, indent=1) + "\n")
