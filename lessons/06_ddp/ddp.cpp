@@ -11,10 +11,12 @@
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <unordered_set>
 #include <utility>
 
+#include "dtc/compat.h"
 #include "dtc/errors.h"
 #include "dtc/todo.h"
 
@@ -185,22 +187,33 @@ Reducer::~Reducer() {
 namespace {
 
 // The compression hook's Work: the 16-bit allreduce, then the cast back into the fp32 bucket
-// (PyTorch's decompress callback on the hook's future).
+// (PyTorch's decompress callback on the hook's future), done by the first wait() or by
+// isCompleted() once the allreduce is. It owns the 16-bit copy until then.
 class DecompressWork : public c10d::Work {
  public:
   DecompressWork(c10::intrusive_ptr<c10d::Work> inner, torch::Tensor wire, torch::Tensor flat)
       : inner_(std::move(inner)), wire_(std::move(wire)), flat_(std::move(flat)) {}
   bool wait(std::chrono::milliseconds timeout) override {
     inner_->wait(timeout);
-    if (!done_) {
-      torch::NoGradGuard no_grad;
-      flat_.copy_(wire_);
-      done_ = true;
-    }
+    decompress();
     return true;
   }
+  bool isCompleted() override {
+    if (!done_ && inner_->isCompleted() && inner_->isSuccess()) decompress();
+    return done_;
+  }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
 
  private:
+  void decompress() {
+    if (done_) return;
+    torch::NoGradGuard no_grad;
+    flat_.copy_(wire_);
+    wire_ = torch::Tensor();  // the 16-bit copy goes once it is read, as PyTorch's does
+    done_ = true;
+  }
+
   c10::intrusive_ptr<c10d::Work> inner_;
   torch::Tensor wire_, flat_;
   bool done_ = false;
@@ -209,10 +222,20 @@ class DecompressWork : public c10d::Work {
 }  // namespace
 
 void Reducer::register_compress_hook(torch::ScalarType wire_dtype) {
-  if (wire_dtype != torch::kBFloat16 && wire_dtype != torch::kHalf && wire_dtype != torch::kFloat) {
+  if (wire_dtype != torch::kBFloat16 && wire_dtype != torch::kHalf) {
     throw UsageError("--reduce-dtype", "a compression hook sends bf16 or fp16",
-                     "pass --reduce-dtype bf16, fp16 or fp32");
+                     "pass --reduce-dtype bf16 or fp16 (fp32: no hook)");
   }
+  if (wire_dtype == torch::kBFloat16 && !kGlooBf16 && comm_->getBackendName() == "gloo") {
+    throw UsageError("--reduce-dtype",
+                     fmt::format("gloo in LibTorch {} has no bf16 allreduce", torch_version()),
+                     "pass --reduce-dtype fp16, or use LibTorch 2.x or --backend nccl");
+  }
+  if (compressed()) throw std::logic_error("the Reducer has a compression hook already");
+  const bool mid_step = next_to_launch_ != 0 ||
+                        std::any_of(work_.begin(), work_.end(), [](const auto& w) { return w; });
+  if (mid_step)
+    throw std::logic_error("register the compression hook before a backward, not in one");
   wire_dtype_ = wire_dtype;
 }
 
@@ -224,10 +247,9 @@ void Reducer::launch(size_t b) {
   }
   // bf16/fp16_compress_hook: compress, pre-divide, allreduce; decompress when it completes.
   torch::NoGradGuard no_grad;
-  if (wire_.size() != flat_.size()) wire_.resize(flat_.size());
-  wire_[b] = flat_[b].to(wire_dtype_).div_(static_cast<double>(comm_->getSize()));
-  std::vector<at::Tensor> tensors{wire_[b]};
-  work_[b] = c10::make_intrusive<DecompressWork>(comm_->allreduce(tensors), wire_[b], flat_[b]);
+  auto wire = flat_[b].to(wire_dtype_).div_(static_cast<double>(comm_->getSize()));
+  std::vector<at::Tensor> tensors{wire};
+  work_[b] = c10::make_intrusive<DecompressWork>(comm_->allreduce(tensors), wire, flat_[b]);
 }
 
 void Reducer::on_grad(size_t index, const torch::Tensor& grad) {
@@ -364,4 +386,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 2767b707f9f1d212
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum ca1b2d4ddff74234

@@ -135,12 +135,16 @@ class Reducer {
 
   /// PyTorch's bf16_compress_hook / fp16_compress_hook (DDP's register_comm_hook): from now on
   /// each bucket is cast to @p wire_dtype (torch::kBFloat16 or torch::kHalf) and divided by the
-  /// world size BEFORE its allreduce, so that the sum of the ranks' shares cannot overflow in 16
-  /// bits, and the result is cast back into the fp32 bucket when the allreduce completes (the
-  /// bucket's Work waits for both). Half the bytes on the wire; the mean is rounded to 16 bits.
-  /// With a hook the hook divides, not finish(): PyTorch's Reducer divides a bucket only
-  /// without a comm hook. Call it before the first backward, on every rank alike. Given.
-  /// @throws dtc::UsageError("--reduce-dtype") for another dtype
+  /// world size BEFORE its allreduce (the shares of W ranks, not their sum, must fit in 16 bits;
+  /// a value already past fp16's 65504 on one rank is inf either way, and in fp16 values below
+  /// about 6e-8 W flush to zero), and the result is cast back into the fp32 bucket when the
+  /// bucket's Work's wait() returns (PyTorch: a callback on the future). Half the bytes on the
+  /// wire; the mean is rounded to 16 bits. With a hook the hook divides, not finish(): PyTorch's
+  /// Reducer divides a bucket only without a comm hook. Register it once, before the first
+  /// backward, on every rank alike. Given.
+  /// @throws dtc::UsageError("--reduce-dtype") for another dtype, or bf16 over LibTorch 1.13's
+  ///   gloo (no bf16 allreduce there); std::logic_error for a second hook or one registered in
+  ///   the middle of a step
   void register_compress_hook(torch::ScalarType wire_dtype);
   /// Whether a compression hook is registered (finish() must not divide then).
   bool compressed() const { return wire_dtype_ != torch::kFloat; }
@@ -183,7 +187,6 @@ class Reducer {
   int64_t first_bucket_bytes_ = 0;  ///< > 0: rebuild the buckets after the first step
   bool rebuilt_ = false;
   torch::ScalarType wire_dtype_ = torch::kFloat;  ///< the compression hook's dtype, or kFloat
-  std::vector<torch::Tensor> wire_;               ///< bucket -> its 16-bit copy on the wire
   std::vector<int64_t> ready_order_;              ///< the first synced backward's ready order
   std::vector<unsigned> order_hook_ids_;          ///< parameter index -> the hook that records it
 };

@@ -413,7 +413,8 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
     j["accum"] = c.accum;
     j["reduce_dtype"] = o.reduce_dtype;
     // every allreduce of a step on this rank, in bytes: the gradients (the buckets, in
-    // --reduce-dtype) and the 4-byte loss; the parameters' broadcast is not an allreduce
+    // --reduce-dtype), the 4-byte loss and, with --join, the 4-byte announcement; the
+    // parameters' broadcast is not an allreduce
     j["allreduce_bytes_per_step"] = allreduce_bytes_per_step;
     j["data"] = epochs ? "epochs" : "steps";
     j["params"] = count_parameters(*trainer.model());
@@ -461,6 +462,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     }
     c.reduce_dtype = o.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kHalf;
     if (c.reduce_dtype == torch::kBFloat16 && !kGlooBf16 && t.train.backend == "gloo") {
+      // the Reducer says so too; here it is said before the network is touched
       throw UsageError("--reduce-dtype",
                        fmt::format("gloo in LibTorch {} has no bf16 allreduce", torch_version()),
                        "pass --reduce-dtype fp16, or use LibTorch 2.x or --backend nccl");
@@ -524,9 +526,10 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                rank, last, last);
     err.flush();
   }
-  trainer.join();
+  // the steps' allreduces only (Join's last ones are not a step's)
   const int64_t trained = std::max<int64_t>(1, last - first);
   const int64_t allreduce_bytes_per_step = wire->bytes("allreduce") / trained;
+  trainer.join();
   save(o, rank, trainer, steps, err);
   // Are the replicas still the same? (The no-broadcast pitfall: they never were.)
   const double divergence = replica_divergence(trainer.model(), *job.comm);

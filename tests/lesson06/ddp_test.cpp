@@ -444,8 +444,10 @@ TEST(L06Bucketed, RebuiltBucketsFollowTheReadyOrderOfRankZero) {
 // The compression hook (--reduce-dtype): bf16/fp16 on the wire, pre-divided
 // ---------------------------------------------------------------------------------------------
 
-// Two ranks, three parameters, rank r's gradient g_r (the test's own formula); the Reducer with
-// a compression hook to @p wire. Returns rank 0's mean gradients and the allreduced bytes.
+// Two ranks, three parameters, rank r's gradient g_r (the test's own formula), and a fourth
+// parameter that the loss does not use: its bucket (the first) completes only in finish(), so
+// finish()'s own launches go through the hook too. The Reducer with a compression hook to
+// @p wire. Returns rank 0's mean gradients (the unused one's: zeros) and the allreduced bytes.
 struct HookedStep {
   std::vector<torch::Tensor> grads;
   int64_t wire_bytes = 0;
@@ -460,12 +462,15 @@ HookedStep hooked_step(torch::ScalarType wire,
       [&](RankContext& ctx) {
         std::vector<torch::Tensor> params{torch::zeros({3, 4}, torch::requires_grad()),
                                           torch::zeros({5}, torch::requires_grad()),
-                                          torch::zeros({2, 2}, torch::requires_grad())};
+                                          torch::zeros({2, 2}, torch::requires_grad()),
+                                          torch::zeros({6}, torch::requires_grad())};
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
         Reducer reducer(params, rec, 40);
         if (wire != torch::kFloat) reducer.register_compress_hook(wire);
         auto loss = torch::zeros({});
-        for (auto& p : params) loss = loss + (p * g(p.numel(), ctx.rank).view_as(p)).sum();
+        for (size_t i = 0; i < 3; ++i) {
+          loss = loss + (params[i] * g(params[i].numel(), ctx.rank).view_as(params[i])).sum();
+        }
         loss.backward();
         reducer.finish();
         if (ctx.rank != 0) return;
@@ -488,7 +493,7 @@ TEST(L06CommHook, Bf16MeanIsThePreDividedSumInBf16WithHalfTheBytes) {
   if (!kGlooBf16) GTEST_SKIP() << "this LibTorch's gloo has no bf16 allreduce";
   const HookedStep fp32 = hooked_step(torch::kFloat, wavy);
   const HookedStep bf16 = hooked_step(torch::kBFloat16, wavy);
-  const int64_t numel = 12 + 5 + 4;
+  const int64_t numel = 12 + 5 + 4 + 6;
   EXPECT_EQ(fp32.wire_bytes, 4 * numel);
   EXPECT_EQ(bf16.wire_bytes, 2 * numel) << "the buckets go on the wire in bf16";
   const int64_t sizes[] = {12, 5, 4};
@@ -500,6 +505,7 @@ TEST(L06CommHook, Bf16MeanIsThePreDividedSumInBf16WithHalfTheBytes) {
     EXPECT_FALSE(torch::equal(bf16.grads[i].flatten(), fp32.grads[i].flatten()))
         << "bf16 rounding must show: the mean was not reduced in fp32";
   }
+  EXPECT_TENSOR_CLOSE(bf16.grads[3], torch::zeros({6}), kExact);
 }
 
 TEST(L06CommHook, Fp16PreDivisionKeepsTheSumInRange) {
@@ -508,8 +514,10 @@ TEST(L06CommHook, Fp16PreDivisionKeepsTheSumInRange) {
   if (!kGlooHalf) GTEST_SKIP() << "this LibTorch's gloo has no fp16 allreduce";
   const HookedStep r =
       hooked_step(torch::kHalf, [](int64_t n, int) { return torch::full({n}, 40000.0f); });
-  for (const auto& g : r.grads) EXPECT_TENSOR_CLOSE(g, torch::full_like(g, 40000.0f), kExact);
-  EXPECT_EQ(r.wire_bytes, 2 * (12 + 5 + 4));
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TENSOR_CLOSE(r.grads[i], torch::full_like(r.grads[i], 40000.0f), kExact);
+  }
+  EXPECT_EQ(r.wire_bytes, 2 * (12 + 5 + 4 + 6));
 }
 
 TEST(L06Join, UnevenStepsShadowedGiveTheMeanOverTheInitialWorld) {
