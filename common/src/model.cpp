@@ -157,7 +157,6 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
 void GptImpl::set_recompute(Recompute mode, CheckpointFn checkpoint) {
   TORCH_CHECK(mode == Recompute::kNone || checkpoint, "recompute ", recompute_name(mode),
               " needs a checkpoint function");
-  recompute_ = mode;
   for (const auto& module : *h) {
     auto block = module->as<Block>();
     block->checkpoint = mode == Recompute::kFull ? checkpoint : CheckpointFn();

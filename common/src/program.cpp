@@ -53,8 +53,11 @@ void TrainCli::add_timeout_flag() {
 }
 
 void TrainCli::add_precision_flags() {
-  const std::map<std::string, Precision> precisions{
-      {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
+  // the flags' spellings are the names the --json reports (precision_name, recompute_name)
+  std::map<std::string, Precision> precisions;
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+    precisions[precision_name(p)] = p;
+  }
   app_.add_option("--precision", options_.precision,
                   "fp32, or bf16/fp16 weights and activations with fp32 master weights and AdamW "
                   "state (fp16 with dynamic loss scaling)")
@@ -65,8 +68,10 @@ void TrainCli::add_precision_flags() {
                   "(18 bytes/param); fp32 runs have fp32 gradients either way")
       ->check(CLI::IsMember({"working", "fp32"}))
       ->capture_default_str();
-  const std::map<std::string, Recompute> modes{
-      {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
+  std::map<std::string, Recompute> modes;
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    modes[recompute_name(r)] = r;
+  }
   app_.add_option("--recompute", options_.recompute,
                   "activation recomputation: none, selective (the attention core) or full (each "
                   "block)")

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <ostream>
 
@@ -70,15 +71,21 @@ int64_t device_bytes_now(const torch::Device& device) {
   return cpu_memory().current;
 }
 
-MeasuredMemory measure_step(Gpt& model, torch::optim::AdamW& optimizer, const Batch& batch,
-                            float& loss_value, const torch::Device& device) {
+namespace {
+
+// One first training step in its pieces, each measured: @p zero_grad, forward_loss, @p backward
+// from the loss, @p step (which returns whether it stepped).
+MeasuredMemory measure_pieces(Gpt& model, const Batch& batch, float& loss_value,
+                              const torch::Device& device, const std::function<void()>& zero_grad,
+                              const std::function<void(const torch::Tensor&)>& backward,
+                              const std::function<bool()>& step) {
   const int gpu = std::max<int>(device.index(), 0);
   auto now = [&] { return device_bytes_now(device); };
   auto peak = [&] {
     return device.is_cuda() ? cuda_memory_stats(gpu).peak_allocated : cpu_memory().peak;
   };
   MeasuredMemory m;
-  zero_grad_to_none(optimizer);
+  zero_grad();
   const int64_t before = now();
   if (device.is_cuda()) {
     reset_cuda_peak_memory(gpu);
@@ -87,44 +94,40 @@ MeasuredMemory measure_step(Gpt& model, torch::optim::AdamW& optimizer, const Ba
   }
   torch::Tensor loss = forward_loss(model, batch);
   m.activations = now() - before;  // the graph's saved tensors (and the loss)
-  loss.backward();                 // frees the graph as it goes
+  backward(loss);                  // frees the graph as it goes
   m.step_peak = peak() - before;
   loss_value = loss.item<float>();
   loss = torch::Tensor();    // drop the 4-byte loss
-  m.grads = now() - before;  // what backward left: the gradients
+  m.grads = now() - before;  // what backward left: the gradients (16-bit, or fp32 buffers)
   const int64_t before_step = now();
-  optimizer.step();
-  m.optimizer = now() - before_step;  // AdamW's state, made on its first step
+  m.stepped = step();
+  m.optimizer = now() - before_step;  // AdamW's state, made on its first step; the mixed step's
+                                      // fp32 gradient copies are gone again
   return m;
+}
+
+}  // namespace
+
+MeasuredMemory measure_step(Gpt& model, torch::optim::AdamW& optimizer, const Batch& batch,
+                            float& loss_value, const torch::Device& device) {
+  return measure_pieces(
+      model, batch, loss_value, device, [&] { zero_grad_to_none(optimizer); },
+      [](const torch::Tensor& loss) { loss.backward(); },
+      [&] {
+        optimizer.step();
+        return true;
+      });
 }
 
 MeasuredMemory measure_mixed_step(Gpt& model, MasterWeights& master, LossScaler* scaler,
                                   const Batch& batch, float& loss_value,
                                   const torch::Device& device) {
-  const int gpu = std::max<int>(device.index(), 0);
-  auto now = [&] { return device_bytes_now(device); };
-  auto peak = [&] {
-    return device.is_cuda() ? cuda_memory_stats(gpu).peak_allocated : cpu_memory().peak;
-  };
-  MeasuredMemory m;
-  master.zero_grad();
-  const int64_t before = now();
-  if (device.is_cuda()) {
-    reset_cuda_peak_memory(gpu);
-  } else {
-    reset_cpu_peak();
-  }
-  torch::Tensor loss = forward_loss(model, batch);
-  m.activations = now() - before;
-  (scaler != nullptr ? scaler->scale(loss) : loss).backward();
-  m.step_peak = peak() - before;
-  loss_value = loss.item<float>();
-  loss = torch::Tensor();
-  m.grads = now() - before;  // the 16-bit gradients, or the fp32 buffers
-  const int64_t before_step = now();
-  m.stepped = master.step(scaler);
-  m.optimizer = now() - before_step;  // AdamW's moments; the step's fp32 gradient copies are gone
-  return m;
+  return measure_pieces(
+      model, batch, loss_value, device, [&] { master.zero_grad(); },
+      [&](const torch::Tensor& loss) {
+        (scaler != nullptr ? scaler->scale(loss) : loss).backward();
+      },
+      [&] { return master.step(scaler); });
 }
 
 TrainedRun train_run(const TrainConfig& config, int64_t steps,
@@ -370,7 +373,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     }
     log.end_step(step, loss);
   }
-  if (!measure) from_tensors = fp32_state(model, *optimizer);
+  if (!measure) from_tensors = mixed ? mixed_state(model, *master) : fp32_state(model, *optimizer);
   if (!o.save.empty()) save_checkpoint(o.save, model, *optimizer, steps);
 
   // 4. the report.

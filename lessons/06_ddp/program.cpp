@@ -436,8 +436,10 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
                reducer->rebuilt() ? " (rebuilt after step 1 in the ready order)" : "", in_backward);
   }
   fmt::print(out,
-             "  on the wire: {} bytes of allreduce per step per rank (gradients in {}, the loss)\n",
-             with_commas(allreduce_bytes_per_step), o.reduce_dtype);
+             "  on the wire: {} bytes of allreduce per step per rank (gradients in {}, the "
+             "loss{})\n",
+             with_commas(allreduce_bytes_per_step), o.reduce_dtype,
+             c.join ? ", Join's announcement" : "");
   fmt::print(out, "  replicas: largest parameter difference between ranks {:g}{}\n", divergence,
              divergence == 0 ? " (identical)" : "   <- the replicas have drifted apart");
   if (epochs && epochs->orders().size() >= 2) {
@@ -460,13 +462,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
       throw UsageError("--reduce-dtype", "compresses the buckets of --sync bucketed (a comm hook)",
                        "add --sync bucketed, or drop --reduce-dtype");
     }
+    // (bf16 over 1.13's gloo: Reducer::register_compress_hook says it is not there)
     c.reduce_dtype = o.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kHalf;
-    if (c.reduce_dtype == torch::kBFloat16 && !kGlooBf16 && t.train.backend == "gloo") {
-      // the Reducer says so too; here it is said before the network is touched
-      throw UsageError("--reduce-dtype",
-                       fmt::format("gloo in LibTorch {} has no bf16 allreduce", torch_version()),
-                       "pass --reduce-dtype fp16, or use LibTorch 2.x or --backend nccl");
-    }
   }
   if (o.rebuild_buckets) {
     if (c.sync != SyncMode::kBucketed) {

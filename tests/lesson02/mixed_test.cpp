@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -24,13 +23,9 @@ namespace {
 
 using test::gpt_params;
 
+/// tests/reference/lesson02_mixed.json (lesson02_mixed.py), read once.
 const nlohmann::json& mixed_reference() {
-  static const nlohmann::json j = [] {
-    const std::string path = source_path("tests/reference/lesson02_mixed.json");
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot read " + path);
-    return nlohmann::json::parse(in);
-  }();
+  static const nlohmann::json j = test::read_reference("lesson02_mixed.json");
   return j;
 }
 

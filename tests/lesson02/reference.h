@@ -14,14 +14,17 @@
 
 namespace dtc::l02::test {
 
+/// A reference file under tests/reference/ (e.g. "lesson02_reference.json"), parsed.
+inline nlohmann::json read_reference(const std::string& file) {
+  const std::string path = source_path("tests/reference/" + file);
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return nlohmann::json::parse(in);
+}
+
 /// tests/reference/lesson02_reference.json, read once.
 inline const nlohmann::json& reference() {
-  static const nlohmann::json j = [] {
-    const std::string path = source_path("tests/reference/lesson02_reference.json");
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot read " + path);
-    return nlohmann::json::parse(in);
-  }();
+  static const nlohmann::json j = read_reference("lesson02_reference.json");
   return j;
 }
 

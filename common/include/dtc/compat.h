@@ -74,9 +74,8 @@ inline constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
 /// needs. (bf16 works on both.)
 inline constexpr bool kCpuFp16Training = TORCH_VERSION_MAJOR >= 2;
 
-/// Whether gloo allreduces fp16 tensors (both generations) and bf16 ones (2.x; 1.13's gloo
-/// backend rejects bf16: "Invalid scalar type"). Lesson 06's compression hook needs them.
-inline constexpr bool kGlooHalf = true;
+/// Whether gloo allreduces bf16 tensors: 2.x does; 1.13's gloo backend rejects them ("Invalid
+/// scalar type"). fp16 works on both. Lesson 06's compression hook needs it.
 inline constexpr bool kGlooBf16 = TORCH_VERSION_MAJOR >= 2;
 
 /// Whether this LibTorch records gloo's collectives in the Flight Recorder (2.8 on).

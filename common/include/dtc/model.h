@@ -161,7 +161,6 @@ class GptImpl : public torch::nn::Module {
   /// @p checkpoint; kNone (the default) keeps everything. @p checkpoint must be defined unless
   /// @p mode is kNone.
   void set_recompute(Recompute mode, CheckpointFn checkpoint);
-  Recompute recompute() const { return recompute_; }
 
   torch::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
@@ -171,7 +170,6 @@ class GptImpl : public torch::nn::Module {
 
  private:
   GptConfig config_;
-  Recompute recompute_ = Recompute::kNone;
 };
 TORCH_MODULE(Gpt);
 
