@@ -52,17 +52,22 @@ void TrainCli::add_timeout_flag() {
       ->capture_default_str();
 }
 
-void TrainCli::add_precision_flags() {
+void TrainCli::add_precision_flag(const std::vector<Precision>& allowed) {
   // the flags' spellings are the names the --json reports (precision_name, recompute_name)
   std::map<std::string, Precision> precisions;
-  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
-    precisions[precision_name(p)] = p;
-  }
+  for (Precision p : allowed) precisions[precision_name(p)] = p;
+  const bool fp16 = precisions.count(precision_name(Precision::kFp16)) > 0;
   app_.add_option("--precision", options_.precision,
-                  "fp32, or bf16/fp16 weights and activations with fp32 master weights and AdamW "
-                  "state (fp16 with dynamic loss scaling)")
+                  fp16 ? "fp32, or bf16/fp16 weights and activations with fp32 master weights and "
+                         "AdamW state (fp16 with dynamic loss scaling)"
+                       : "fp32, or bf16 weights and activations with fp32 master weights and "
+                         "AdamW state")
       ->transform(CLI::CheckedTransformer(precisions, CLI::ignore_case))
       ->default_str("fp32");
+}
+
+void TrainCli::add_precision_flags() {
+  add_precision_flag();
   app_.add_option("--grad-dtype", options_.grad_dtype,
                   "gradients in the working precision (16 bytes/param with AdamW) or in fp32 "
                   "(18 bytes/param); fp32 runs have fp32 gradients either way")

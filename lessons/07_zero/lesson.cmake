@@ -9,9 +9,16 @@ dtc_add_lesson(07 DIR 07_zero SOURCES zero.cpp DRIVER program.cpp
 # paper, losses against PyTorch's (tests/reference/lesson02_reference.json), checkpoints.
 if(DTC_TORCHRUN)
   string(JOIN " " l07_flags ${DTC_TORCHRUN_FLAGS})
-  dtc_add_e2e(07 NAME program TIMEOUT 240
+  # bf16 needs LibTorch 2.x's gloo (1.13's has no bf16 collectives).
+  if(DTC_TORCH_VERSION VERSION_LESS 2.0)
+    set(l07_bf16 --no-bf16)
+  else()
+    set(l07_bf16 --bf16)
+  endif()
+  dtc_add_e2e(07 NAME program TIMEOUT 300
     COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson07/e2e.py"
-            --program @PROGRAM@ --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${l07_flags}")
+            --program @PROGRAM@ --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${l07_flags}"
+            ${l07_bf16})
   # A smoke run of the benchmark against PyTorch (primary path only: it needs the venv's torch).
   get_filename_component(l07_bin "${DTC_TORCHRUN}" DIRECTORY)
   if(NOT DTC_TORCHRUN_FLAGS AND EXISTS "${l07_bin}/python")

@@ -28,39 +28,70 @@ namespace dtc::l07 {
 // Predictions
 // ---------------------------------------------------------------------------------------------
 
-StagePrediction predict_stage_memory(int64_t psi, int stage, int world) {
+namespace {
+double element_bytes(Precision precision) { return precision == Precision::kFp32 ? 4.0 : 2.0; }
+}  // namespace
+
+StagePrediction predict_stage_memory(int64_t psi, int stage, int world, Precision precision,
+                                     Precision reduce) {
   const double p = static_cast<double>(psi), w = world;
+  const double e = element_bytes(precision), e_reduce = element_bytes(reduce);
   StagePrediction s;
-  s.params = stage >= 3 ? 4 * p / w : 4 * p;
-  s.grads = stage >= 2 ? 4 * p / w : 4 * p;
+  s.params = stage >= 3 ? e * p / w : e * p;
+  s.grads = stage >= 2 ? e_reduce * p / w : e * p;  // stages 0-1 reduce in the working dtype
+  if (precision != Precision::kFp32) s.master = stage >= 1 ? 4 * p / w : 4 * p;
   s.optimizer = stage >= 1 ? 8 * p / w : 8 * p;
   return s;
 }
 
-double predict_stage_comm(int64_t psi, int stage, int world, bool reshard_after_forward) {
-  const double scale = (world - 1.0) / world * 4.0 * static_cast<double>(psi);
-  return stage >= 3 && reshard_after_forward ? 3 * scale : 2 * scale;
+double predict_stage_comm(int64_t psi, int stage, int world, bool reshard_after_forward,
+                          Precision precision, Precision reduce) {
+  const double ring = (world - 1.0) / world * static_cast<double>(psi);
+  const double e = element_bytes(precision), e_reduce = stage >= 2 ? element_bytes(reduce) : e;
+  const double gathers = stage >= 3 && reshard_after_forward ? 2 : 1;
+  return ring * (e_reduce + gathers * e);
 }
 
 Baseline train_baseline(const GptConfig& config, uint64_t seed, int64_t batch, int64_t steps,
-                        const AdamWOptions& o, double clip_norm) {
+                        const AdamWOptions& o, double clip_norm, Precision precision) {
   const ByteDataset data = ByteDataset::builtin();
   Baseline b{Gpt(config), {}};
   init_weights(b.model, seed);
-  torch::optim::AdamW optimizer(b.model->parameters(), torch::optim::AdamWOptions(o.lr)
-                                                           .betas({o.beta1, o.beta2})
-                                                           .eps(o.eps)
-                                                           .weight_decay(o.weight_decay));
+  // bf16: AdamW steps fp32 master weights (the fp32 initial weights); the model is their rounding.
+  const bool mixed = precision != Precision::kFp32;
+  std::vector<torch::Tensor> master;
+  if (mixed) {
+    for (const auto& p : b.model->parameters()) master.push_back(p.detach().clone());
+    b.model->to(working_dtype(precision));
+  }
+  const std::vector<torch::Tensor> params = b.model->parameters();
+  torch::optim::AdamW optimizer(mixed ? master : params, torch::optim::AdamWOptions(o.lr)
+                                                             .betas({o.beta1, o.beta2})
+                                                             .eps(o.eps)
+                                                             .weight_decay(o.weight_decay));
   for (int64_t step = 0; step < steps; ++step) {
     const Batch x = data.batch(seed, step, batch, config.ctx);
     zero_grad_to_none(optimizer);
+    for (const auto& p : params) p.mutable_grad().reset();
     auto logits = b.model->forward(x.inputs);
     auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
                                                      x.targets.view({-1}));
     loss.backward();
-    if (clip_norm > 0) torch::nn::utils::clip_grad_norm_(b.model->parameters(), clip_norm);
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; mixed && i < params.size(); ++i) {
+      master[i].mutable_grad() = params[i].grad().to(torch::kFloat);
+    }
+    if (clip_norm > 0) torch::nn::utils::clip_grad_norm_(mixed ? master : params, clip_norm);
     optimizer.step();
+    for (size_t i = 0; mixed && i < params.size(); ++i) params[i].copy_(master[i]);
     b.losses.push_back(loss.item<float>());
+  }
+  if (mixed) {
+    // The model returned holds the master weights, as the engine's full_parameters() does.
+    b.model->to(torch::kFloat);
+    torch::NoGradGuard no_grad;
+    const auto fp32 = b.model->parameters();
+    for (size_t i = 0; i < fp32.size(); ++i) fp32[i].copy_(master[i]);
   }
   return b;
 }
@@ -74,10 +105,11 @@ namespace {
 struct Options {
   std::string stage = "all";
   bool prefetch = false;
-  bool recompute = false;   // stage 3 (with --stage all: one more run, stage 3 recomputing)
-  bool no_reshard = false;  // stage 3: keep a block's parameters from its forward to its backward
-  double clip_norm = 0;     // > 0: clip the global gradient norm (every stage)
-  int hsdp = 0;             // > 0: HSDP, shard groups of this many ranks (stages 2-3)
+  bool recompute = false;    // stage 3 (with --stage all: one more run, stage 3 recomputing)
+  bool no_reshard = false;   // stage 3: keep a block's parameters from its forward to its backward
+  double clip_norm = 0;      // > 0: clip the global gradient norm (every stage)
+  int hsdp = 0;              // > 0: HSDP, shard groups of this many ranks (stages 2-3)
+  std::string reduce_dtype;  // stages 2-3 in bf16: "bf16" or "fp32"; empty: the working dtype
   std::string save_sharded, load_sharded, consolidate_file;
 };
 
@@ -88,7 +120,8 @@ struct StageRun {
   std::vector<float> losses;
   double tokens_per_s = 0, step_s = 0;
   bool measured = false;
-  int64_t params = 0, grads = 0, optimizer = 0, peak = 0;  // bytes, this rank
+  Precision precision = Precision::kFp32, reduce = Precision::kFp32;
+  int64_t params = 0, grads = 0, master = 0, optimizer = 0, peak = 0;  // bytes, this rank
   int64_t bytes_per_step = 0;            // the stage's collectives (HSDP: in the shard group)
   int64_t replicate_bytes_per_step = 0;  // HSDP: the allreduces across the replicas
   int shard_world = 1;                   // the ranks the layout shards over: W, or HSDP's G
@@ -162,10 +195,19 @@ HsdpGroups hsdp_groups(Job& job, int g) {
   return groups;
 }
 
+// The reduce dtype of the gradients' reduce-scatters (stages 2-3): --reduce-dtype, by default
+// the working dtype (FSDP's MixedPrecisionPolicy with reduce_dtype=None).
+Precision reduce_precision(const TrainOptions& t, const Options& o) {
+  if (o.reduce_dtype.empty()) return t.precision;
+  return o.reduce_dtype == "fp32" ? Precision::kFp32 : Precision::kBf16;
+}
+
 StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool recompute, Job& job,
                    const HsdpGroups& hsdp, bool talk, std::ostream& err) {
   StageRun run;
   run.stage = stage;
+  run.precision = t.precision;
+  run.reduce = reduce_precision(t, o);
   run.recompute = recompute;
   run.reshard = !o.no_reshard;
   const GptConfig config = t.model_config();
@@ -179,6 +221,8 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
   zo.reshard_after_forward = !o.no_reshard;
   zo.clip_norm = o.clip_norm;
   zo.adamw.lr = t.lr;
+  zo.precision = run.precision;
+  zo.reduce = run.reduce;
 
   // Build: settled readings on both sides (the previous stage's collectives may still be
   // releasing their buffers, and building the engine runs collectives of its own).
@@ -191,6 +235,12 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
   model = nullptr;  // the engine holds it
   run.shard_world = engine.comm().world();
   run.params = settled_current() - before_model;
+  // bf16: the fp32 master weights are part of it; the engine's (given) master() says how much.
+  // The sum stays the allocator's reading.
+  if (engine.master().defined()) {
+    run.master = static_cast<int64_t>(engine.master().storage().nbytes());
+    run.params -= run.master;
+  }
   run.layout = engine.layout();
   if (!o.load_sharded.empty()) load_sharded(engine, o.load_sharded);
   const int64_t first = engine.steps_done();
@@ -214,12 +264,13 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
     if (measure) {
       run.grads = after_backward - before;
       run.optimizer = settled_current() - after_backward;
-      run.peak = cpu_memory().peak - before_model;
     }
     run.bytes_per_step = engine.comm().bytes_sent() - bytes_before;
     run.replicate_bytes_per_step = replicate ? replicate->bytes_sent() - replicate_before : 0;
     log.end_step(step, global_mean_loss(loss, job));  // reporting, not counted
   }
+  // The peak over every step: from the second on, AdamW's states are there during backward too.
+  if (run.measured && first == 0) run.peak = cpu_memory().peak - before_model;
   run.losses = log.losses();
   run.step_s = log.elapsed_s() / static_cast<double>(run.losses.size());
   run.tokens_per_s = log.tokens_per_s();
@@ -241,12 +292,16 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
 nlohmann::json stage_json(const StageRun& r) {
   const auto& L = r.layout;
   const int world = r.shard_world;
-  const StagePrediction ledger = predict_stage_memory(L.numel, r.stage, world);
+  const StagePrediction ledger =
+      predict_stage_memory(L.numel, r.stage, world, r.precision, r.reduce);
   // The same formulas on the padded count: what the flat buffers hold exactly.
-  const StagePrediction padded = predict_stage_memory(L.padded, r.stage, world);
+  const StagePrediction padded =
+      predict_stage_memory(L.padded, r.stage, world, r.precision, r.reduce);
   nlohmann::json j;
   j["stage"] = r.stage;
   j["recompute"] = r.recompute;
+  j["precision"] = precision_name(r.precision);
+  j["reduce_dtype"] = precision_name(r.stage >= 2 ? r.reduce : r.precision);
   j["losses"] = r.losses;
   j["param_digest"] = r.param_digest;
   j["tokens_per_s"] = r.tokens_per_s;
@@ -255,18 +310,26 @@ nlohmann::json stage_json(const StageRun& r) {
   j["padded"] = L.padded;
   j["outer_padded"] = L.units.front().padded;
   j["units"] = L.units.size();
-  j["memory"]["predicted"] = {
-      {"params", ledger.params}, {"grads", ledger.grads}, {"optimizer", ledger.optimizer}};
-  j["memory"]["predicted_padded"] = {
-      {"params", padded.params}, {"grads", padded.grads}, {"optimizer", padded.optimizer}};
+  j["memory"]["predicted"] = {{"params", ledger.params},
+                              {"grads", ledger.grads},
+                              {"master", ledger.master},
+                              {"optimizer", ledger.optimizer}};
+  j["memory"]["predicted_padded"] = {{"params", padded.params},
+                                     {"grads", padded.grads},
+                                     {"master", padded.master},
+                                     {"optimizer", padded.optimizer}};
   if (r.measured) {
-    j["memory"]["measured"] = {
-        {"params", r.params}, {"grads", r.grads}, {"optimizer", r.optimizer}, {"peak", r.peak}};
+    j["memory"]["measured"] = {{"params", r.params},
+                               {"grads", r.grads},
+                               {"master", r.master},
+                               {"optimizer", r.optimizer},
+                               {"peak", r.peak}};
   } else {
     j["memory"]["measured"] = nullptr;
   }
   j["comm"] = {{"bytes_per_step", r.bytes_per_step},
-               {"theory_bytes_per_step", predict_stage_comm(L.numel, r.stage, world, r.reshard)},
+               {"theory_bytes_per_step",
+                predict_stage_comm(L.numel, r.stage, world, r.reshard, r.precision, r.reduce)},
                {"replicate_bytes_per_step", r.replicate_bytes_per_step}};
   j["shard_world"] = world;
   j["reshard_after_forward"] = r.reshard;
@@ -274,28 +337,65 @@ nlohmann::json stage_json(const StageRun& r) {
 }
 
 void print_table(std::ostream& out, const std::vector<StageRun>& runs, int world, int job_world) {
+  const StageRun& first = runs.front();
+  const bool mixed = first.precision != Precision::kFp32;
   fmt::print(out,
-             "\nPer rank ({}), fp32 + AdamW: measured by the counting allocator / predicted "
-             "by the ledger (ZeRO Fig. 1)\n\n"
-             "  {:<6} {:>21} {:>21} {:>21} {:>10} {:>25} {:>9}\n",
+             "\nPer rank ({}), {}: measured by the counting allocator / predicted by the "
+             "ledger (ZeRO Fig. 1)\n\n",
              world == job_world
                  ? fmt::format("W = {}", world)
                  : fmt::format("HSDP: sharded over {} of the W = {} ranks", world, job_world),
-             "stage", "params MiB", "grads MiB", "optimizer MiB", "peak MiB",
-             "sent/step MiB (theory)", "ms/step");
+             mixed ? fmt::format("bf16 + fp32 master weights + AdamW, 2 + 2 + 12 bytes/param, "
+                                 "stages 2-3 reducing in {}",
+                                 precision_name(first.reduce))
+                   : std::string("fp32 + AdamW, 4 + 4 + 8 bytes/param"));
+  std::string head = fmt::format("  {:<6} {:>21} {:>21}", "stage", "params MiB", "grads MiB");
+  if (mixed) head += fmt::format(" {:>21}", "master MiB");
+  head += fmt::format(" {:>21} {:>16} {:>10} {:>25} {:>9}\n", "optimizer MiB", "DDP / this",
+                      "peak MiB", "sent/step MiB (theory)", "ms/step");
+  out << head;
+  const StagePrediction ddp =
+      predict_stage_memory(first.layout.numel, 0, world, first.precision, first.reduce);
+  const int64_t ddp_measured =
+      first.stage == 0 ? first.params + first.grads + first.master + first.optimizer : 0;
   for (const auto& r : runs) {
-    const StagePrediction p = predict_stage_memory(r.layout.numel, r.stage, world);
+    const StagePrediction p =
+        predict_stage_memory(r.layout.numel, r.stage, world, r.precision, r.reduce);
     auto cell = [&](int64_t m, double pred) {
       return r.measured ? fmt::format("{:.3f} / {:.3f}", mib(static_cast<double>(m)), mib(pred))
                         : fmt::format("- / {:.3f}", mib(pred));
     };
-    fmt::print(out, "  {:<6} {:>21} {:>21} {:>21} {:>10} {:>25} {:>9.1f}\n",
-               r.stage == 0 ? "0 DDP" : (r.recompute ? "3 +rc" : std::to_string(r.stage)),
-               cell(r.params, p.params), cell(r.grads, p.grads), cell(r.optimizer, p.optimizer),
-               r.measured ? fmt::format("{:.3f}", mib(static_cast<double>(r.peak))) : "-",
-               fmt::format("{:.3f} ({:.3f})", mib(static_cast<double>(r.bytes_per_step)),
-                           mib(predict_stage_comm(r.layout.numel, r.stage, world, r.reshard))),
-               1000 * r.step_s);
+    const int64_t total = r.params + r.grads + r.master + r.optimizer;
+    const std::string ratio =
+        r.measured && ddp_measured > 0
+            ? fmt::format("{:.2f}x ({:.2f}x)", static_cast<double>(ddp_measured) / total,
+                          ddp.total() / p.total())
+            : fmt::format("- ({:.2f}x)", ddp.total() / p.total());
+    std::string row =
+        fmt::format("  {:<6} {:>21} {:>21}",
+                    r.stage == 0 ? "0 DDP" : (r.recompute ? "3 +rc" : std::to_string(r.stage)),
+                    cell(r.params, p.params), cell(r.grads, p.grads));
+    if (mixed) row += fmt::format(" {:>21}", cell(r.master, p.master));
+    row += fmt::format(" {:>21} {:>16} {:>10} {:>25} {:>9.1f}\n", cell(r.optimizer, p.optimizer),
+                       ratio,
+                       r.measured ? fmt::format("{:.3f}", mib(static_cast<double>(r.peak))) : "-",
+                       fmt::format("{:.3f} ({:.3f})", mib(static_cast<double>(r.bytes_per_step)),
+                                   mib(predict_stage_comm(r.layout.numel, r.stage, world, r.reshard,
+                                                          r.precision, r.reduce))),
+                       1000 * r.step_s);
+    out << row;
+  }
+  if (mixed) {
+    // The paper's own reduction factors, from the same formulas at its Fig. 1 scale.
+    auto factor = [&](int stage, int w) {
+      return predict_stage_memory(1, 0, w, first.precision, first.reduce).total() /
+             predict_stage_memory(1, stage, w, first.precision, first.reduce).total();
+    };
+    fmt::print(out,
+               "\n  DDP / this, the ledger at the paper's N_d = 64: stage 1 {:.2f}x, stage 2 "
+               "{:.2f}x, stage 3 {:.0f}x\n  (Fig. 1: 120 -> 31.4 -> 16.6 -> 1.9 GB; 4x, 8x and "
+               "N_d x as N_d grows)\n",
+               factor(1, 64), factor(2, 64), factor(3, 64));
   }
   if (runs.size() >= 4 && runs[0].measured) {
     const bool ranked =
@@ -348,6 +448,26 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                      "--consolidate");
   }
 
+  const bool mixed = t.precision != Precision::kFp32;
+  if (!o.reduce_dtype.empty() && !mixed) {
+    throw UsageError("--reduce-dtype", "an fp32 model reduces its gradients in fp32",
+                     "pass --precision bf16 with --reduce-dtype");
+  }
+  if (!o.reduce_dtype.empty() && stages.size() == 1 && stages.front() < 2) {
+    throw UsageError("--reduce-dtype", "stages 0 and 1 reduce in the model's dtype, as DDP does",
+                     "pass --stage 2, 3 or all (where it applies to stages 2 and 3)");
+  }
+  if (mixed && !kGlooBf16) {
+    throw UsageError("--precision",
+                     "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid scalar type\")",
+                     "train bf16 on LibTorch 2.x (the primary path), or pass --precision fp32");
+  }
+  if (mixed && (!o.save_sharded.empty() || !o.load_sharded.empty())) {
+    throw UsageError(o.save_sharded.empty() ? "--load-sharded" : "--save-sharded",
+                     "this lesson's checkpoints hold fp32 training only",
+                     "pass --precision fp32 with a sharded checkpoint");
+  }
+
   // 2. Build: the job, the counting allocator (before the first tensor), the process group.
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
   check_batch_split(t.train.global_batch, job.env.world_size);
@@ -384,6 +504,11 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                   (o.no_reshard ? ", no reshard after forward" : "") +
                   (o.clip_norm > 0 ? fmt::format(", clip grad norm {:g}", o.clip_norm) : "") +
                   (o.hsdp > 0 ? fmt::format(", HSDP: shard groups of {}", o.hsdp) : ""))},
+         {"precision",
+          mixed ? fmt::format("bf16, fp32 master weights; gradients reduced in bf16 (stages 0-1), "
+                              "{} (stages 2-3)",
+                              precision_name(reduce_precision(t, o)))
+                : "fp32"},
          {"stages", o.stage == "all" ? (o.recompute ? "0 (DDP), 1, 2, 3, 3 + recompute, one "
                                                       "after the other"
                                                     : "0 (DDP), 1, 2, 3, one after the other")
@@ -410,6 +535,9 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     j["param_digest"] = runs.back().param_digest;
     j["config"] = config_json(t.model_config(), t.train.global_batch, t.train.seed, t.lr);
     j["world"] = world;
+    j["precision"] = precision_name(t.precision);
+    j["reduce_dtype"] = precision_name(reduce_precision(t, o));
+    j["recompute"] = recompute_name(runs.back().recompute ? Recompute::kFull : Recompute::kNone);
     j["stages"] = nlohmann::json::array();
     j["hsdp"] = o.hsdp;
     for (const auto& r : runs) j["stages"].push_back(stage_json(r));
@@ -441,6 +569,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       "that torchrun started, measures each stage's memory per rank against the ledger and its\n"
       "bytes sent per step against the ZeRO paper.");
   cli.add_timeout_flag();
+  cli.add_precision_flag({Precision::kFp32, Precision::kBf16});
   Options o;
   CLI::App& app = cli.app();
   app.add_option("--stage", o.stage, "0 (DDP), 1, 2, 3, or all (one after the other)")
@@ -460,6 +589,10 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "HSDP: shard over groups of G consecutive ranks, replicate across the W/G groups "
                  "(FSDP's HYBRID_SHARD; stage 2 or 3)")
       ->check(positive_count("--hsdp 2"));
+  app.add_option("--reduce-dtype", o.reduce_dtype,
+                 "bf16, stages 2-3: the gradients' reduce-scatters in bf16 or fp32 (FSDP's "
+                 "MixedPrecisionPolicy reduce_dtype; default: the model's dtype)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--save-sharded", o.save_sharded,
                  "after the last step, every rank writes its shard to DIR/shard-<r>-of-<W>.pt");
   app.add_option("--load-sharded", o.load_sharded,

@@ -81,11 +81,11 @@ Pending CountingComm::reduce_scatter_start(const torch::Tensor& flat) {
   Pending pending;
   pending.chunk = flat.numel() / w;
   // TODO(L07): start, without waiting, one collective after which pending.buffer, seen as
-  //   (W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * chunk * 4
-  //   bytes (L07Comm.ReduceScatter*; calls and hints: README section 8)
+  //   (W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * chunk * e
+  //   bytes, e the element size (L07Comm.ReduceScatter*; calls and hints: README section 8)
   DTC_TODO("L07", "start, without waiting, one collective after which pending.buffer, seen as "
-                  "(W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * chunk * 4 "
-                  "bytes (L07Comm.ReduceScatter*; calls and hints: README section 8)");
+                  "(W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * chunk * e "
+                  "bytes, e the element size (L07Comm.ReduceScatter*; calls and hints: README section 8)");
   return pending;
 }
 
@@ -107,11 +107,11 @@ Pending CountingComm::all_gather_start(const torch::Tensor& chunk) {
   Pending pending;
   pending.chunk = chunk.numel();
   // TODO(L07): start, without waiting, one collective that writes rank j's chunk straight
-  //   into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * chunk * 4
-  //   bytes (L07Comm.AllGather*; calls and hints: README section 8)
+  //   into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * chunk * e
+  //   bytes, e the element size (L07Comm.AllGather*; calls and hints: README section 8)
   DTC_TODO("L07", "start, without waiting, one collective that writes rank j's chunk straight "
-                  "into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * chunk * 4 "
-                  "bytes (L07Comm.AllGather*; calls and hints: README section 8)");
+                  "into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * chunk * e "
+                  "bytes, e the element size (L07Comm.AllGather*; calls and hints: README section 8)");
   return pending;
 }
 
@@ -129,9 +129,11 @@ torch::Tensor CountingComm::all_gather(const torch::Tensor& chunk) {
 
 void CountingComm::all_reduce(torch::Tensor& flat) {
   // TODO(L07): on return flat holds, in place, its sum over the ranks; add the ring's
-  //   2 (W-1) * (numel / W) * 4 bytes (L07Comm.AllReduce*; calls: README section 8)
+  //   2 (W-1) * (numel / W) * e bytes, e the element size (L07Comm.AllReduce*; calls: README
+  //   section 8)
   DTC_TODO("L07", "on return flat holds, in place, its sum over the ranks; add the ring's "
-                  "2 (W-1) * (numel / W) * 4 bytes (L07Comm.AllReduce*; calls: README section 8)");
+                  "2 (W-1) * (numel / W) * e bytes, e the element size (L07Comm.AllReduce*; calls: README "
+                  "section 8)");
 }
 
 // =============================================================================================
@@ -166,6 +168,7 @@ torch::Tensor head_loss(Gpt& model, const torch::Tensor& x, const torch::Tensor&
   auto y = model->ln_f(x);
   auto logits = model->config().tied ? torch::matmul(y, model->wte->weight.t())
                                      : model->lm_head(y);  // (B, T, V)
+  logits = logits.to(torch::kFloat);  // the loss in fp32, as GptImpl::forward (bf16: a cast)
   return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
                                               targets.view({-1}));
 }
@@ -233,9 +236,24 @@ ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptio
     }
     replicate_ = std::make_unique<CountingComm>(std::move(replicate));
   }
+  if (options_.precision == Precision::kFp16 || options_.reduce == Precision::kFp16) {
+    throw UsageError("--precision", "this lesson trains in fp32 or bf16",
+                     "fp16 needs lesson 02's loss scaler: pass --precision bf16");
+  }
+  if (options_.precision == Precision::kFp32 && options_.reduce != Precision::kFp32) {
+    throw UsageError("--reduce-dtype", "an fp32 model reduces its gradients in fp32",
+                     "pass --precision bf16 to reduce in bf16");
+  }
+  if (options_.precision != Precision::kFp32 && !kGlooBf16) {
+    throw UsageError("--precision",
+                     "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid scalar type\")",
+                     "train bf16 on LibTorch 2.x (the primary path), or pass --precision fp32");
+  }
   torch::NoGradGuard no_grad;
-  float_options_ =
-      torch::TensorOptions().dtype(torch::kFloat).device(model_->parameters().front().device());
+  const auto device = model_->parameters().front().device();
+  float_options_ = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  param_options_ = float_options_.dtype(working_dtype(options_.precision));
+  reduce_options_ = float_options_.dtype(working_dtype(options_.reduce));
   layout_ = make_layout(model_, comm_.world());
   // The full flat buffer: every unit's parameters one after the other, zeros in the padding.
   auto full = torch::zeros({layout_.padded}, float_options_);
@@ -245,6 +263,12 @@ ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptio
       full.narrow(0, off, p.numel()).copy_(p.reshape({-1}));
       off += p.numel();
     }
+  }
+  if (options_.precision != Precision::kFp32) {
+    // The fp32 master weights start as the fp32 initial weights, in the moments' layout; the
+    // parameters are their rounding to bf16 from here on.
+    master_ = options_.stage == 0 ? full : shard_of_full(full);
+    full = full.to(param_options_);
   }
   if (options_.stage <= 2) {
     // Stages 0-2 keep every parameter: make each one a view of the flat buffer (the model's own
@@ -265,6 +289,7 @@ torch::Tensor ZeroEngine::chunk_of_full(const torch::Tensor& full, const Unit& u
 }
 
 torch::Tensor ZeroEngine::chunk_of_shard(const torch::Tensor& shard, const Unit& unit) const {
+  if (!shard.defined()) return {};
   return shard.narrow(0, unit.shard_offset, unit.chunk());
 }
 
@@ -304,7 +329,7 @@ void ZeroEngine::bind_unit(Unit& unit, const torch::Tensor& full) {
 
 void ZeroEngine::release_unit(Unit& unit) {
   // An empty tensor of the same type: the gathered buffer is freed once nothing else holds it.
-  for (auto& p : unit.params) p.set_data(torch::empty({0}, float_options_));
+  for (auto& p : unit.params) p.set_data(torch::empty({0}, param_options_));
 }
 
 void ZeroEngine::ensure_moments() {
@@ -321,7 +346,7 @@ float ZeroEngine::forward_backward(const Batch& batch) {
 float ZeroEngine::forward_backward_replicated(const Batch& batch) {
   // The full gradient buffer, made on the first step; every parameter's grad is a view of it.
   if (!flat_grads_.defined()) {
-    flat_grads_ = torch::zeros({layout_.padded}, float_options_);
+    flat_grads_ = torch::zeros({layout_.padded}, param_options_);
     for (const Unit& unit : layout_.units) bind_grads(unit, flat_grads_, unit.offset);
   } else {
     flat_grads_.zero_();
@@ -347,6 +372,32 @@ float ZeroEngine::forward_backward_replicated(const Batch& batch) {
   return value;
 }
 
+Pending ZeroEngine::reduce_start(const torch::Tensor& grads) {
+  return comm_.reduce_scatter_start(grads.to(reduce_options_.dtype()));  // no copy if the same
+}
+
+void ZeroEngine::update(torch::Tensor params, const torch::Tensor& grad, torch::Tensor exp_avg,
+                        torch::Tensor exp_avg_sq, const torch::Tensor& master) {
+  // In pieces of 2^18 elements: AdamW is elementwise, so this is exact, and the temporaries it
+  // makes (an fp32 copy of a bf16 gradient, the denominator) stay at 1 MiB each, as in a fused
+  // AdamW, instead of growing with what this rank owns.
+  constexpr int64_t kPiece = int64_t{1} << 18;
+  const int64_t n = params.numel();
+  for (int64_t at = 0; at < n; at += kPiece) {
+    const int64_t len = std::min(kPiece, n - at);
+    auto piece = [&](const torch::Tensor& t) { return t.narrow(0, at, len); };
+    if (!master.defined()) {
+      adamw_update(piece(params), piece(grad), piece(exp_avg), piece(exp_avg_sq), step_,
+                   options_.adamw);
+      continue;
+    }
+    auto m = piece(master);
+    adamw_update(m, piece(grad).to(torch::kFloat), piece(exp_avg), piece(exp_avg_sq), step_,
+                 options_.adamw);
+    piece(params).copy_(m);  // rounded to the working dtype
+  }
+}
+
 void ZeroEngine::reduce_unit_gradient(Pending& pending, const Unit& unit) {
   if (!pending.work) return;
   auto sum = CountingComm::reduce_scatter_finish(pending);
@@ -364,7 +415,7 @@ void ZeroEngine::reduce_unit_gradient(Pending& pending, const Unit& unit) {
 float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   const bool stage3 = options_.stage == 3;
   const size_t blocks = model_->h->size();
-  if (!grad_shard_.defined()) grad_shard_ = torch::zeros({layout_.shard}, float_options_);
+  if (!grad_shard_.defined()) grad_shard_ = torch::zeros({layout_.shard}, reduce_options_);
   Unit& outer = layout_.units[0];
   auto gather = [&](size_t u) {
     return comm_.all_gather_start(chunk_of_shard(param_shard_, layout_.units[u]));
@@ -377,7 +428,7 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
     Pending p = gather(0);
     bind_unit(outer, CountingComm::all_gather_finish(p));
   }
-  auto outer_grads = torch::zeros({outer.padded}, float_options_);
+  auto outer_grads = torch::zeros({outer.padded}, param_options_);
   bind_grads(outer, outer_grads, 0);
   auto x0 = embed(model_, batch.inputs);  // (B, T, h), with the graph back to wte and wpe
 
@@ -429,7 +480,7 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   torch::NoGradGuard no_grad;
   reduce_unit_gradient(reducing, layout_.units[reducing_unit]);
   unbind_grads(outer);
-  Pending p = comm_.reduce_scatter_start(outer_grads);
+  Pending p = reduce_start(outer_grads);
   outer_grads = torch::Tensor();
   reduce_unit_gradient(p, outer);
   if (stage3) release_unit(outer);
@@ -464,30 +515,35 @@ void ZeroEngine::optimizer_step() {
   if (options_.clip_norm > 0) last_grad_norm_ = clip_gradients(options_.clip_norm);
   ++step_;
   // TODO(L07): adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its
-  //   chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated
-  //   parameter in flat_params_ again, sending only what an all-gather sends (Psi)
-  //   (L07Stages.*; hints: README sections 4 and 8)
+  //   chunk of each unit, with the moments' (and master_'s) matching chunk), through update();
+  //   then stages 1-2 hold every updated parameter in flat_params_ again, sending only what an
+  //   all-gather sends (Psi) (L07Stages.*, L07Bf16.*; hints: README sections 4 and 8)
   DTC_TODO("L07", "adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its "
-                  "chunk of each unit, with the moments' matching chunk); then stages 1-2 hold every updated "
-                  "parameter in flat_params_ again, sending only what an all-gather sends (Psi) "
-                  "(L07Stages.*; hints: README sections 4 and 8)");
+                  "chunk of each unit, with the moments' (and master_'s) matching chunk), through update(); "
+                  "then stages 1-2 hold every updated parameter in flat_params_ again, sending only what an "
+                  "all-gather sends (Psi) (L07Stages.*, L07Bf16.*; hints: README sections 4 and 8)");
+}
+
+torch::Tensor ZeroEngine::gather_shards(const torch::Tensor& shard) {
+  auto full = torch::empty({layout_.padded}, shard.options());
+  for (const Unit& unit : layout_.units) {
+    // Not counted: this is inspection (tests, checkpoints), not training.
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int j = 0; j < comm_.world(); ++j)
+      out[0].push_back(full.narrow(0, unit.offset + j * unit.chunk(), unit.chunk()));
+    std::vector<at::Tensor> in{chunk_of_shard(shard, unit).contiguous()};
+    comm_.comm().allgather(out, in)->wait();
+  }
+  return full;
 }
 
 torch::Tensor ZeroEngine::full_parameters() {
   torch::NoGradGuard no_grad;
-  if (options_.stage <= 2) return unpad_full(flat_params_).clone();
-  std::vector<torch::Tensor> parts;
-  for (const Unit& unit : layout_.units) {
-    // Not counted: this is inspection (tests, checkpoints), not training.
-    std::vector<std::vector<at::Tensor>> out(1);
-    auto full = torch::empty({unit.padded}, float_options_);
-    for (int j = 0; j < comm_.world(); ++j)
-      out[0].push_back(full.narrow(0, j * unit.chunk(), unit.chunk()));
-    std::vector<at::Tensor> in{chunk_of_shard(param_shard_, unit).contiguous()};
-    comm_.comm().allgather(out, in)->wait();
-    parts.push_back(full.narrow(0, 0, unit.numel));
+  if (master_.defined()) {
+    return unpad_full(options_.stage == 0 ? master_ : gather_shards(master_)).clone();
   }
-  return torch::cat(parts);
+  if (options_.stage <= 2) return unpad_full(flat_params_).clone();
+  return unpad_full(gather_shards(param_shard_));
 }
 
 ZeroEngine::ShardState ZeroEngine::shard_state() {
@@ -598,6 +654,10 @@ void save_sharded(ZeroEngine& engine, const std::string& dir) {
     throw UsageError("--save-sharded", "this lesson's checkpoints are for plain ZeRO, not HSDP",
                      "drop --hsdp, or save without it");
   }
+  if (engine.precision() != Precision::kFp32) {
+    throw UsageError("--save-sharded", "this lesson's checkpoints hold fp32 training only",
+                     "pass --precision fp32 to save");
+  }
   const auto s = engine.shard_state();
   torch::serialize::OutputArchive archive;
   archive.write("params", s.params.cpu());
@@ -630,6 +690,10 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
   if (engine.replicate_comm() != nullptr) {
     throw UsageError("--load-sharded", "this lesson's checkpoints are for plain ZeRO, not HSDP",
                      "drop --hsdp, or load without it");
+  }
+  if (engine.precision() != Precision::kFp32) {
+    throw UsageError("--load-sharded", "this lesson's checkpoints hold fp32 training only",
+                     "pass --precision fp32 to load");
   }
   // How many ranks saved it: the N in the COMPLETE marker, written last by a finished save.
   if (!std::filesystem::is_directory(dir)) {
@@ -754,4 +818,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum e4286c07d552afcf
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum a88d1b6e42df8941

@@ -79,8 +79,9 @@ struct Pending {
 
 /// Reduce-scatter, all-gather and allreduce on the flat buffers, over any gloo (1.13 or 2.x),
 /// each adding to bytes_sent() what one rank sends in the ring algorithm (lesson 03):
-/// (W-1)/W * N * 4 bytes for a reduce-scatter or an all-gather of N fp32 elements, and twice
-/// that for an allreduce.
+/// (W-1)/W * N * e bytes for a reduce-scatter or an all-gather of N elements of e bytes each
+/// (element_size(): 4 in fp32, 2 in bf16), and twice that for an allreduce. The collectives run
+/// in the dtype of the tensors they are given.
 class CountingComm {
  public:
   explicit CountingComm(c10::intrusive_ptr<Comm> comm) : comm_(std::move(comm)) {}
@@ -90,7 +91,7 @@ class CountingComm {
 
   /// Starts a reduce-scatter of @p flat (W * chunk elements, contiguous) with alltoall_base
   /// (1.13's gloo has no reduce_scatter): once finished, rank r holds the sum over ranks of
-  /// chunk r. Counts (W-1)/W * numel * 4 bytes.
+  /// chunk r. Counts (W-1)/W * numel * element_size() bytes.
   Pending reduce_scatter_start(const torch::Tensor& flat);
   /// Waits for @p pending and returns the sum over ranks of chunk r: (chunk).
   static torch::Tensor reduce_scatter_finish(Pending& pending);
@@ -99,14 +100,15 @@ class CountingComm {
 
   /// Starts an all-gather of @p chunk (every rank's chunk has the same size): once finished,
   /// Pending::buffer (W * chunk) holds rank j's chunk as its chunk j. Counts (W-1)/W * buffer
-  /// numel * 4 bytes.
+  /// numel * element_size() bytes.
   Pending all_gather_start(const torch::Tensor& chunk);
   /// Waits for @p pending and returns its buffer.
   static torch::Tensor all_gather_finish(Pending& pending);
   /// all_gather_start, then all_gather_finish.
   torch::Tensor all_gather(const torch::Tensor& chunk);
 
-  /// Sums @p flat over ranks in place (allreduce). Counts 2 (W-1)/W * numel * 4 bytes.
+  /// Sums @p flat over ranks in place (allreduce). Counts 2 (W-1)/W * numel * element_size()
+  /// bytes.
   void all_reduce(torch::Tensor& flat);
 
   /// Bytes this rank has sent since construction or reset_bytes(), by the ring's count.
@@ -181,6 +183,18 @@ struct ZeroOptions {
   /// (torch::nn::utils::clip_grad_norm_ on the unsharded gradient), from the shards.
   double clip_norm = 0;
   AdamWOptions adamw;
+  /// Mixed precision (ZeRO's own layout, the paper's 2 + 2 + 12 bytes per parameter): kBf16
+  /// keeps the parameters and gradients in bf16 (what forward, backward and the all-gathers
+  /// use) and, beside AdamW's fp32 moments, an fp32 master copy of the weights with the
+  /// moments' layout (stage 0 whole, stages 1-3 this rank's shard), which AdamW updates and
+  /// which is rounded into the bf16 parameters after each step. kFp16 is refused (it needs
+  /// lesson 02's loss scaler).
+  Precision precision = Precision::kFp32;
+  /// Stages 2-3, the dtype of the gradient reduce-scatters (FSDP's MixedPrecisionPolicy
+  /// reduce_dtype): each unit's working-dtype gradient is cast to it before the reduce-scatter,
+  /// and the shard's gradient is kept in it. Stages 0-1 reduce in the working dtype, as DDP
+  /// does over a bf16 model's buckets. kFp32 with precision kFp32.
+  Precision reduce = Precision::kFp32;
 };
 
 /// One rank of a data-parallel run of the course's GPT at a ZeRO stage.
@@ -231,8 +245,10 @@ class ZeroEngine {
   /// The global norm that the last optimizer_step() clipped (0 without clipping).
   double last_grad_norm() const { return last_grad_norm_; }
 
-  /// The full parameters, flat and unpadded (Psi elements, units in order, each unit's
-  /// parameters in order): a copy, gathered for stage 3. Collective: every rank must call it.
+  /// The full weights in fp32, flat and unpadded (Psi elements, units in order, each unit's
+  /// parameters in order): a copy of the parameters, gathered for stage 3; in bf16 the fp32
+  /// master weights (gathered at stages 1-3), of which the parameters are the rounding.
+  /// Collective: every rank must call it.
   torch::Tensor full_parameters();
 
   /// What this rank owns, in the shard layout (layout().shard elements each; copies): its chunk
@@ -258,6 +274,10 @@ class ZeroEngine {
   /// HSDP's replicate group (its bytes counted as comm()'s are), or nullptr without HSDP.
   CountingComm* replicate_comm() { return replicate_.get(); }
   int stage() const { return options_.stage; }
+  Precision precision() const { return options_.precision; }
+  /// bf16: the fp32 master weights this rank keeps (padded, stage 0; the shard, stages 1-3);
+  /// undefined in fp32, where the parameters are their own master.
+  const torch::Tensor& master() const { return master_; }
   Gpt& model() { return model_; }
 
  private:
@@ -267,11 +287,25 @@ class ZeroEngine {
   // Stage 3: make unit u's parameters usable (views of a gathered buffer) / empty again.
   void bind_unit(Unit& unit, const torch::Tensor& full);
   void release_unit(Unit& unit);
-  // This rank's chunk of unit u in a full flat buffer / in the shard buffer.
+  // This rank's chunk of unit u in a full flat buffer / in the shard buffer (undefined for an
+  // undefined shard: fp32's master()).
   torch::Tensor chunk_of_full(const torch::Tensor& full, const Unit& unit) const;
   torch::Tensor chunk_of_shard(const torch::Tensor& shard, const Unit& unit) const;
-  // Reduce-scatters a unit's padded gradient and stores the average in the shard's gradient.
+  // Starts the reduce-scatter of a unit's padded gradient buffer in the reduce dtype (a cast
+  // copy when the buffer's dtype differs: bf16 gradients, fp32 reduce_dtype). Given.
+  Pending reduce_start(const torch::Tensor& grads);
+  // Finishes it and stores the average in the shard's gradient.
   void reduce_unit_gradient(Pending& pending, const Unit& unit);
+  // AdamW's update of what this rank owns (flat, same numel), given: adamw_update() on
+  // @p params from @p grad in fp32; in bf16 on @p master (same layout as the moments) from
+  // @p grad cast to fp32, then @p params = @p master rounded to bf16. @p master is undefined in
+  // fp32. In pieces of 2^18 elements (exact: AdamW is elementwise), so that the step's
+  // temporaries stay small.
+  void update(torch::Tensor params, const torch::Tensor& grad, torch::Tensor exp_avg,
+              torch::Tensor exp_avg_sq, const torch::Tensor& master);
+  // The full flat (padded) fp32 buffer from this rank's shard of it (an all-gather per unit,
+  // not counted: inspection, not training).
+  torch::Tensor gather_shards(const torch::Tensor& shard);
   // Makes AdamW's moments (zeros) on the first step: stage 0 full, stages 1-3 a shard.
   void ensure_moments();
   // This rank's chunks of a full (padded) flat buffer, concatenated: the shard layout.
@@ -281,7 +315,9 @@ class ZeroEngine {
   torch::Tensor unpad_full(const torch::Tensor& padded) const;
 
   Gpt model_;
-  torch::TensorOptions float_options_;  ///< fp32 on the model's device
+  torch::TensorOptions float_options_;   ///< fp32 on the model's device
+  torch::TensorOptions param_options_;   ///< the working dtype (parameters, their gradients)
+  torch::TensorOptions reduce_options_;  ///< stages 2-3: the reduce dtype (the shard's gradient)
   CountingComm comm_;
   std::unique_ptr<CountingComm> replicate_;  ///< HSDP: the ranks holding the same shard
   ZeroOptions options_;
@@ -292,6 +328,7 @@ class ZeroEngine {
   torch::Tensor grad_shard_;   ///< stages 2-3: (shard), made by the first backward
   torch::Tensor exp_avg_;      ///< stage 0: (padded); stages 1-3: (shard); after step 1
   torch::Tensor exp_avg_sq_;   ///< same
+  torch::Tensor master_;       ///< bf16: fp32 master weights, the moments' layout (made at once)
   int64_t step_ = 0;
   double last_grad_norm_ = 0;
 };
@@ -305,7 +342,8 @@ class ZeroEngine {
 /// rank's file is in place, rank 0 writes @p dir/COMPLETE (with W), atomically too: a save that
 /// dies halfway leaves no COMPLETE, and load_sharded() refuses it. Collective: every rank calls
 /// it; @p dir must exist.
-/// @throws UsageError("--save-sharded") for an HSDP engine (its replicas would write one file).
+/// @throws UsageError("--save-sharded") for an HSDP engine (its replicas would write one file),
+///   and for a bf16 engine (these checkpoints hold fp32 parameters and moments only).
 void save_sharded(ZeroEngine& engine, const std::string& dir);
 
 /// Elements [@p begin, @p end) of unit @p unit's unpadded range (0 <= begin <= end <=
@@ -331,7 +369,7 @@ torch::Tensor read_unit_range(const FlatLayout& layout, size_t unit, int64_t beg
 /// file that only some ranks read stops every rank. Given.
 /// @throws UsageError("--load-sharded") when @p dir is not a directory, has no COMPLETE marker
 ///   (the save did not finish), lacks a file, holds another model, or another rank failed; also
-///   for an HSDP engine (these checkpoints are plain ZeRO's).
+///   for an HSDP engine (these checkpoints are plain ZeRO's) and for a bf16 engine.
 void load_sharded(ZeroEngine& engine, const std::string& dir);
 
 /// Gathers the full parameters and writes them on rank 0 to @p file as one archive of named

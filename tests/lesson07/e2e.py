@@ -10,12 +10,14 @@
    trains DDP's parameters.
    Bytes sent per step equal the ring count on the padded buffers, and the paper's 2 Psi / 3 Psi
    to within the padding (and stage 3's outer unit, gathered once).
+   The same in bf16 (--precision bf16, unless --no-bf16), with the master weights too: the
+   paper's own 2 + 2 + 12 bytes per parameter per stage, and half the bytes on the wire.
 2. Losses, 2 ranks, stage 2 and stage 3 with --prefetch on lesson 02's reference case
    "tiny_tied": PyTorch's losses (tests/reference/lesson02_reference.json), rel 1e-4.
 3. Checkpoints: 2 ranks save a sharded checkpoint at stage 1 after 4 steps; 3 ranks load it at
    stage 3 and train to step 8, consolidating: the losses of steps 4..7 equal PyTorch's.
 Each torchrun takes its own free port (c10d rendezvous), so it never collides with another run.
-Registered in lessons/07_zero/lesson.cmake (ctest -L lesson07 -R e2e).
+Registered in lessons/07_zero/lesson.cmake (ctest -L lesson07 -R e2e), with --no-bf16 on LibTorch 1.13.
 """
 import argparse
 import json
@@ -64,48 +66,75 @@ def close(got, want, rel):
     return abs(got - want) <= rel * abs(want) + 1e-6
 
 
+def memory_and_bytes(args, precision):
+    extra = ["--recompute"] if precision == "fp32" else []
+    j = run(args, 2, ["--stage", "all", *extra, "--steps", "2", "--json",
+                      "--precision", precision])
+    stages = j["stages"]
+    want = [(0, False), (1, False), (2, False), (3, False)] + ([(3, True)] if extra else [])
+    check([(s["stage"], s["recompute"]) for s in stages] == want,
+          f"{precision}: {len(want)} runs: stages 0-3" + (", then stage 3 recomputing" if extra else ""))
+    check(j["precision"] == precision and all(s["precision"] == precision for s in stages),
+          f"{precision}: --json says its precision")
+    w = j["world"]
+    e = 4 if precision == "fp32" else 2  # bytes per element of the parameters and gradients
+    keys = ("params", "grads", "optimizer") + (("master",) if precision != "fp32" else ())
+    for s in stages:
+        m, p, pp = s["memory"]["measured"], s["memory"]["predicted"], s["memory"]["predicted_padded"]
+        for k in keys:
+            slack = pp[k] - p[k]  # what the padding adds, in bytes
+            check(abs(m[k] - p[k]) <= slack + 1e-9,
+                  f"{precision} stage {s['stage']} {k}: measured {m[k]} vs ledger {p[k]:.0f} "
+                  f"(padding {slack:.0f})")
+        if precision != "fp32":
+            # The paper's 2 + 2 + 12 bytes per parameter (K = 12: master 4, moments 8), summed.
+            total = sum(p[k] for k in keys)
+            psi, ws = s["psi"], (w if s["stage"] >= 1 else 1)
+            paper = {0: 16 * psi, 1: 4 * psi + 12 * psi / w, 2: 2 * psi + 14 * psi / w,
+                     3: 16 * psi / w}[s["stage"]]
+            check(abs(total - paper) <= 1e-6 * paper,
+                  f"bf16 stage {s['stage']}: the ledger's {total:.0f} bytes are the paper's "
+                  f"{paper:.0f}")
+        psi, padded, outer = s["psi"], s["padded"], s["outer_padded"]
+        units = 3 * padded - outer if s["stage"] == 3 else 2 * padded
+        ring = (w - 1) * (units // w) * e
+        check(s["comm"]["bytes_per_step"] == ring,
+              f"{precision} stage {s['stage']} bytes/step {s['comm']['bytes_per_step']} == ring "
+              f"count {ring}")
+        theory = s["comm"]["theory_bytes_per_step"]
+        allowed = 3 * e * (padded - psi) + (e * (w - 1) / w * outer if s["stage"] == 3 else 0)
+        check(abs(s["comm"]["bytes_per_step"] - theory) <= allowed,
+              f"{precision} stage {s['stage']} bytes/step vs ZeRO paper {theory:.0f} "
+              f"(within {allowed:.0f})")
+    peaks = [s["memory"]["measured"]["peak"] for s in stages]
+    check(all(a > b for a, b in zip(peaks, peaks[1:])),
+          f"{precision}: peak ranking DDP > 1 > 2 > 3" + (" > 3 recomputing" if extra else "") +
+          f": {peaks}")
+    rel = 1e-4 if precision == "fp32" else 1e-3  # bf16: the reductions round differently
+    for s in stages[1:]:
+        name = f"{precision} stage {s['stage']}{' recomputing' if s['recompute'] else ''}"
+        check(all(close(a, b, rel) for a, b in zip(s["losses"], stages[0]["losses"])),
+              f"{name} losses equal DDP's")
+        # The parameters too (dtc/digest.h): each one's sum of squares within rel, its sum
+        # within rel of sqrt(numel x sumsq), after the same 2 steps (bf16: the master weights).
+        ratios = digest_ratios(s.get("param_digest"), stages[0].get("param_digest"), rel, 1e-6)
+        check(bool(ratios) and all(r <= 1 for _, r, _, _ in ratios),
+              f"{name} parameters (param_digest, {len(ratios or [])} tensors) equal DDP's")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--program", required=True)
     ap.add_argument("--torchrun", required=True)
     ap.add_argument("--torchrun-flags", default="")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run every stage in bf16 (LibTorch 2.x: 1.13's gloo has no bf16)")
     args = ap.parse_args()
 
-    # 1. memory and bytes, all stages
-    j = run(args, 2, ["--stage", "all", "--recompute", "--steps", "2", "--json"])
-    stages = j["stages"]
-    check([(s["stage"], s["recompute"]) for s in stages] ==
-          [(0, False), (1, False), (2, False), (3, False), (3, True)],
-          "five runs: stages 0-3, then stage 3 recomputing")
-    w = j["world"]
-    for s in stages:
-        m, p, pp = s["memory"]["measured"], s["memory"]["predicted"], s["memory"]["predicted_padded"]
-        for k in ("params", "grads", "optimizer"):
-            slack = pp[k] - p[k]  # what the padding adds, in bytes
-            check(abs(m[k] - p[k]) <= slack + 1e-9,
-                  f"stage {s['stage']} {k}: measured {m[k]} vs ledger {p[k]:.0f} (padding {slack:.0f})")
-        psi, padded, outer = s["psi"], s["padded"], s["outer_padded"]
-        units = 3 * padded - outer if s["stage"] == 3 else 2 * padded
-        ring = (w - 1) * (units // w) * 4
-        check(s["comm"]["bytes_per_step"] == ring,
-              f"stage {s['stage']} bytes/step {s['comm']['bytes_per_step']} == ring count {ring}")
-        theory = s["comm"]["theory_bytes_per_step"]
-        allowed = 3 * 4 * (padded - psi) + (4 * (w - 1) / w * outer if s["stage"] == 3 else 0)
-        check(abs(s["comm"]["bytes_per_step"] - theory) <= allowed,
-              f"stage {s['stage']} bytes/step vs ZeRO paper {theory:.0f} (within {allowed:.0f})")
-    peaks = [s["memory"]["measured"]["peak"] for s in stages]
-    check(peaks[0] > peaks[1] > peaks[2] > peaks[3] > peaks[4],
-          f"peak ranking DDP > 1 > 2 > 3 > 3 recomputing: {peaks}")
-    losses = [s["losses"] for s in stages]
-    for s in stages[1:]:
-        name = f"stage {s['stage']}{' recomputing' if s['recompute'] else ''}"
-        check(all(close(a, b, 1e-4) for a, b in zip(s["losses"], losses[0])),
-              f"{name} losses equal DDP's")
-        # The parameters too (dtc/digest.h): each one's sum of squares within 1e-4, its sum
-        # within 1e-4 of sqrt(numel x sumsq), after the same 2 steps.
-        ratios = digest_ratios(s.get("param_digest"), stages[0].get("param_digest"), 1e-4, 1e-6)
-        check(bool(ratios) and all(r <= 1 for _, r, _, _ in ratios),
-              f"{name} parameters (param_digest, {len(ratios or [])} tensors) equal DDP's")
+    # 1. memory and bytes, all stages, in fp32 and in bf16 (the paper's 2 + 2 + 12 layout)
+    precisions = ["fp32", "bf16"] if args.bf16 else ["fp32"]
+    for precision in precisions:
+        memory_and_bytes(args, precision)
 
     # 2. PyTorch's losses
     ref = json.loads((ROOT / "tests/reference/lesson02_reference.json").read_text())

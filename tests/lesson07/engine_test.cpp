@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include <unistd.h>
 
@@ -60,6 +62,7 @@ struct RunResult {
   std::vector<int64_t> counted;    // the same, as the engine's CountingComm counted them
   std::vector<double> grad_norms;  // rank 0's last_grad_norm() after each step (clipping)
   FlatLayout layout;
+  torch::Tensor model_params;  // stages 0-2: the model's own parameters, flat in unit order
 };
 
 // The bytes a rank sends, by the ring's count (lesson 03), for the calls a RecordingComm saw:
@@ -77,8 +80,8 @@ int64_t ring_bytes(const std::vector<CommEvent>& events, int world) {
 
 // Trains @p steps steps at @p stage on @p world thread-ranks from the initial weights.
 RunResult train(const GptConfig& config, int stage, int world, int64_t batch, int64_t steps,
-                bool prefetch = false, bool recompute = false, bool reshard = true,
-                double clip = 0) {
+                bool prefetch = false, bool recompute = false, bool reshard = true, double clip = 0,
+                Precision precision = Precision::kFp32, Precision reduce = Precision::kFp32) {
   RunResult result;
   result.losses.assign(static_cast<size_t>(steps), 0.0f);
   std::mutex mu;
@@ -94,6 +97,8 @@ RunResult train(const GptConfig& config, int stage, int world, int64_t batch, in
         o.recompute = recompute;
         o.reshard_after_forward = reshard;
         o.clip_norm = clip;
+        o.precision = precision;
+        o.reduce = reduce;
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
         ZeroEngine engine(model, rec, o);
         const int64_t rows = batch / world;
@@ -115,6 +120,7 @@ RunResult train(const GptConfig& config, int stage, int world, int64_t batch, in
         if (ctx.rank == 0) {
           result.params = params;
           result.layout = engine.layout();
+          if (stage <= 2) result.model_params = flat_in_unit_order(engine.model(), engine.layout());
         }
       },
       kTimeout);
@@ -683,6 +689,265 @@ TEST(L07Checkpoint, AnUnfinishedSaveIsRefused) {
       },
       kTimeout);
   std::filesystem::remove_all(dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16: ZeRO's own layout, 2 + 2 + 12 bytes per parameter
+// ---------------------------------------------------------------------------------------------
+
+#define SKIP_WITHOUT_GLOO_BF16()                                             \
+  if (!kGlooBf16)                                                            \
+  GTEST_SKIP() << "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid " \
+                  "scalar type\"): bf16 ZeRO runs on LibTorch 2.x"
+
+// The ZeRO paper's formulas (sec. 5, Fig. 1) and communication volumes in bf16, closed forms.
+// Given code.
+TEST(L07LedgerGiven, Bf16StageFormulasAndThePapersFigureOne) {
+  const int64_t psi = 1200;
+  const int w = 4;
+  const auto bf16 = Precision::kBf16, fp32 = Precision::kFp32;
+  auto total = [&](int stage, int world, Precision reduce, int64_t n) {
+    return predict_stage_memory(n, stage, world, bf16, reduce).total();
+  };
+  EXPECT_DOUBLE_EQ(total(0, w, bf16, psi), 16.0 * psi);
+  EXPECT_DOUBLE_EQ(total(1, w, bf16, psi), 4.0 * psi + 12.0 * psi / w);
+  EXPECT_DOUBLE_EQ(total(2, w, bf16, psi), 2.0 * psi + 14.0 * psi / w);
+  EXPECT_DOUBLE_EQ(total(3, w, bf16, psi), 16.0 * psi / w);
+  EXPECT_DOUBLE_EQ(total(2, w, fp32, psi), 2.0 * psi + 16.0 * psi / w);  // an fp32 shard gradient
+  const auto s1 = predict_stage_memory(psi, 1, w, bf16);
+  EXPECT_DOUBLE_EQ(s1.master, 4.0 * psi / w);
+  EXPECT_DOUBLE_EQ(s1.optimizer, 8.0 * psi / w);
+  EXPECT_DOUBLE_EQ(predict_stage_memory(psi, 1, w).master, 0.0) << "fp32: no separate copy";
+  // Fig. 1: Psi = 7.5B, N_d = 64: 120, 31.4, 16.6 and 1.9 GB per device.
+  const int64_t big = 7'500'000'000;
+  const std::vector<double> fig1 = {120, 31.4, 16.6, 1.9};
+  for (int stage = 0; stage <= 3; ++stage) {
+    EXPECT_NEAR(total(stage, 64, bf16, big) / 1e9, fig1[static_cast<size_t>(stage)], 0.05)
+        << "stage " << stage;
+  }
+  // Bytes sent a step: the working dtype's gathers, the reduce dtype's reduce-scatters.
+  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 0, w, true, bf16, bf16), 2.0 * 0.75 * 2 * psi);
+  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 1, w, true, bf16, fp32), 2.0 * 0.75 * 2 * psi)
+      << "stage 1 reduces in the working dtype";
+  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 2, w, true, bf16, fp32), 0.75 * (4 + 2) * psi);
+  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 3, w, true, bf16, bf16), 3.0 * 0.75 * 2 * psi);
+  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 3, w, false, bf16, fp32), 0.75 * (4 + 2) * psi);
+}
+
+// rho = |w - r| / |r - w0|: how far @p got is from @p ref, as a fraction of how far @p ref has
+// trained from @p init (all flat, unit order). The key bias is left out (see
+// expect_params_close: its gradient is rounding noise in any precision).
+double rho(const torch::Tensor& got, const torch::Tensor& ref, const torch::Tensor& init,
+           const FlatLayout& layout) {
+  auto mask = torch::ones_like(ref);
+  int64_t off = 0;
+  for (const Unit& unit : layout.units) {
+    for (size_t k = 0; k < unit.names.size(); ++k) {
+      const int64_t n = c10::multiply_integers(unit.shapes[k]);
+      if (unit.names[k].find("attn.c_attn.bias") != std::string::npos) {
+        mask.narrow(0, off + n / 3, n / 3).zero_();
+      }
+      off += n;
+    }
+  }
+  return ((got - ref) * mask).norm().item<double>() / ((ref - init) * mask).norm().item<double>();
+}
+
+// The tolerance policy for bf16 (README section 9), as in lesson 02's: the noise floor is how far
+// bf16 training lands from fp32 training, rho(bf16 baseline, fp32 baseline); a bf16 ZeRO run
+// must land within kSameScheme of the floor from the single-process bf16 baseline (the same
+// scheme: only the reductions' rounding differs), and at least kAwayFromFp32 of it from the fp32
+// baseline (so that an fp32 run cannot pass). Weights are the fp32 master weights.
+constexpr double kSameScheme = 0.5;
+constexpr double kAwayFromFp32 = 0.25;
+
+struct Bf16References {
+  torch::Tensor init, fp32, bf16;  // flat in unit order
+  std::vector<float> bf16_losses;
+  double floor = 0;
+};
+
+Bf16References bf16_references(const GptConfig& config, const FlatLayout& layout, int64_t batch,
+                               int64_t steps) {
+  Bf16References r;
+  Gpt init(config);
+  init_weights(init, 1);
+  r.init = flat_in_unit_order(init, layout);
+  Baseline fp32 = train_baseline(config, 1, batch, steps, AdamWOptions{});
+  Baseline bf16 = train_baseline(config, 1, batch, steps, AdamWOptions{}, 0, Precision::kBf16);
+  r.fp32 = flat_in_unit_order(fp32.model, layout);
+  r.bf16 = flat_in_unit_order(bf16.model, layout);
+  r.bf16_losses = bf16.losses;
+  r.floor = rho(r.bf16, r.fp32, r.init, layout);
+  return r;
+}
+
+void expect_within_policy(const RunResult& got, const Bf16References& ref) {
+  const double same = rho(got.params, ref.bf16, ref.init, got.layout);
+  const double away = rho(got.params, ref.fp32, ref.init, got.layout);
+  std::cout << fmt::format("    rho to bf16 baseline {:.4f}, to fp32 {:.4f}, floor {:.4f}\n", same,
+                           away, ref.floor);
+  EXPECT_GT(ref.floor, 0.0);
+  EXPECT_LE(same, kSameScheme * ref.floor)
+      << "the master weights are not the bf16 baseline's: AdamW on the fp32 master weights "
+         "from the averaged gradient, the parameters their rounding";
+  EXPECT_GE(away, kAwayFromFp32 * ref.floor) << "this run trained in fp32, not bf16";
+  EXPECT_TENSOR_CLOSE(torch::tensor(got.losses), torch::tensor(ref.bf16_losses),
+                      kHalfStepsVsPyTorch);
+}
+
+// Every stage in bf16 on 2 ranks, and stages 2-3 reducing in fp32 (FSDP's reduce_dtype), land
+// where the single-process bf16 baseline does, by the policy above; stage 3 with prefetch too.
+TEST(L07Bf16, EveryStageMatchesTheBf16Baseline) {
+  SKIP_WITHOUT_GLOO_BF16();
+  const GptConfig config = tiny(true);
+  const int64_t batch = 4, steps = 6;
+  const auto bf16 = Precision::kBf16, fp32 = Precision::kFp32;
+  const FlatLayout layout = [&] {
+    Gpt m(config);
+    return make_layout(m, 2);
+  }();
+  const Bf16References ref = bf16_references(config, layout, batch, steps);
+  struct Case {
+    int stage;
+    Precision reduce;
+    bool prefetch;
+  };
+  for (const Case& c : {Case{0, bf16, false}, Case{1, bf16, false}, Case{2, bf16, false},
+                        Case{3, bf16, true}, Case{2, fp32, false}, Case{3, fp32, false}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "stage " << c.stage << ", reduce " << precision_name(c.reduce)
+                 << (c.prefetch ? ", prefetch" : ""));
+    expect_within_policy(
+        train(config, c.stage, 2, batch, steps, c.prefetch, false, true, 0, bf16, c.reduce), ref);
+  }
+}
+
+// The model computes with bf16 parameters that are exactly the fp32 master weights rounded
+// (stages 0-2 keep them between steps).
+TEST(L07Bf16, ParametersAreTheMasterWeightsRounded) {
+  SKIP_WITHOUT_GLOO_BF16();
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE(testing::Message() << "stage " << stage);
+    const auto got = train(tiny(true), stage, 2, 4, 3, false, false, true, 0, Precision::kBf16,
+                           Precision::kBf16);
+    ASSERT_EQ(got.model_params.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(got.model_params, got.params.to(torch::kBFloat16)))
+        << "each parameter must be its master weight rounded to bf16 after the step";
+  }
+}
+
+// On the wire (RecordingComm, from outside the engine): bf16 halves every stage's bytes; stage 2
+// reducing in fp32 sends (4 + 2) / (4 + 4) of fp32's. The engine's own count agrees.
+TEST(L07Bf16, BytesOnTheWireFollowTheDtypes) {
+  SKIP_WITHOUT_GLOO_BF16();
+  const auto bf16 = Precision::kBf16, fp32 = Precision::kFp32;
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE(testing::Message() << "stage " << stage);
+    const auto full = train(tiny(true), stage, 2, 4, 2);
+    const auto half = train(tiny(true), stage, 2, 4, 2, false, false, true, 0, bf16, bf16);
+    EXPECT_EQ(2 * half.bytes.back(), full.bytes.back());
+    EXPECT_EQ(half.counted.back(), half.bytes.back()) << "CountingComm counts element_size()";
+    if (stage >= 2) {
+      const auto mixed = train(tiny(true), stage, 2, 4, 2, false, false, true, 0, bf16, fp32);
+      // The reduce-scatters in fp32, the gathers in bf16: 2 more bytes for each of the (W-1)/W
+      // of the padded elements a rank sends in the reduce-scatters.
+      EXPECT_EQ(mixed.bytes.back() - half.bytes.back(), half.layout.padded / 2 * 2);
+      if (stage == 2) EXPECT_EQ(4 * mixed.bytes.back(), 3 * full.bytes.back());
+      EXPECT_EQ(mixed.counted.back(), mixed.bytes.back());
+    }
+  }
+}
+
+// gloo's worker drops its references a moment after wait() returns: read this thread's counter
+// once it has stopped moving (as the program does).
+int64_t settled_thread_current() {
+  int64_t last = thread_cpu_memory().current;
+  for (int same = 0, i = 0; i < 100 && same < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const int64_t now = thread_cpu_memory().current;
+    same = now == last ? same + 1 : 0;
+    last = now;
+  }
+  return last;
+}
+
+// The done-when table: each rank's parameters, gradients, master weights and moments, measured
+// by the counting allocator (this rank thread's storage), are the ledger's bf16 formulas on the
+// padded count, to the byte, at every stage, and with an fp32 reduce dtype.
+TEST(L07Bf16, StatesPerRankAreTheLedgersToTheByte) {
+  SKIP_WITHOUT_GLOO_BF16();
+  install_counting_allocator();
+  const GptConfig config = tiny(true);
+  const auto bf16 = Precision::kBf16, fp32 = Precision::kFp32;
+  for (const auto& c : std::vector<std::pair<int, Precision>>{
+           {0, bf16}, {1, bf16}, {2, bf16}, {3, bf16}, {2, fp32}, {3, fp32}}) {
+    const int stage = c.first;
+    const Precision reduce = c.second;
+    SCOPED_TRACE(testing::Message() << "stage " << stage << ", reduce " << precision_name(reduce));
+    std::array<int64_t, 4> got{};  // params, grads, master, optimizer
+    FlatLayout layout;
+    run_ranks(
+        2,
+        [&](RankContext& ctx) {
+          const Batch batch = ByteDataset::builtin().batch(1, 0, 2, config.ctx, 2 * ctx.rank);
+          const int64_t before = settled_thread_current();
+          Gpt model(config);
+          init_weights(model, 1);
+          ZeroOptions o;
+          o.stage = stage;
+          o.precision = bf16;
+          o.reduce = reduce;
+          ZeroEngine engine(model, ctx.comm, o);
+          model = nullptr;
+          const int64_t built = settled_thread_current();
+          engine.forward_backward(batch);
+          const int64_t backward = settled_thread_current();
+          engine.optimizer_step();
+          const int64_t stepped = settled_thread_current();
+          if (ctx.rank != 0) return;
+          const auto master = static_cast<int64_t>(engine.master().storage().nbytes());
+          got = {built - before - master, backward - built, master, stepped - backward};
+          layout = engine.layout();
+        },
+        kTimeout);
+    const auto want = predict_stage_memory(layout.padded, stage, 2, bf16, reduce);
+    EXPECT_EQ(got[0], want.params) << "bf16 parameters";
+    EXPECT_EQ(got[1], want.grads) << "gradients (stages 2-3: the shard's, in the reduce dtype)";
+    EXPECT_EQ(got[2], want.master) << "fp32 master weights";
+    EXPECT_EQ(got[3], want.optimizer) << "AdamW's two fp32 moments";
+  }
+}
+
+// fp16 needs a loss scaler (lesson 02), an fp32 model reduces in fp32, and bf16 checkpoints are
+// not this lesson's: usage errors naming the flag. On 1.13, bf16 itself.
+TEST(L07Bf16, UnsupportedCombinationsAreUsageErrors) {
+  auto flag_of = [](const ZeroOptions& o) {
+    std::string flag;
+    run_ranks(
+        1,
+        [&](RankContext& ctx) {
+          try {
+            Gpt model(tiny(true));
+            ZeroEngine engine(model, ctx.comm, o);
+            save_sharded(engine, "/nonexistent-l07-dir");
+          } catch (const UsageError& e) {
+            flag = e.subject();
+          }
+        },
+        kTimeout);
+    return flag;
+  };
+  ZeroOptions fp16;
+  fp16.precision = Precision::kFp16;
+  EXPECT_EQ(flag_of(fp16), "--precision");
+  ZeroOptions reduce;
+  reduce.reduce = Precision::kBf16;
+  EXPECT_EQ(flag_of(reduce), "--reduce-dtype");
+  ZeroOptions bf16;
+  bf16.precision = Precision::kBf16;
+  bf16.reduce = Precision::kBf16;
+  EXPECT_EQ(flag_of(bf16), kGlooBf16 ? "--save-sharded" : "--precision");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dtc/compat.h"
 #include "program.h"
 #include "program_run.h"
 
@@ -28,8 +29,16 @@ TEST(L07ProgramGiven, BadInputExitsTwoNamingTheFlag) {
       {{"--heads", "3"}, "--heads"},
       {{"--lr", "-1"}, "--lr"},
       {{"--timeout-s", "0"}, "--timeout-s"},
-      {{"--backend", "mpi"}, "--backend"}};
+      {{"--backend", "mpi"}, "--backend"},
+      {{"--precision", "fp16"}, "--precision"},
+      {{"--reduce-dtype", "fp32"}, "--reduce-dtype"},
+      {{"--precision", "bf16", "--stage", "1", "--reduce-dtype", "fp32"}, "--reduce-dtype"}};
   ::dtc::test::expect_usage_errors("lesson07", cases, run_program);
+  // bf16 checkpoints are refused before training; on 1.13, bf16 itself is.
+  const std::vector<BadInput> bf16 = {
+      {{"--precision", "bf16", "--stage", "1", "--save-sharded", "/tmp/l07-never"},
+       kGlooBf16 ? "--save-sharded" : "--precision"}};
+  ::dtc::test::expect_usage_errors("lesson07", bf16, run_program);
 }
 
 }  // namespace

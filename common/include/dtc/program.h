@@ -77,6 +77,10 @@ class TrainCli {
   /// Adds --precision fp32|bf16|fp16, --grad-dtype working|fp32 and --recompute
   /// none|selective|full (lesson 02, parts 4 and 5).
   void add_precision_flags();
+  /// Adds --precision alone, with the values @p allowed (lessons that train fp32 and bf16 only:
+  /// fp16 needs lesson 02's loss scaler).
+  void add_precision_flag(const std::vector<Precision>& allowed = {
+                              Precision::kFp32, Precision::kBf16, Precision::kFp16});
   const TrainOptions& options() const { return options_; }
 
   /// Parses @p argv and runs @p body (dtc::run_cli: usage errors exit 2 with a hint).
