@@ -65,6 +65,44 @@ torch::optim::AdamWOptions adamw_options(const RunConfig& config) {
       .weight_decay(config.weight_decay);
 }
 
+MasterAdamW::MasterAdamW(torch::nn::Module& module, Precision precision,
+                         const torch::optim::AdamWOptions& options)
+    : precision_(precision) {
+  if (precision == Precision::kFp16) {
+    throw std::invalid_argument(
+        "MasterAdamW: fp16 needs a loss scaler (lesson 02, part 5); train bf16 or fp32");
+  }
+  if (precision != Precision::kFp32) {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : module.parameters())
+      master_.push_back(p.detach().to(torch::kFloat, false, true));
+    module.to(working_dtype(precision));
+  }
+  params_ = module.parameters();
+  optimizer_ = std::make_unique<torch::optim::AdamW>(master_.empty() ? params_ : master_, options);
+}
+
+void MasterAdamW::zero_grad() {
+  for (auto& p : params_) p.mutable_grad().reset();
+}
+
+void MasterAdamW::step() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < master_.size(); ++i) {
+    const torch::Tensor& g = params_[i].grad();
+    if (g.defined()) {
+      master_[i].mutable_grad() = g.to(torch::kFloat);
+    } else {
+      master_[i].mutable_grad().reset();
+    }
+  }
+  optimizer_->step();
+  for (size_t i = 0; i < master_.size(); ++i) {
+    params_[i].copy_(master_[i]);       // rounded to the working dtype
+    master_[i].mutable_grad().reset();  // the fp32 copies of the gradients go
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Modules
 // ---------------------------------------------------------------------------------------------

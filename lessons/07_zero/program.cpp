@@ -57,41 +57,43 @@ Baseline train_baseline(const GptConfig& config, uint64_t seed, int64_t batch, i
   const ByteDataset data = ByteDataset::builtin();
   Baseline b{Gpt(config), {}};
   init_weights(b.model, seed);
-  // bf16: AdamW steps fp32 master weights (the fp32 initial weights); the model is their rounding.
-  const bool mixed = precision != Precision::kFp32;
-  std::vector<torch::Tensor> master;
-  if (mixed) {
-    for (const auto& p : b.model->parameters()) master.push_back(p.detach().clone());
-    b.model->to(working_dtype(precision));
-  }
-  const std::vector<torch::Tensor> params = b.model->parameters();
-  torch::optim::AdamW optimizer(mixed ? master : params, torch::optim::AdamWOptions(o.lr)
-                                                             .betas({o.beta1, o.beta2})
-                                                             .eps(o.eps)
-                                                             .weight_decay(o.weight_decay));
-  for (int64_t step = 0; step < steps; ++step) {
-    const Batch x = data.batch(seed, step, batch, config.ctx);
-    zero_grad_to_none(optimizer);
-    for (const auto& p : params) p.mutable_grad().reset();
-    auto logits = b.model->forward(x.inputs);
-    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
-                                                     x.targets.view({-1}));
-    loss.backward();
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; mixed && i < params.size(); ++i) {
-      master[i].mutable_grad() = params[i].grad().to(torch::kFloat);
+  const auto options = torch::optim::AdamWOptions(o.lr)
+                           .betas({o.beta1, o.beta2})
+                           .eps(o.eps)
+                           .weight_decay(o.weight_decay);
+  if (precision != Precision::kFp32) {
+    if (clip_norm > 0) throw std::invalid_argument("train_baseline: no clipping in bf16");
+    // bf16: AdamW on fp32 master weights, the model their rounding (dtc::MasterAdamW).
+    MasterAdamW optimizer(*b.model, precision, options);
+    for (int64_t step = 0; step < steps; ++step) {
+      const Batch x = data.batch(seed, step, batch, config.ctx);
+      optimizer.zero_grad();
+      auto logits = b.model->forward(x.inputs);
+      auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
+                                                       x.targets.view({-1}));
+      loss.backward();
+      optimizer.step();
+      b.losses.push_back(loss.item<float>());
     }
-    if (clip_norm > 0) torch::nn::utils::clip_grad_norm_(mixed ? master : params, clip_norm);
-    optimizer.step();
-    for (size_t i = 0; mixed && i < params.size(); ++i) params[i].copy_(master[i]);
-    b.losses.push_back(loss.item<float>());
-  }
-  if (mixed) {
     // The model returned holds the master weights, as the engine's full_parameters() does.
+    const std::vector<torch::Tensor> master = optimizer.master();
     b.model->to(torch::kFloat);
     torch::NoGradGuard no_grad;
     const auto fp32 = b.model->parameters();
     for (size_t i = 0; i < fp32.size(); ++i) fp32[i].copy_(master[i]);
+    return b;
+  }
+  torch::optim::AdamW optimizer(b.model->parameters(), options);
+  for (int64_t step = 0; step < steps; ++step) {
+    const Batch x = data.batch(seed, step, batch, config.ctx);
+    zero_grad_to_none(optimizer);
+    auto logits = b.model->forward(x.inputs);
+    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
+                                                     x.targets.view({-1}));
+    loss.backward();
+    if (clip_norm > 0) torch::nn::utils::clip_grad_norm_(b.model->parameters(), clip_norm);
+    optimizer.step();
+    b.losses.push_back(loss.item<float>());
   }
   return b;
 }

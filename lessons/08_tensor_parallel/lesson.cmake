@@ -20,6 +20,16 @@ if(DTC_TORCHRUN)
     --program @PROGRAM@ --json-equals tp=2 --json-equals dp=2
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l08_model_args}"
     -- --dp 2 --tp 2 ${l08_model} --json)
+  # bf16 (LibTorch 2.x: 1.13's gloo has no bf16 collectives): the losses of lesson 02's bf16 run
+  # (fp32 master weights) within e2e_run's 1e-3, each parameter's digest within 0.1 (TP rounds
+  # its partial sums to bf16; training_test.cpp holds the weights to the noise-floor policy).
+  if(DTC_TORCH_VERSION VERSION_GREATER_EQUAL 2.0)
+    dtc_add_e2e(08 NAME torchrun_tp2_bf16 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+      --program @PROGRAM@ --json-equals tp=2 "--json-equals=precision=\"bf16\""
+      --losses-like $<TARGET_FILE:lesson02_solution>
+      "--losses-like-args=${l08_model_args} --precision bf16" --digest-rtol 0.1
+      -- ${l08_model} --precision bf16 --json)
+  endif()
 endif()
 
 # A smoke run of the benchmark against PyTorch's DTensor tensor parallelism (primary path only:

@@ -68,6 +68,18 @@ Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& gri
 // Training
 // ---------------------------------------------------------------------------------------------
 
+void check_precision(Precision precision) {
+  if (precision == Precision::kFp16) {
+    throw UsageError("--precision", "this lesson trains in fp32 or bf16",
+                     "fp16 needs lesson 02's loss scaler: pass --precision bf16");
+  }
+  if (precision != Precision::kFp32 && !kGlooBf16) {
+    throw UsageError("--precision",
+                     "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid scalar type\")",
+                     "train bf16 on LibTorch 2.x (the primary path), or pass --precision fp32");
+  }
+}
+
 void average_gradients(torch::nn::Module& module, Comm& dp) {
   if (dp.getSize() == 1) return;
   for (auto& p : module.parameters()) {
@@ -80,8 +92,10 @@ void average_gradients(torch::nn::Module& module, Comm& dp) {
 std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t steps,
                             const torch::Device& device,
                             const std::function<void(int64_t, float)>& on_step,
-                            nlohmann::json* digest, bool overlap_dgrad) {
+                            nlohmann::json* digest, bool overlap_dgrad,
+                            std::vector<torch::Tensor>* weights) {
   validate_tp(c.model, tp.getSize());
+  check_precision(c.precision);
   if (c.batch % dp.getSize() != 0) {
     throw UsageError("--global-batch",
                      fmt::format("{} sequences do not split over dp {}", c.batch, dp.getSize()),
@@ -92,14 +106,14 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
   TpGpt model(full, tp);
   model->set_overlap_dgrad(overlap_dgrad);
   full = Gpt(nullptr);  // the full copy is freed: from here on, each rank holds 1/tp of it
-  torch::optim::AdamW optimizer(model->parameters(), adamw_options(c));
+  MasterAdamW optimizer(*model, c.precision, adamw_options(c));  // bf16: casts the model
   const ByteDataset data = ByteDataset::builtin();
   const int64_t rows = c.batch / dp.getSize();
   const int64_t first_row = dp.getRank() * rows;
   std::vector<float> losses;
   for (int64_t step = 0; step < steps; ++step) {
     const Batch batch = data.batch(c.seed, step, rows, c.model.ctx, first_row).to(device);
-    zero_grad_to_none(optimizer);
+    optimizer.zero_grad();
     torch::Tensor loss = model->loss(batch);  // this replica's rows, the same on its TP ranks
     loss.backward();
     average_gradients(*model, dp);  // DP: the mean over the replicas = the global batch's
@@ -109,6 +123,10 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
     const float value = global.item<float>() / static_cast<float>(dp.getSize());
     losses.push_back(value);
     if (on_step) on_step(step, value);
+  }
+  if (weights) {
+    weights->clear();
+    for (const auto& w : optimizer.master()) weights->push_back(w.detach().clone());
   }
   if (digest) {
     // Each parameter of the full model is either split over the TP ranks (a slice each) or
@@ -121,9 +139,11 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
       full_numel[item.key()] = item.value().numel();
     }
     std::vector<NamedPiece> pieces;
-    for (const auto& item : model->named_parameters()) {
+    const auto named = model->named_parameters();
+    for (size_t i = 0; i < named.size(); ++i) {
+      const auto& item = named[i];
       const std::string name = item.key() == "lm_head" ? "lm_head.weight" : item.key();
-      torch::Tensor value = item.value();
+      torch::Tensor value = optimizer.master()[i];             // fp32: the parameter itself
       if (name == "wte.weight" || name == "lm_head.weight") {  // without the padding rows
         value = value.narrow(0, 0, model->wte->vocab_end - model->wte->vocab_begin);
       }
@@ -178,8 +198,8 @@ std::string human_time(double s) {
   return fmt::format("{:.1f} us", s * 1e6);
 }
 
-void print_volume(std::ostream& out, const char* what, int64_t b, int64_t s, int64_t h, int tp,
-                  int64_t bytes, int64_t layers) {
+void print_volume(std::ostream& out, const std::string& what, int64_t b, int64_t s, int64_t h,
+                  int tp, int64_t bytes, int64_t layers) {
   const CommVolume v = tp_comm_volume(b, s, h, tp, bytes);
   fmt::print(out,
              "  {:<34} b={} s={} h={} tp={} ({} B/elem)\n"
@@ -219,7 +239,8 @@ void print_report(std::ostream& out, const TrainConfig& c, const Grid& grid, con
              "\nCommunication volume of tensor parallelism (Megatron: 2 allreduces forward, 2\n"
              "backward, per layer, each of the b x s x h activations; ring allreduce sends\n"
              "2(tp-1)/tp of it per rank):\n");
-  print_volume(out, "this run, fp32", c.batch / grid.dp, c.model.ctx, c.model.hidden, grid.tp, 4,
+  print_volume(out, fmt::format("this run, {}", precision_name(c.precision)), c.batch / grid.dp,
+               c.model.ctx, c.model.hidden, grid.tp, c.precision == Precision::kFp32 ? 4 : 2,
                c.model.layers);
   print_volume(out, "GPT-3 175B layer, bf16, tp 8", 1, 2048, 12288, 8, 2, 96);
   fmt::print(
@@ -235,6 +256,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   const TrainConfig c = t.run_config();
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
   const Grid grid = choose_grid(job.env.world_size, o, c.model);
+  check_precision(c.precision);
   if (c.batch % grid.dp != 0) {
     throw UsageError("--global-batch",
                      fmt::format("{} sequences do not split over dp {}", c.batch, grid.dp),
@@ -257,7 +279,11 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                                c.model.ffn(), padded_vocab(c.model.vocab, grid.tp) / grid.tp,
                                padded_vocab(c.model.vocab, grid.tp))},
          {"train", fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per replica), seed {}",
-                               c.lr, t.train.steps, c.batch, c.batch / grid.dp, c.seed)}});
+                               c.lr, t.train.steps, c.batch, c.batch / grid.dp, c.seed)},
+         {"precision", c.precision == Precision::kFp32
+                           ? std::string("fp32, no recomputation")
+                           : fmt::format("{}, fp32 master weights; no recomputation",
+                                         precision_name(c.precision))}});
   }
 
   // 3. The loop (train_tp), one progress line per tenth of the run.
@@ -275,13 +301,16 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   job.finish();
   if (!job.rank0()) return kExitOk;
   if (t.train.json) {
-    const CommVolume v = tp_comm_volume(c.batch / grid.dp, c.model.ctx, c.model.hidden, grid.tp, 4);
+    const CommVolume v = tp_comm_volume(c.batch / grid.dp, c.model.ctx, c.model.hidden, grid.tp,
+                                        c.precision == Precision::kFp32 ? 4 : 2);
     nlohmann::json j = run_json(log, t.train.steps, job.device);
     j["param_digest"] = digest;
     j["world"] = grid.world;
     j["dp"] = grid.dp;
     j["tp"] = grid.tp;
     j["config"] = config_json(c.model, c.batch, c.seed, c.lr);
+    j["precision"] = precision_name(c.precision);
+    j["recompute"] = recompute_name(Recompute::kNone);
     j["comm_per_layer"] = {{"allreduces", v.allreduces},
                            {"bytes_each", v.bytes_each},
                            {"bytes_per_layer", v.bytes_per_layer},
@@ -304,6 +333,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       "ranks (Megatron-LM style) and --dp replicas; run it under torchrun, e.g.\n"
       "  torchrun --standalone --nproc_per_node=2 --no_python build/bin/lesson08");
   cli.add_timeout_flag();
+  cli.add_precision_flag({Precision::kFp32, Precision::kBf16});
   Options o;
   CLI::App& app = cli.app();
   app.add_option("--tp", o.tp,

@@ -397,7 +397,7 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
 }
 
 torch::Tensor TpGptImpl::loss(const Batch& batch) {
-  auto logits = forward(batch.inputs);                    // (B, T, V/tp)
+  auto logits = forward(batch.inputs).to(torch::kFloat);  // (B, T, V/tp); bf16: the loss in fp32
   const int64_t first = tp->getRank() * logits.size(-1);  // this rank's first column's id
   return vocab_parallel_cross_entropy(logits.view({-1, logits.size(-1)}),
                                       batch.targets.reshape({-1}), first, *tp, config_.vocab);

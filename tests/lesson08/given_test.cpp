@@ -123,7 +123,8 @@ TEST(L08ProgramGiven, BadInputExitsTwoNamingTheFlag) {
                                                     {{"--global-batch", "0"}, "--global-batch"},
                                                     {{"--steps", "0"}, "--steps"},
                                                     {{"--timeout-s", "0"}, "--timeout-s"},
-                                                    {{"--backend", "mpi"}, "--backend"}};
+                                                    {{"--backend", "mpi"}, "--backend"},
+                                                    {{"--precision", "fp16"}, "--precision"}};
   ::dtc::test::expect_usage_errors("lesson08", cases, run_program);
 }
 

@@ -19,6 +19,9 @@ Checks, each printed as "ok" or "FAIL":
                         and its "param_digest" (dtc/digest.h) equal the baseline's: the same
                         names and sizes, each parameter's sum of squares within rtol 1e-3 and
                         its sum within 1e-3 of sqrt(numel x sumsq) (the sum's own scale)
+  --digest-rtol R       that parameter tolerance instead of 1e-3: bf16 runs round differently
+                        from their baseline (their weights are held to the noise-floor policy
+                        by the lessons' unit tests; here each tensor is a sanity check)
 --nproc 0 runs the program alone, without torchrun. Each torchrun takes its own free port (c10d
 rendezvous): runs may go in parallel. Exit 0 when every
 check passed, 1 otherwise.
@@ -71,6 +74,7 @@ def main() -> int:
     ap.add_argument("--json-positive", action="append", default=[])
     ap.add_argument("--losses-like")
     ap.add_argument("--losses-like-args", default="")
+    ap.add_argument("--digest-rtol", type=float, default=RTOL)
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     prog_args = a.args[1:] if a.args[:1] == ["--"] else a.args
@@ -129,7 +133,7 @@ def main() -> int:
                 check(abs(g - w) <= RTOL * abs(w) + ATOL,
                       f"step {i}: loss {g:.7f} vs baseline {w:.7f}")
             dw = (jb or {}).get("param_digest") or []
-            ratios = digest_ratios(j.get("param_digest"), dw, RTOL, ATOL)
+            ratios = digest_ratios(j.get("param_digest"), dw, a.digest_rtol, ATOL)
             check(bool(ratios), f"param_digest has the baseline's {len(dw)} parameters, "
                                 "names and sizes")
             for name, ratio, g, w in ratios or []:

@@ -27,16 +27,18 @@ struct BaselineRun {
 
 /// Trains @p c's GPT, initialised from c.seed (dtc::init_weights), on the whole global batch of
 /// c.batch rows per step (dtc::ByteDataset::builtin(), lesson 02's sampler) for @p steps steps
-/// with torch::optim::AdamW (dtc::adamw_options(c)): one process, one device (the CPU).
+/// with torch::optim::AdamW (dtc::adamw_options(c)): one process, one device (the CPU). With
+/// c.precision bf16, a bf16 model and AdamW over fp32 master weights (dtc::MasterAdamW);
+/// BaselineRun::params are then the master weights.
 inline BaselineRun plain_baseline(const RunConfig& c, int64_t steps) {
   const ByteDataset data = ByteDataset::builtin();
   Gpt model(c.model);
   init_weights(model, c.seed);
-  torch::optim::AdamW opt(model->parameters(), adamw_options(c));
+  MasterAdamW opt(*model, c.precision, adamw_options(c));
   BaselineRun run;
   for (int64_t step = 0; step < steps; ++step) {
     const Batch b = data.batch(c.seed, step, c.batch, c.model.ctx);
-    for (auto& p : model->parameters()) p.mutable_grad().reset();
+    opt.zero_grad();
     auto logits = model->forward(b.inputs);
     auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                                      b.targets.reshape({-1}));
@@ -44,7 +46,7 @@ inline BaselineRun plain_baseline(const RunConfig& c, int64_t steps) {
     opt.step();
     run.losses.push_back(loss.item<float>());
   }
-  for (const auto& p : model->parameters()) run.params.push_back(p.detach().clone());
+  for (const auto& p : opt.master()) run.params.push_back(p.detach().clone());
   return run;
 }
 

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,32 @@ struct RunConfig {
 
 /// torch::optim::AdamW's options for @p config: lr, betas, eps and weight decay.
 torch::optim::AdamWOptions adamw_options(const RunConfig& config);
+
+/// AdamW over fp32 master weights, for the parallel lessons' bf16 runs and their baselines
+/// (given: lesson 02's part 5 is where you write one, with a loss scaler and fp32 gradient
+/// hooks). In fp32 it is torch::optim::AdamW over @p module's parameters. In bf16 it copies every
+/// parameter to fp32 (the master weights: the fp32 initial weights), casts @p module to bf16,
+/// and step() runs AdamW on the master weights from the gradients cast to fp32, then rounds each
+/// master weight into its parameter.
+class MasterAdamW {
+ public:
+  /// @throws std::invalid_argument for kFp16 (it needs lesson 02's loss scaler)
+  MasterAdamW(torch::nn::Module& module, Precision precision,
+              const torch::optim::AdamWOptions& options);
+  /// Every parameter's gradient to none.
+  void zero_grad();
+  /// One AdamW step from the gradients backward left (parameters without one are skipped).
+  void step();
+  /// The fp32 weights AdamW updates, in module.parameters() order (fp32: the parameters).
+  const std::vector<torch::Tensor>& master() const { return master_.empty() ? params_ : master_; }
+  Precision precision() const { return precision_; }
+
+ private:
+  Precision precision_;
+  std::vector<torch::Tensor> params_;  ///< the module's, in the working dtype
+  std::vector<torch::Tensor> master_;  ///< bf16: the fp32 copies; fp32: empty
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+};
 
 /// Causal multi-head self-attention: c_attn (h -> 3h), softmax over earlier positions, c_proj.
 class CausalSelfAttentionImpl : public torch::nn::Module {
