@@ -67,18 +67,22 @@ torch::optim::AdamWOptions adamw_options(const RunConfig& config) {
 
 MasterAdamW::MasterAdamW(torch::nn::Module& module, Precision precision,
                          const torch::optim::AdamWOptions& options)
-    : precision_(precision) {
+    : MasterAdamW(module.parameters(), precision, options) {}
+
+MasterAdamW::MasterAdamW(const std::vector<torch::Tensor>& params, Precision precision,
+                         const torch::optim::AdamWOptions& options)
+    : precision_(precision), params_(params) {
   if (precision == Precision::kFp16) {
     throw std::invalid_argument(
         "MasterAdamW: fp16 needs a loss scaler (lesson 02, part 5); train bf16 or fp32");
   }
   if (precision != Precision::kFp32) {
     torch::NoGradGuard no_grad;
-    for (const auto& p : module.parameters())
+    for (auto& p : params_) {
       master_.push_back(p.detach().to(torch::kFloat, false, true));
-    module.to(working_dtype(precision));
+      p.set_data(p.detach().to(working_dtype(precision)));
+    }
   }
-  params_ = module.parameters();
   optimizer_ = std::make_unique<torch::optim::AdamW>(master_.empty() ? params_ : master_, options);
 }
 

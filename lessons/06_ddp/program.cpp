@@ -385,7 +385,10 @@ void print_banner(std::ostream& out, const Job& job, const TrainConfig& c, const
             o.reduce_dtype == "fp32"
                 ? std::string()
                 : fmt::format(", gradients reduced in {} (compression hook)", o.reduce_dtype),
-            job.timeout.count() / 1000)}});
+            job.timeout.count() / 1000)},
+       // A bf16 model is lesson 07's and 08's (--precision bf16); DDP here trains fp32 and
+       // compresses only what goes on the wire (--reduce-dtype).
+       {"numerics", "precision fp32, recompute none"}});
 }
 
 int report(std::ostream& out, const Job& job, const TrainOptions& t, const TrainConfig& c,
@@ -412,6 +415,8 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
     j["launched_in_backward"] = in_backward;
     j["accum"] = c.accum;
     j["reduce_dtype"] = o.reduce_dtype;
+    j["precision"] = precision_name(Precision::kFp32);
+    j["recompute"] = recompute_name(Recompute::kNone);
     // every allreduce of a step on this rank, in bytes: the gradients (the buckets, in
     // --reduce-dtype), the 4-byte loss and, with --join, the 4-byte announcement; the
     // parameters' broadcast is not an allreduce

@@ -506,11 +506,13 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                   (o.no_reshard ? ", no reshard after forward" : "") +
                   (o.clip_norm > 0 ? fmt::format(", clip grad norm {:g}", o.clip_norm) : "") +
                   (o.hsdp > 0 ? fmt::format(", HSDP: shard groups of {}", o.hsdp) : ""))},
-         {"precision",
-          mixed ? fmt::format("bf16, fp32 master weights; gradients reduced in bf16 (stages 0-1), "
-                              "{} (stages 2-3)",
-                              precision_name(reduce_precision(t, o)))
-                : "fp32"},
+         {"numerics",
+          mixed ? fmt::format("precision bf16 (fp32 master weights; gradients reduced in bf16 at "
+                              "stages 0-1, {} at stages 2-3), recompute {}",
+                              precision_name(reduce_precision(t, o)),
+                              o.recompute ? "full (stage 3)" : "none")
+                : fmt::format("precision fp32, recompute {}",
+                              o.recompute ? "full (stage 3)" : "none")},
          {"stages", o.stage == "all" ? (o.recompute ? "0 (DDP), 1, 2, 3, 3 + recompute, one "
                                                       "after the other"
                                                     : "0 (DDP), 1, 2, 3, one after the other")

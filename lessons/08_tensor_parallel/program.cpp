@@ -280,10 +280,10 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                                padded_vocab(c.model.vocab, grid.tp))},
          {"train", fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per replica), seed {}",
                                c.lr, t.train.steps, c.batch, c.batch / grid.dp, c.seed)},
-         {"precision", c.precision == Precision::kFp32
-                           ? std::string("fp32, no recomputation")
-                           : fmt::format("{}, fp32 master weights; no recomputation",
-                                         precision_name(c.precision))}});
+         {"numerics", c.precision == Precision::kFp32
+                          ? std::string("precision fp32, recompute none")
+                          : fmt::format("precision {} (fp32 master weights), recompute none",
+                                        precision_name(c.precision))}});
   }
 
   // 3. The loop (train_tp), one progress line per tenth of the run.

@@ -11,6 +11,13 @@ if(DTC_TORCHRUN)
     --json-equals stages=4 --losses-like $<TARGET_FILE:lesson02_solution>
     "--losses-like-args=--steps 3 --untied" -- --steps 3 --micro-batches 4 --sweep 1 4
     --sweep-steps 1 --json)
+  # bf16 (both paths: the messages between stages are fp32): lesson 02's bf16 run's losses within
+  # 1e-3, each parameter's digest within 0.1 (micro-batches accumulate bf16 gradients;
+  # pipeline_test.cpp holds the weights to the noise-floor policy).
+  dtc_add_e2e(09 NAME torchrun_bf16 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2 --program @PROGRAM@
+    --json-equals stages=2 "--json-equals=precision=\"bf16\"" --losses-like $<TARGET_FILE:lesson02_solution>
+    "--losses-like-args=--steps 3 --untied --precision bf16" --digest-rtol 0.1
+    -- --steps 3 --micro-batches 4 --precision bf16 --no-sweep --json)
 endif()
 
 # A smoke run (not the benchmark itself) of bench/lesson09_vs_pytorch.py: tiny sizes, 2 ranks.

@@ -75,6 +75,7 @@ std::vector<torch::Tensor> Stage::parameters() const {
 
 torch::Tensor Stage::forward(const torch::Tensor& input) {
   torch::Tensor x = input;
+  if (!layers.embed) x = x.to(working_dtype(precision));  // no-op in fp32
   if (layers.embed) {
     // tokens (b, T) -> (b, T, h), exactly as GptImpl::forward
     auto pos = torch::arange(input.size(1), torch::dtype(torch::kLong).device(input.device()));
@@ -82,7 +83,7 @@ torch::Tensor Stage::forward(const torch::Tensor& input) {
   }
   for (auto& b : blocks) x = b->forward(x);                 // (b, T, h)
   if (layers.head) x = lm_head->forward(ln_f->forward(x));  // (b, T, V)
-  return x;
+  return x.to(torch::kFloat);  // the loss, or the next stage's message, in fp32 (no-op in fp32)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -240,4 +241,4 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum d16bbb88da5c98ee
+// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum c89d0c1de2ebdc0d

@@ -60,6 +60,9 @@ struct Stage {
   std::vector<Block> blocks;           ///< model blocks layers.first .. layers.last - 1
   torch::nn::LayerNorm ln_f{nullptr};  ///< last stage only
   torch::nn::Linear lm_head{nullptr};  ///< last stage only
+  /// The dtype the stage computes in (train_pipeline sets bf16 once MasterAdamW has cast the
+  /// parameters); make_stage leaves it fp32.
+  Precision precision = Precision::kFp32;
 
   /// Every parameter this stage owns, in the model's order (what its optimizer updates).
   std::vector<torch::Tensor> parameters() const;
@@ -68,6 +71,10 @@ struct Stage {
   ///   stage 0:  tokens (b, T) int64 -> wte(tokens) + wpe(0..T-1) -> its blocks
   ///   others:   activations (b, T, h) -> its blocks
   ///   last:     ... -> ln_f -> lm_head -> logits (b, T, V)
+  /// Between stages the activations are fp32 tensors whatever the precision: in bf16 a stage
+  /// casts its input to bf16 and its output back to fp32 (exact: the bf16 values, so the
+  /// executor's fp32 messages carry them unchanged, at 4 bytes an element instead of 2), and the
+  /// logits are fp32 for the loss.
   torch::Tensor forward(const torch::Tensor& input);
 };
 

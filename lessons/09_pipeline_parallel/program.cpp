@@ -51,6 +51,13 @@ std::vector<double> gather_per_stage(Comm& comm, double value, const torch::Devi
 
 }  // namespace
 
+void check_precision(Precision precision) {
+  if (precision == Precision::kFp16) {
+    throw UsageError("--precision", "this lesson trains in fp32 or bf16",
+                     "fp16 needs lesson 02's loss scaler: pass --precision bf16");
+  }
+}
+
 double BubbleRow::theory() const {
   const auto p = static_cast<double>(stages);
   return (p - 1) / (static_cast<double>(micro_batches) + p - 1);
@@ -90,14 +97,17 @@ std::vector<NamedPiece> stage_pieces(const Stage& stage) {
 }  // namespace
 
 std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log,
-                                  nlohmann::json* digest) {
+                                  nlohmann::json* digest, std::vector<torch::Tensor>* weights) {
   const int p = comm.getSize();
   const int s = comm.getRank();
   check_pipeline(o.model, p, o.batch, o.micro_batches);
+  check_precision(o.precision);
   Stage stage = build_stage(o, p, s);
   const auto params = stage.parameters();
   // AdamW per stage over its own parameters: elementwise, so p optimizers = the baseline's one.
-  torch::optim::AdamW optimizer(params, adamw_options(o));
+  // bf16: over fp32 master weights, the stage's parameters cast to bf16 (dtc::MasterAdamW).
+  MasterAdamW optimizer(params, o.precision, adamw_options(o));
+  stage.precision = o.precision;
   const auto ops = make_schedule(o.schedule, p, o.micro_batches, s);
   const ByteDataset data = ByteDataset::builtin();
   // On NCCL, a group of sends and receives (dtc::batch_isend_irecv) runs on the communicator of
@@ -110,7 +120,7 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog*
   for (int64_t step = 0; step < o.steps; ++step) {
     if (log) log->begin_step();
     const Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
-    zero_grads(params);
+    optimizer.zero_grad();
     const StepStats stats =
         run_schedule(stage, comm, ops, batch, o.micro_batches, o.deallocate_outputs);
     optimizer.step();
@@ -125,7 +135,13 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog*
   if (digest) {
     std::vector<std::string> names;
     for (const auto& item : Gpt(untied(o.model))->named_parameters()) names.push_back(item.key());
-    *digest = param_digest(names, stage_pieces(stage), &comm);
+    std::vector<NamedPiece> pieces = stage_pieces(stage);  // in parameters() order
+    for (size_t i = 0; i < pieces.size(); ++i) pieces[i].second = optimizer.master()[i];
+    *digest = param_digest(names, pieces, &comm);
+  }
+  if (weights) {
+    weights->clear();
+    for (const auto& w : optimizer.master()) weights->push_back(w.detach().clone());
   }
   return losses;
 }
@@ -135,6 +151,11 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
   const int s = comm.getRank();
   Stage stage = build_stage(o, p, s);
   const auto params = stage.parameters();
+  if (o.precision != Precision::kFp32) {
+    torch::NoGradGuard no_grad;  // the run's dtype (no optimizer here: nothing steps)
+    for (auto p : params) p.set_data(p.detach().to(working_dtype(o.precision)));
+    stage.precision = o.precision;
+  }
   const ByteDataset data = ByteDataset::builtin();
   const Batch batch = data.batch(o.seed, 0, o.batch, o.model.ctx).to(o.device);
   std::vector<BubbleRow> rows;
@@ -203,7 +224,12 @@ std::vector<std::pair<std::string, std::string>> stage_rows(const PipelineOption
       {"train", fmt::format("AdamW lr {:g}, {} steps, {} schedule, {} micro-batches of {} "
                             "sequences, seed {}",
                             o.lr, o.steps, schedule_name(o.schedule), o.micro_batches,
-                            o.batch / o.micro_batches, o.seed)}};
+                            o.batch / o.micro_batches, o.seed)},
+      {"numerics", o.precision == Precision::kFp32
+                       ? std::string("precision fp32, recompute none")
+                       : fmt::format("precision {} (fp32 master weights, fp32 messages between "
+                                     "stages), recompute none",
+                                     precision_name(o.precision))}};
   for (int s = 0; s < p; ++s) {
     const StageLayers l = stage_layers(o.model.layers, p, s);
     rows.emplace_back(
@@ -232,6 +258,8 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
     j["stages"] = p;
     j["micro_batches"] = o.micro_batches;
     j["schedule"] = schedule_name(o.schedule);
+    j["precision"] = precision_name(o.precision);
+    j["recompute"] = recompute_name(Recompute::kNone);
     j["torch"] = torch_version();
     nlohmann::json layers = nlohmann::json::array();
     for (int s = 0; s < p; ++s) {
@@ -307,6 +335,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       "the activation memory. Start it with torchrun (one process per stage).",
       /*default_steps=*/20, /*untied_flag=*/false);  // always untied: no --untied
   cli.add_timeout_flag();
+  cli.add_precision_flag({Precision::kFp32, Precision::kBf16});
   PipelineOptions o;
   int stages = 0;
   std::string schedule = "1f1b";
@@ -341,6 +370,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
     o.json = t.train.json;
     o.schedule = parse_schedule(schedule);
     o.device = job.device;
+    check_precision(o.precision);
     if (no_sweep) o.sweep.clear();
     const int world = job.env.world_size;
     if (stages == 0) stages = world;

@@ -40,10 +40,19 @@ struct PipelineOptions : RunConfig {
 ///   the progress lines it is set up to print).
 /// @param digest when not null, receives the full model's parameter digest after the last step
 ///   (dtc/digest.h; every stage adds its own parameters: collective), on every rank.
+///   In bf16, of the fp32 master weights (options.precision: a bf16 model, AdamW over fp32
+///   master weights, dtc::MasterAdamW).
+/// @param weights when not null, receives this stage's fp32 weights after the last step (the
+///   master weights in bf16), in Stage::parameters() order.
 /// @return the loss of every step, on every rank (sent from the last stage).
-/// @throws dtc::UsageError for a pipeline that does not fit (check_pipeline()).
+/// @throws dtc::UsageError for a pipeline that does not fit (check_pipeline()), and for fp16.
 std::vector<float> train_pipeline(const PipelineOptions& options, Comm& comm,
-                                  StepLog* log = nullptr, nlohmann::json* digest = nullptr);
+                                  StepLog* log = nullptr, nlohmann::json* digest = nullptr,
+                                  std::vector<torch::Tensor>* weights = nullptr);
+
+/// Refuses what this lesson does not train: fp16 (it needs lesson 02's loss scaler). bf16 runs
+/// on both LibTorch paths: its messages between stages are fp32. @throws UsageError("--precision")
+void check_precision(Precision precision);
 
 /// One schedule at one micro-batch count, measured on every stage.
 struct BubbleRow {

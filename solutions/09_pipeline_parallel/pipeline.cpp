@@ -89,6 +89,7 @@ std::vector<torch::Tensor> Stage::parameters() const {
 
 torch::Tensor Stage::forward(const torch::Tensor& input) {
   torch::Tensor x = input;
+  if (!layers.embed) x = x.to(working_dtype(precision));  // no-op in fp32
   if (layers.embed) {
     // tokens (b, T) -> (b, T, h), exactly as GptImpl::forward
     auto pos = torch::arange(input.size(1), torch::dtype(torch::kLong).device(input.device()));
@@ -96,7 +97,7 @@ torch::Tensor Stage::forward(const torch::Tensor& input) {
   }
   for (auto& b : blocks) x = b->forward(x);                 // (b, T, h)
   if (layers.head) x = lm_head->forward(ln_f->forward(x));  // (b, T, V)
-  return x;
+  return x.to(torch::kFloat);  // the loss, or the next stage's message, in fp32 (no-op in fp32)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -118,6 +118,7 @@ TEST(L09ProgramGiven, BadFlagsAreUsageErrors) {
       {{"--steps", "0"}, "--steps"},
       {{"--timeout-s", "0"}, "--timeout-s"},
       {{"--backend", "mpi"}, "--backend"},
+      {{"--precision", "fp16"}, "--precision"},
       {{"--untied"}, "--untied"}};  // the pipeline is always untied: no such flag
   for (const auto& [args, flag] : cases) {
     SCOPED_TRACE(flag);

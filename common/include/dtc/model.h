@@ -106,6 +106,9 @@ class MasterAdamW {
   /// @throws std::invalid_argument for kFp16 (it needs lesson 02's loss scaler)
   MasterAdamW(torch::nn::Module& module, Precision precision,
               const torch::optim::AdamWOptions& options);
+  /// The same over @p params, each cast in place (set_data) in bf16, as Module::to() casts.
+  MasterAdamW(const std::vector<torch::Tensor>& params, Precision precision,
+              const torch::optim::AdamWOptions& options);
   /// Every parameter's gradient to none.
   void zero_grad();
   /// One AdamW step from the gradients backward left (parameters without one are skipped).
