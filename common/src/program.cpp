@@ -73,13 +73,18 @@ void TrainCli::add_precision_flags() {
                   "(18 bytes/param); fp32 runs have fp32 gradients either way")
       ->check(CLI::IsMember({"working", "fp32"}))
       ->capture_default_str();
+  add_recompute_flag();
+}
+
+void TrainCli::add_recompute_flag(const std::vector<Recompute>& allowed) {
   std::map<std::string, Recompute> modes;
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    modes[recompute_name(r)] = r;
-  }
+  for (Recompute r : allowed) modes[recompute_name(r)] = r;
+  const bool selective = modes.count(recompute_name(Recompute::kSelective)) > 0;
   app_.add_option("--recompute", options_.recompute,
-                  "activation recomputation: none, selective (the attention core) or full (each "
-                  "block)")
+                  selective ? "activation recomputation: none, selective (the attention core) or "
+                              "full (each block)"
+                            : "activation recomputation: none, or full (each stage's layers run "
+                              "again in backward)")
       ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))
       ->default_str("none");
 }

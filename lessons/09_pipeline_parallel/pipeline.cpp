@@ -219,7 +219,7 @@ void backward_from_graph(const torch::Tensor& output, const torch::Tensor& grad)
 // ---------------------------------------------------------------------------------------------
 
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
-                       int64_t micro_batches, bool deallocate_outputs) {
+                       int64_t micro_batches, bool deallocate_outputs, bool recompute) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepStats stats;
@@ -228,17 +228,19 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
   //   returning, a send started together with the next op's receive whenever both go to the same
   //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values freed
-  //   when deallocate_outputs asks, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*;
-  //   README section 6 hints)
+  //   when deallocate_outputs asks, with recompute only each micro-batch's input kept from its
+  //   forward to its backward, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*,
+  //   L09Recompute.*; README section 6 hints)
   DTC_TODO("L09", "run ops in order so that the stage's parameters get the whole batch's mean "
                   "gradient, each micro-batch's tensors freed after its backward, every send waited for before "
                   "returning, a send started together with the next op's receive whenever both go to the same "
                   "neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values freed "
-                  "when deallocate_outputs asks, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*; "
-                  "README section 6 hints)");
+                  "when deallocate_outputs asks, with recompute only each micro-batch's input kept from its "
+                  "forward to its backward, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*, "
+                  "L09Recompute.*; README section 6 hints)");
   stats.total_s = seconds(Clock::now() - start);
   return stats;
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum c89d0c1de2ebdc0d
+// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum adce739c831caa92

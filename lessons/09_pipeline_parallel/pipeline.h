@@ -229,7 +229,15 @@ struct StepStats {
 /// once its send has started (deallocate_output()) and runs that micro-batch's backward with
 /// backward_from_graph(): a stage then holds, per micro-batch in flight, its layers' saved
 /// tensors but not the (b/m, T, h) output it sent on. L09Memory.* measures the difference.
+/// With @p recompute (full activation recomputation of the stage, Megatron's
+/// --recompute-granularity full over the stage's layers), a forward records no graph
+/// (c10::AutoGradMode off) and keeps only micro-batch i's input; its backward runs
+/// stage.forward again from that input, with the graph, and backpropagates through it (the last
+/// stage: through the micro-batch's loss). The gradients are the same bit for bit on the CPU;
+/// a stage holds one (b/m, T, h) input per micro-batch in flight instead of its layers' saved
+/// tensors. L09Recompute.* checks both; @p deallocate_outputs has nothing left to free then.
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
-                       int64_t micro_batches, bool deallocate_outputs = false);
+                       int64_t micro_batches, bool deallocate_outputs = false,
+                       bool recompute = false);
 
 }  // namespace dtc::l09

@@ -121,8 +121,8 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog*
     if (log) log->begin_step();
     const Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
     optimizer.zero_grad();
-    const StepStats stats =
-        run_schedule(stage, comm, ops, batch, o.micro_batches, o.deallocate_outputs);
+    const StepStats stats = run_schedule(stage, comm, ops, batch, o.micro_batches,
+                                         o.deallocate_outputs, o.recompute == Recompute::kFull);
     optimizer.step();
     // The loss lives on the last stage: a sum in which only it writes a non-zero.
     auto loss = torch::full({1}, s == p - 1 ? stats.loss : 0.0f,
@@ -178,7 +178,8 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
         // stage 0 finishes last, the last stage first, so only stage 0 would see the formula.
         comm.barrier()->wait();
         const auto t0 = std::chrono::steady_clock::now();
-        const StepStats st = run_schedule(stage, comm, ops, batch, m, o.deallocate_outputs);
+        const StepStats st = run_schedule(stage, comm, ops, batch, m, o.deallocate_outputs,
+                                          o.recompute == Recompute::kFull);
         comm.barrier()->wait();
         windows[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         computes[k] = st.compute_s;
@@ -225,11 +226,15 @@ std::vector<std::pair<std::string, std::string>> stage_rows(const PipelineOption
                             "sequences, seed {}",
                             o.lr, o.steps, schedule_name(o.schedule), o.micro_batches,
                             o.batch / o.micro_batches, o.seed)},
-      {"numerics", o.precision == Precision::kFp32
-                       ? std::string("precision fp32, recompute none")
-                       : fmt::format("precision {} (fp32 master weights, fp32 messages between "
-                                     "stages), recompute none",
-                                     precision_name(o.precision))}};
+      {"numerics",
+       fmt::format("precision {}, recompute {}",
+                   o.precision == Precision::kFp32
+                       ? std::string("fp32")
+                       : fmt::format("{} (fp32 master weights, fp32 messages between "
+                                     "stages)",
+                                     precision_name(o.precision)),
+                   o.recompute == Recompute::kFull ? "full (each stage's layers again in backward)"
+                                                   : "none")}};
   for (int s = 0; s < p; ++s) {
     const StageLayers l = stage_layers(o.model.layers, p, s);
     rows.emplace_back(
@@ -259,7 +264,7 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
     j["micro_batches"] = o.micro_batches;
     j["schedule"] = schedule_name(o.schedule);
     j["precision"] = precision_name(o.precision);
-    j["recompute"] = recompute_name(Recompute::kNone);
+    j["recompute"] = recompute_name(o.recompute);
     j["torch"] = torch_version();
     nlohmann::json layers = nlohmann::json::array();
     for (int s = 0; s < p; ++s) {
@@ -336,6 +341,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       /*default_steps=*/20, /*untied_flag=*/false);  // always untied: no --untied
   cli.add_timeout_flag();
   cli.add_precision_flag({Precision::kFp32, Precision::kBf16});
+  cli.add_recompute_flag({Recompute::kNone, Recompute::kFull});
   PipelineOptions o;
   int stages = 0;
   std::string schedule = "1f1b";

@@ -242,7 +242,7 @@ void backward_from_graph(const torch::Tensor& output, const torch::Tensor& grad)
 // ---------------------------------------------------------------------------------------------
 
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
-                       int64_t micro_batches, bool deallocate_outputs) {
+                       int64_t micro_batches, bool deallocate_outputs, bool recompute) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepStats stats;
@@ -251,8 +251,9 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
   //   returning, a send started together with the next op's receive whenever both go to the same
   //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values freed
-  //   when deallocate_outputs asks, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*;
-  //   README section 6 hints)
+  //   when deallocate_outputs asks, with recompute only each micro-batch's input kept from its
+  //   forward to its backward, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*,
+  //   L09Recompute.*; README section 6 hints)
   const int s = stage.stage;
   const int64_t rows = batch.inputs.size(0) / micro_batches;  // b / m
   const int64_t T = batch.inputs.size(1);
@@ -267,6 +268,13 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   };
   auto tag = [](const Op& op) {
     return op.kind == Op::kForward ? activation_tag(op.micro) : gradient_tag(op.micro);
+  };
+  // The last stage's loss of micro-batch i from its logits: its mean cross-entropy / m.
+  auto micro_loss = [&](const torch::Tensor& logits, int64_t micro) {
+    auto targets = batch.targets.narrow(0, micro * rows, rows);  // (b/m, T)
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                targets.reshape({-1})) /
+           static_cast<double>(micro_batches);
   };
   std::vector<torch::Tensor> inputs(static_cast<size_t>(micro_batches));
   std::vector<torch::Tensor> outputs(static_cast<size_t>(micro_batches));  // or scaled losses
@@ -297,22 +305,34 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
     if (op.kind == Op::kForward) {
       torch::Tensor input = first ? batch.inputs.narrow(0, op.micro * rows, rows)  // (b/m, T)
                                   : message.requires_grad_(true);  // backward gives its gradient
-      torch::Tensor out = stage.forward(input);
+      torch::Tensor out;
+      {
+        // With recompute nothing of the stage's insides is saved: backward runs it again.
+        c10::AutoGradMode grad_mode(!recompute);
+        out = stage.forward(input);
+        if (last) out = micro_loss(out, op.micro);
+      }
       if (last) {
-        auto targets = batch.targets.narrow(0, op.micro * rows, rows);  // (b/m, T)
-        out = torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}),
-                                                   targets.reshape({-1})) /
-              static_cast<double>(micro_batches);
         loss_sum += out.item<double>();
       } else {
         outgoing = out.detach();
         dest = s + 1;
       }
       inputs[i] = input;
-      outputs[i] = out;
+      if (!recompute) outputs[i] = out;
       stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
     } else {
-      if (last) {
+      if (recompute) {
+        // The stage's forward again, from the input it kept, now recording the graph.
+        torch::Tensor in = first ? inputs[i] : inputs[i].detach().requires_grad_(true);
+        torch::Tensor y = stage.forward(in);
+        if (last) {
+          micro_loss(y, op.micro).backward();
+        } else {
+          torch::autograd::backward({y}, {message});
+        }
+        inputs[i] = in;  // its gradient is what goes back
+      } else if (last) {
         outputs[i].backward();
       } else if (deallocate_outputs) {
         backward_from_graph(outputs[i], message);  // its values were freed after the send
@@ -341,7 +361,9 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
     }
     // The send holds the values it sends (outgoing shares their storage) until it is done; the
     // output keeps only its graph.
-    if (deallocate_outputs && op.kind == Op::kForward) deallocate_output(outputs[i]);
+    if (deallocate_outputs && !recompute && op.kind == Op::kForward) {
+      deallocate_output(outputs[i]);  // (recomputing, nothing of the output is kept anyway)
+    }
   }
   for (auto& work : sends) work->wait();
   stats.loss = static_cast<float>(loss_sum);

@@ -81,6 +81,10 @@ class TrainCli {
   /// fp16 needs lesson 02's loss scaler).
   void add_precision_flag(const std::vector<Precision>& allowed = {
                               Precision::kFp32, Precision::kBf16, Precision::kFp16});
+  /// Adds --recompute alone, with the modes @p allowed (the pipeline recomputes whole stages:
+  /// none or full).
+  void add_recompute_flag(const std::vector<Recompute>& allowed = {
+                              Recompute::kNone, Recompute::kSelective, Recompute::kFull});
   const TrainOptions& options() const { return options_; }
 
   /// Parses @p argv and runs @p body (dtc::run_cli: usage errors exit 2 with a hint).
