@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 
+#include "bf16_policy.h"
 #include "dtc/compare.h"
 #include "dtc/compat.h"
 #include "dtc/data.h"
@@ -119,9 +120,6 @@ TEST(L08Training, PaddedVocabularyMatchesBaseline) {
 // with the same shards cut from the baselines' full weights (TpGpt's constructor), so no gather
 // is needed; c_attn's bias is left out (its key third has a zero gradient in exact arithmetic,
 // rounding noise in any precision).
-constexpr double kOtherRounding = 1.5;
-constexpr double kAwayFromFp32 = 0.25;
-
 TEST(L08Bf16, TpMatchesTheBf16BaselineWithinThePolicy) {
   if (!kGlooBf16) {
     GTEST_SKIP() << "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid scalar type\"): "
@@ -136,36 +134,23 @@ TEST(L08Bf16, TpMatchesTheBf16BaselineWithinThePolicy) {
   init_weights(init, c.seed);
   std::vector<torch::Tensor> w0;
   for (const auto& p : init->parameters()) w0.push_back(p.detach().clone());
-  std::vector<std::string> names;
   std::map<std::string, int64_t> full_numel;
-  for (const auto& item : init->named_parameters()) {
-    names.push_back(item.key());
-    full_numel[item.key()] = item.value().numel();
-  }
+  for (const auto& item : init->named_parameters()) full_numel[item.key()] = item.value().numel();
   auto counted = [](const std::string& name) {
     return name.find("attn.c_attn.bias") == std::string::npos;
   };
-  double same = 0, away = 0;  // the floor from the full weights, in one process
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (!counted(names[i])) continue;
-    same += (bf16.params[i] - fp32.params[i]).pow(2).sum().item<double>();
-    away += (fp32.params[i] - w0[i]).pow(2).sum().item<double>();
+  test::RhoSums between;  // the floor, from the full weights in one process
+  size_t k = 0;
+  for (const auto& item : init->named_parameters()) {
+    if (counted(item.key())) between.add(bf16.params[k], fp32.params[k], fp32.params[k], w0[k]);
+    ++k;
   }
-  const double floor = std::sqrt(same / away);
-  EXPECT_GT(floor, 0.0);
-  // A Gpt holding @p weights (named_parameters() order), to cut shards from.
-  auto gpt_of = [&](const std::vector<torch::Tensor>& weights) {
-    Gpt g(c.model);
-    torch::NoGradGuard no_grad;
-    const auto ps = g->parameters();
-    for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(weights[i]);
-    return g;
-  };
+  const double floor = between.rho_bf16();
   for (const auto& [dp, tp] : std::vector<std::pair<int, int>>{{1, 2}, {2, 2}}) {
     SCOPED_TRACE(testing::Message() << "dp " << dp << " x tp " << tp);
     const Grid grid = make_grid(dp * tp, dp, tp);
     std::mutex mu;
-    std::array<double, 4> sums{};  // |w - bf16|^2, |bf16 - w0|^2, |w - fp32|^2, |fp32 - w0|^2
+    test::RhoSums sums;
     std::vector<float> losses;
     run_ranks(
         grid.world,
@@ -173,38 +158,30 @@ TEST(L08Bf16, TpMatchesTheBf16BaselineWithinThePolicy) {
           const Groups g = make_groups(ctx.store, grid, ctx.rank, BackendKind::kGloo, kTimeout);
           std::vector<torch::Tensor> w;
           auto l = train_tp(c, *g.tp, *g.dp, steps, torch::kCPU, {}, nullptr, false, &w);
-          TpGpt cut_bf16(gpt_of(bf16.params), *g.tp), cut_fp32(gpt_of(fp32.params), *g.tp),
-              cut_w0(gpt_of(w0), *g.tp);
+          // The same shards of the baselines' weights, cut by TpGpt's constructor.
+          TpGpt cut_bf16(test::gpt_with(c.model, bf16.params), *g.tp),
+              cut_fp32(test::gpt_with(c.model, fp32.params), *g.tp),
+              cut_w0(test::gpt_with(c.model, w0), *g.tp);
           const auto named = cut_bf16->named_parameters();
           const auto rb = cut_bf16->parameters(), rf = cut_fp32->parameters(),
                      r0 = cut_w0->parameters();
-          std::array<double, 4> mine{};
+          test::RhoSums mine;  // a split parameter from every TP rank, a replicated one once
           for (size_t i = 0; i < named.size(); ++i) {
             const std::string name =
                 named[i].key() == "lm_head" ? "lm_head.weight" : named[i].key();
             const bool split = rb[i].numel() != full_numel.at(name);
-            if (!counted(name) || g.dp->getRank() != 0 || (!split && g.tp->getRank() != 0)) {
-              continue;
+            if (counted(name) && g.dp->getRank() == 0 && (split || g.tp->getRank() == 0)) {
+              mine.add(w[i], rb[i], rf[i], r0[i]);
             }
-            mine[0] += (w[i] - rb[i]).pow(2).sum().item<double>();
-            mine[1] += (rb[i] - r0[i]).pow(2).sum().item<double>();
-            mine[2] += (w[i] - rf[i]).pow(2).sum().item<double>();
-            mine[3] += (rf[i] - r0[i]).pow(2).sum().item<double>();
           }
           std::lock_guard<std::mutex> lock(mu);
-          for (size_t k = 0; k < 4; ++k) sums[k] += mine[k];
+          sums.add(mine);
           if (ctx.rank == 0) losses = l;
         },
         kTimeout);
-    const double rho_same = std::sqrt(sums[0] / sums[1]);
-    const double rho_away = std::sqrt(sums[2] / sums[3]);
-    std::cout << "    rho to bf16 baseline " << rho_same << ", to fp32 " << rho_away << ", floor "
-              << floor << "\n";
-    EXPECT_LE(rho_same, kOtherRounding * floor)
-        << "the TP run's master weights are not the bf16 baseline's";
-    EXPECT_GE(rho_away, kAwayFromFp32 * floor) << "this run trained in fp32, not bf16";
-    EXPECT_TENSOR_CLOSE(torch::tensor(losses), torch::tensor(bf16.losses), kHalfStepsVsPyTorch);
+    test::expect_bf16_policy(sums, floor, test::kOtherRounding, losses, bf16.losses, "the TP run");
   }
 }
+
 }  // namespace
 }  // namespace dtc::l08

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "adamw_params.h"
+#include "bf16_policy.h"
 #include "dtc/compare.h"
 #include "dtc/data.h"
 #include "dtc/memory.h"
@@ -431,7 +432,6 @@ TEST(L09P2p, SendAndRecvMoveActivationsBothWays) {
 // the fp32 messages between stages are exact). Bound 1.5, lesson 08's and lesson 02's for
 // another bf16 scheme.
 TEST(L09Bf16, PipelineMatchesTheBf16BaselineWithinThePolicy) {
-  constexpr double kOtherRounding = 1.5, kAwayFromFp32 = 0.25;
   PipelineOptions o = small_run(ScheduleKind::k1f1b, 4);
   o.steps = 6;
   const test::BaselineRun fp32 = test::plain_baseline(o, o.steps);
@@ -441,53 +441,35 @@ TEST(L09Bf16, PipelineMatchesTheBf16BaselineWithinThePolicy) {
   init_weights(init, o.seed);
   std::vector<torch::Tensor> w0;
   for (const auto& p : init->parameters()) w0.push_back(p.detach().clone());
-  auto gpt_of = [&](const std::vector<torch::Tensor>& weights) {
-    Gpt g(o.model);
-    torch::NoGradGuard no_grad;
-    const auto ps = g->parameters();
-    for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(weights[i]);
-    return g;
-  };
-  double same = 0, away = 0;
+  test::RhoSums between;  // the floor, from the full weights in one process
   for (size_t i = 0; i < w0.size(); ++i) {
-    same += (bf16.params[i] - fp32.params[i]).pow(2).sum().item<double>();
-    away += (fp32.params[i] - w0[i]).pow(2).sum().item<double>();
+    between.add(bf16.params[i], fp32.params[i], fp32.params[i], w0[i]);
   }
-  const double floor = std::sqrt(same / away);
-  EXPECT_GT(floor, 0.0);
+  const double floor = between.rho_bf16();
   for (int stages : {2, 4}) {
     SCOPED_TRACE(testing::Message() << stages << " stages");
     std::mutex mu;
-    std::array<double, 4> sums{};  // |w - bf16|^2, |bf16 - w0|^2, |w - fp32|^2, |fp32 - w0|^2
+    test::RhoSums sums;
     std::vector<float> losses;
     run_ranks(
         stages,
         [&](RankContext& ctx) {
           std::vector<torch::Tensor> w;
           auto l = train_pipeline(o, *ctx.comm, nullptr, nullptr, &w);
-          const auto rb = make_stage(gpt_of(bf16.params), stages, ctx.rank).parameters();
-          const auto rf = make_stage(gpt_of(fp32.params), stages, ctx.rank).parameters();
-          const auto r0 = make_stage(gpt_of(w0), stages, ctx.rank).parameters();
-          std::array<double, 4> mine{};
-          for (size_t i = 0; i < w.size(); ++i) {
-            mine[0] += (w[i] - rb[i]).pow(2).sum().item<double>();
-            mine[1] += (rb[i] - r0[i]).pow(2).sum().item<double>();
-            mine[2] += (w[i] - rf[i]).pow(2).sum().item<double>();
-            mine[3] += (rf[i] - r0[i]).pow(2).sum().item<double>();
-          }
+          // The same stage of the baselines' weights, cut by make_stage.
+          auto cut = [&](const std::vector<torch::Tensor>& weights) {
+            return make_stage(test::gpt_with(o.model, weights), stages, ctx.rank).parameters();
+          };
+          const auto rb = cut(bf16.params), rf = cut(fp32.params), r0 = cut(w0);
+          test::RhoSums mine;
+          for (size_t i = 0; i < w.size(); ++i) mine.add(w[i], rb[i], rf[i], r0[i]);
           std::lock_guard<std::mutex> lock(mu);
-          for (size_t k = 0; k < 4; ++k) sums[k] += mine[k];
+          sums.add(mine);
           if (ctx.rank == 0) losses = l;
         },
         kTimeout);
-    const double rho_same = std::sqrt(sums[0] / sums[1]);
-    const double rho_away = std::sqrt(sums[2] / sums[3]);
-    std::cout << "    rho to bf16 baseline " << rho_same << ", to fp32 " << rho_away << ", floor "
-              << floor << "\n";
-    EXPECT_LE(rho_same, kOtherRounding * floor)
-        << "the pipeline's master weights are not the bf16 baseline's";
-    EXPECT_GE(rho_away, kAwayFromFp32 * floor) << "this run trained in fp32, not bf16";
-    EXPECT_TENSOR_CLOSE(torch::tensor(losses), torch::tensor(bf16.losses), kHalfStepsVsPyTorch);
+    test::expect_bf16_policy(sums, floor, test::kOtherRounding, losses, bf16.losses,
+                             "the pipeline");
   }
 }
 
