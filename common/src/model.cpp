@@ -90,7 +90,7 @@ void MasterAdamW::zero_grad() {
   for (auto& p : params_) p.mutable_grad().reset();
 }
 
-void MasterAdamW::step() {
+void MasterAdamW::step(double clip_norm) {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < master_.size(); ++i) {
     const torch::Tensor& g = params_[i].grad();
@@ -100,6 +100,7 @@ void MasterAdamW::step() {
       master_[i].mutable_grad().reset();
     }
   }
+  if (clip_norm > 0) torch::nn::utils::clip_grad_norm_(master(), clip_norm);
   optimizer_->step();
   for (size_t i = 0; i < master_.size(); ++i) {
     params_[i].copy_(master_[i]);       // rounded to the working dtype

@@ -62,7 +62,6 @@ Baseline train_baseline(const GptConfig& config, uint64_t seed, int64_t batch, i
                            .eps(o.eps)
                            .weight_decay(o.weight_decay);
   if (precision != Precision::kFp32) {
-    if (clip_norm > 0) throw std::invalid_argument("train_baseline: no clipping in bf16");
     // bf16: AdamW on fp32 master weights, the model their rounding (dtc::MasterAdamW).
     MasterAdamW optimizer(*b.model, precision, options);
     for (int64_t step = 0; step < steps; ++step) {
@@ -72,7 +71,7 @@ Baseline train_baseline(const GptConfig& config, uint64_t seed, int64_t batch, i
       auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
                                                        x.targets.view({-1}));
       loss.backward();
-      optimizer.step();
+      optimizer.step(clip_norm);
       b.losses.push_back(loss.item<float>());
     }
     // The model returned holds the master weights, as the engine's full_parameters() does.
@@ -224,7 +223,7 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
   zo.clip_norm = o.clip_norm;
   zo.adamw.lr = t.lr;
   zo.precision = run.precision;
-  zo.reduce = run.reduce;
+  if (stage >= 2) zo.reduce = run.reduce;  // below stage 2 the working dtype, as DDP
 
   // Build: settled readings on both sides (the previous stage's collectives may still be
   // releasing their buffers, and building the engine runs collectives of its own).

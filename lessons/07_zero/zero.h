@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -190,11 +191,12 @@ struct ZeroOptions {
   /// which is rounded into the bf16 parameters after each step. kFp16 is refused (it needs
   /// lesson 02's loss scaler).
   Precision precision = Precision::kFp32;
-  /// Stages 2-3, the dtype of the gradient reduce-scatters (FSDP's MixedPrecisionPolicy
-  /// reduce_dtype): each unit's working-dtype gradient is cast to it before the reduce-scatter,
-  /// and the shard's gradient is kept in it. Stages 0-1 reduce in the working dtype, as DDP
-  /// does over a bf16 model's buckets. kFp32 with precision kFp32.
-  Precision reduce = Precision::kFp32;
+  /// Stages 2-3, the dtype of the gradient reduce-scatters (the wire dtype of FSDP's
+  /// MixedPrecisionPolicy reduce_dtype): each unit's working-dtype gradient is cast to it before
+  /// the reduce-scatter, and the shard's gradient is kept in it. Unset: the working dtype (FSDP's
+  /// reduce_dtype=None). Stages 0-1 reduce in the working dtype, as DDP does over a bf16
+  /// model's buckets (another reduce dtype there is a UsageError("--reduce-dtype")).
+  std::optional<Precision> reduce;
 };
 
 /// One rank of a data-parallel run of the course's GPT at a ZeRO stage.
@@ -257,6 +259,7 @@ class ZeroEngine {
     torch::Tensor params, exp_avg, exp_avg_sq;
     int64_t step = 0;
   };
+  /// fp32 engines only (a bf16 engine's state is its master weights): @throws std::logic_error.
   ShardState shard_state();
 
   /// Replaces the training state with what this rank keeps, after @p step steps. @p params is
@@ -264,7 +267,8 @@ class ZeroEngine {
   /// replicates the parameters (0-2), else this rank's shard (layout().shard elements, as
   /// shard_state() lays it out); @p exp_avg and @p exp_avg_sq are full and unpadded at stage 0,
   /// else the shard. Not collective (checkpoint loading). Given.
-  /// @throws std::invalid_argument when a tensor has another number of elements.
+  /// @throws std::invalid_argument when a tensor has another number of elements;
+  ///   std::logic_error for a bf16 engine.
   void load_owned_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
                         const torch::Tensor& exp_avg_sq, int64_t step);
 
@@ -291,6 +295,9 @@ class ZeroEngine {
   // undefined shard: fp32's master()).
   torch::Tensor chunk_of_full(const torch::Tensor& full, const Unit& unit) const;
   torch::Tensor chunk_of_shard(const torch::Tensor& shard, const Unit& unit) const;
+  // A zeroed gradient buffer for @p unit (padded), in the parameters' dtype, which autograd
+  // requires of a gradient. Given.
+  torch::Tensor grad_buffer(const Unit& unit) const;
   // Starts the reduce-scatter of a unit's padded gradient buffer in the reduce dtype (a cast
   // copy when the buffer's dtype differs: bf16 gradients, fp32 reduce_dtype). Given.
   Pending reduce_start(const torch::Tensor& grads);

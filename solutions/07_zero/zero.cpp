@@ -257,11 +257,12 @@ ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptio
     }
     replicate_ = std::make_unique<CountingComm>(std::move(replicate));
   }
-  if (options_.precision == Precision::kFp16 || options_.reduce == Precision::kFp16) {
+  const Precision reduce = options_.reduce.value_or(options_.precision);
+  if (options_.precision == Precision::kFp16 || reduce == Precision::kFp16) {
     throw UsageError("--precision", "this lesson trains in fp32 or bf16",
                      "fp16 needs lesson 02's loss scaler: pass --precision bf16");
   }
-  if (options_.precision == Precision::kFp32 && options_.reduce != Precision::kFp32) {
+  if (options_.precision == Precision::kFp32 && reduce != Precision::kFp32) {
     throw UsageError("--reduce-dtype", "an fp32 model reduces its gradients in fp32",
                      "pass --precision bf16 to reduce in bf16");
   }
@@ -274,7 +275,11 @@ ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptio
   const auto device = model_->parameters().front().device();
   float_options_ = torch::TensorOptions().dtype(torch::kFloat).device(device);
   param_options_ = float_options_.dtype(working_dtype(options_.precision));
-  reduce_options_ = float_options_.dtype(working_dtype(options_.reduce));
+  if (options_.stage < 2 && reduce != options_.precision) {
+    throw UsageError("--reduce-dtype", "stages 0 and 1 reduce in the model's dtype, as DDP does",
+                     "leave the reduce dtype unset below stage 2");
+  }
+  reduce_options_ = float_options_.dtype(working_dtype(reduce));
   layout_ = make_layout(model_, comm_.world());
   // The full flat buffer: every unit's parameters one after the other, zeros in the padding.
   auto full = torch::zeros({layout_.padded}, float_options_);
@@ -401,6 +406,10 @@ float ZeroEngine::forward_backward_replicated(const Batch& batch) {
   return value;
 }
 
+torch::Tensor ZeroEngine::grad_buffer(const Unit& unit) const {
+  return torch::zeros({unit.padded}, param_options_);
+}
+
 Pending ZeroEngine::reduce_start(const torch::Tensor& grads) {
   return comm_.reduce_scatter_start(grads.to(reduce_options_.dtype()));  // no copy if the same
 }
@@ -457,7 +466,7 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
     Pending p = gather(0);
     bind_unit(outer, CountingComm::all_gather_finish(p));
   }
-  auto outer_grads = torch::zeros({outer.padded}, param_options_);
+  auto outer_grads = grad_buffer(outer);
   bind_grads(outer, outer_grads, 0);
   auto x0 = embed(model_, batch.inputs);  // (B, T, h), with the graph back to wte and wpe
 
@@ -529,7 +538,7 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   if (regather && blocks > 0) next = gather(blocks);
   for (size_t i = blocks; i-- > 0;) {
     Unit& unit = layout_.units[1 + i];
-    auto grads = torch::zeros({unit.padded}, param_options_);
+    auto grads = grad_buffer(unit);
     bind_grads(unit, grads, 0);
     torch::Tensor input;
     if (!stage3) {
@@ -666,6 +675,11 @@ torch::Tensor ZeroEngine::full_parameters() {
 }
 
 ZeroEngine::ShardState ZeroEngine::shard_state() {
+  if (master_.defined()) {
+    throw std::logic_error(
+        "shard_state: fp32 training only (a bf16 engine's state is its master "
+        "weights, which this layout does not hold)");
+  }
   ShardState s;
   s.step = step_;
   s.params = options_.stage <= 2 ? shard_of_full(flat_params_) : param_shard_.clone();
@@ -684,6 +698,11 @@ ZeroEngine::ShardState ZeroEngine::shard_state() {
 
 void ZeroEngine::load_owned_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
                                   const torch::Tensor& exp_avg_sq, int64_t step) {
+  if (master_.defined()) {
+    throw std::logic_error(
+        "load_owned_state: fp32 training only (a bf16 engine's state is its "
+        "master weights)");
+  }
   torch::NoGradGuard no_grad;
   const int64_t whole_params = options_.stage <= 2 ? layout_.numel : layout_.shard;
   const int64_t whole_moments = options_.stage == 0 ? layout_.numel : layout_.shard;

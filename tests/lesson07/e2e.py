@@ -89,7 +89,7 @@ def memory_and_bytes(args, precision):
         if precision != "fp32":
             # The paper's 2 + 2 + 12 bytes per parameter (K = 12: master 4, moments 8), summed.
             total = sum(p[k] for k in keys)
-            psi, ws = s["psi"], (w if s["stage"] >= 1 else 1)
+            psi = s["psi"]
             paper = {0: 16 * psi, 1: 4 * psi + 12 * psi / w, 2: 2 * psi + 14 * psi / w,
                      3: 16 * psi / w}[s["stage"]]
             check(abs(total - paper) <= 1e-6 * paper,

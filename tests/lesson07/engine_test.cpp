@@ -753,13 +753,17 @@ double rho(const torch::Tensor& got, const torch::Tensor& ref, const torch::Tens
   return ((got - ref) * mask).norm().item<double>() / ((ref - init) * mask).norm().item<double>();
 }
 
-// The tolerance policy for bf16 (README section 9), as in lesson 02's: the noise floor is how far
+// The tolerance policy for bf16 (README section 5, "In bf16"), as in lesson 02's: the noise floor is how far
 // bf16 training lands from fp32 training, rho(bf16 baseline, fp32 baseline); a bf16 ZeRO run
 // must land within kSameScheme of the floor from the single-process bf16 baseline (the same
 // scheme: only the reductions' rounding differs), and at least kAwayFromFp32 of it from the fp32
 // baseline (so that an fp32 run cannot pass). Weights are the fp32 master weights.
 constexpr double kSameScheme = 0.5;
 constexpr double kAwayFromFp32 = 0.25;
+// On 3 ranks the mean divides a bf16 sum by 3, which rounds (by 2 it is exact), and gloo's ring
+// adds in its own order: another bf16 rounding of the same training, held to lesson 02's bound
+// for such a scheme (1.5 x the floor, as lessons 08 and 09); measured 0.77.
+constexpr double kOtherRounding = 1.5;
 
 struct Bf16References {
   torch::Tensor init, fp32, bf16;  // flat in unit order
@@ -768,13 +772,13 @@ struct Bf16References {
 };
 
 Bf16References bf16_references(const GptConfig& config, const FlatLayout& layout, int64_t batch,
-                               int64_t steps) {
+                               int64_t steps, double clip = 0) {
   Bf16References r;
   Gpt init(config);
   init_weights(init, 1);
   r.init = flat_in_unit_order(init, layout);
-  Baseline fp32 = train_baseline(config, 1, batch, steps, AdamWOptions{});
-  Baseline bf16 = train_baseline(config, 1, batch, steps, AdamWOptions{}, 0, Precision::kBf16);
+  Baseline fp32 = train_baseline(config, 1, batch, steps, AdamWOptions{}, clip);
+  Baseline bf16 = train_baseline(config, 1, batch, steps, AdamWOptions{}, clip, Precision::kBf16);
   r.fp32 = flat_in_unit_order(fp32.model, layout);
   r.bf16 = flat_in_unit_order(bf16.model, layout);
   r.bf16_losses = bf16.losses;
@@ -782,13 +786,14 @@ Bf16References bf16_references(const GptConfig& config, const FlatLayout& layout
   return r;
 }
 
-void expect_within_policy(const RunResult& got, const Bf16References& ref) {
+void expect_within_policy(const RunResult& got, const Bf16References& ref,
+                          double bound = kSameScheme) {
   const double same = rho(got.params, ref.bf16, ref.init, got.layout);
   const double away = rho(got.params, ref.fp32, ref.init, got.layout);
   std::cout << fmt::format("    rho to bf16 baseline {:.4f}, to fp32 {:.4f}, floor {:.4f}\n", same,
                            away, ref.floor);
   EXPECT_GT(ref.floor, 0.0);
-  EXPECT_LE(same, kSameScheme * ref.floor)
+  EXPECT_LE(same, bound * ref.floor)
       << "the master weights are not the bf16 baseline's: AdamW on the fp32 master weights "
          "from the averaged gradient, the parameters their rounding";
   EXPECT_GE(away, kAwayFromFp32 * ref.floor) << "this run trained in fp32, not bf16";
@@ -796,31 +801,63 @@ void expect_within_policy(const RunResult& got, const Bf16References& ref) {
                       kHalfStepsVsPyTorch);
 }
 
-// Every stage in bf16 on 2 ranks, and stages 2-3 reducing in fp32 (FSDP's reduce_dtype), land
-// where the single-process bf16 baseline does, by the policy above; stage 3 with prefetch too.
-TEST(L07Bf16, EveryStageMatchesTheBf16Baseline) {
+// Stage 0 in bf16 on 2 ranks lands where the single-process bf16 baseline does, by the policy
+// above, with and without clipping (0.05: every step clips), and stage 3 on 3 ranks (where the
+// division by 3 and gloo's sums round differently from stage 0's); the other stages must equal
+// stage 0 bit for bit at W = 2 (L07Bf16.ShardedStagesEqualStageZeroBitForBit).
+TEST(L07Bf16, StageZeroAndThreeRanksMatchTheBf16Baseline) {
   SKIP_WITHOUT_GLOO_BF16();
   const GptConfig config = tiny(true);
-  const int64_t batch = 4, steps = 6;
-  const auto bf16 = Precision::kBf16, fp32 = Precision::kFp32;
-  const FlatLayout layout = [&] {
+  const int64_t steps = 6;
+  const auto bf16 = Precision::kBf16;
+  auto layout_for = [&](int world) {
     Gpt m(config);
-    return make_layout(m, 2);
-  }();
-  const Bf16References ref = bf16_references(config, layout, batch, steps);
+    return make_layout(m, world);
+  };
+  for (double clip : {0.0, 0.05}) {
+    SCOPED_TRACE(testing::Message() << "stage 0, clip " << clip);
+    const Bf16References ref = bf16_references(config, layout_for(2), 4, steps, clip);
+    expect_within_policy(train(config, 0, 2, 4, steps, false, false, true, clip, bf16, bf16), ref);
+  }
+  {
+    SCOPED_TRACE("stage 2 clipping, 2 ranks");
+    const Bf16References ref = bf16_references(config, layout_for(2), 4, steps, 0.05);
+    expect_within_policy(train(config, 2, 2, 4, steps, false, false, true, 0.05, bf16, bf16), ref);
+  }
+  SCOPED_TRACE("stage 3, 3 ranks");
+  const Bf16References ref = bf16_references(config, layout_for(3), 6, steps);
+  expect_within_policy(train(config, 3, 3, 6, steps, true, false, true, 0, bf16, bf16), ref,
+                       kOtherRounding);
+}
+
+// At W = 2 the two ranks' bf16 gradients add up the same way in every stage (one addition, then
+// an exact halving), and AdamW is elementwise: every sharded stage, with prefetch, recomputation
+// or without resharding, gives stage 0's master weights bit for bit; reducing in fp32, stages 2
+// and 3 give each other's.
+TEST(L07Bf16, ShardedStagesEqualStageZeroBitForBit) {
+  SKIP_WITHOUT_GLOO_BF16();
+  const GptConfig config = tiny(true);
+  const int64_t batch = 4, steps = 4;
+  const auto bf16 = Precision::kBf16, fp32 = Precision::kFp32;
+  const auto zero = train(config, 0, 2, batch, steps, false, false, true, 0, bf16, bf16);
   struct Case {
     int stage;
-    Precision reduce;
-    bool prefetch;
+    bool prefetch, recompute, reshard;
+    const char* what;
   };
-  for (const Case& c : {Case{0, bf16, false}, Case{1, bf16, false}, Case{2, bf16, false},
-                        Case{3, bf16, true}, Case{2, fp32, false}, Case{3, fp32, false}}) {
-    SCOPED_TRACE(testing::Message()
-                 << "stage " << c.stage << ", reduce " << precision_name(c.reduce)
-                 << (c.prefetch ? ", prefetch" : ""));
-    expect_within_policy(
-        train(config, c.stage, 2, batch, steps, c.prefetch, false, true, 0, bf16, c.reduce), ref);
+  for (const Case& c :
+       {Case{1, false, false, true, "stage 1"}, Case{2, false, false, true, "stage 2"},
+        Case{3, true, false, true, "stage 3 prefetch"},
+        Case{3, false, true, true, "stage 3 recompute"},
+        Case{3, false, false, false, "stage 3 no reshard"}}) {
+    const auto got =
+        train(config, c.stage, 2, batch, steps, c.prefetch, c.recompute, c.reshard, 0, bf16, bf16);
+    EXPECT_TRUE(torch::equal(got.params, zero.params)) << c.what << ": not stage 0's weights";
   }
+  const auto two = train(config, 2, 2, batch, steps, false, false, true, 0, bf16, fp32);
+  const auto three = train(config, 3, 2, batch, steps, false, true, true, 0, bf16, fp32);
+  EXPECT_TRUE(torch::equal(two.params, three.params)) << "reducing in fp32: stage 3 != stage 2";
+  EXPECT_FALSE(torch::equal(two.params, zero.params)) << "an fp32 reduce-scatter rounds less";
 }
 
 // The model computes with bf16 parameters that are exactly the fp32 master weights rounded

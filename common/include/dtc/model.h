@@ -111,8 +111,9 @@ class MasterAdamW {
               const torch::optim::AdamWOptions& options);
   /// Every parameter's gradient to none.
   void zero_grad();
-  /// One AdamW step from the gradients backward left (parameters without one are skipped).
-  void step();
+  /// One AdamW step from the gradients backward left (parameters without one are skipped);
+  /// with @p clip_norm > 0, torch::nn::utils::clip_grad_norm_ on the fp32 gradients first.
+  void step(double clip_norm = 0);
   /// The fp32 weights AdamW updates, in module.parameters() order (fp32: the parameters).
   const std::vector<torch::Tensor>& master() const { return master_.empty() ? params_ : master_; }
   Precision precision() const { return precision_; }
