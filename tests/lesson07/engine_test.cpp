@@ -220,64 +220,82 @@ TEST(L07ReshardAfterForward, FalseSendsTwoPsiAndKeepsTheBlocks) {
 // replicas: the parameters are the single-process baseline's, at stage 2 and stage 3. Seen from
 // outside, by RecordingComms on both groups: the shard group carries what ZeRO on 2 ranks does,
 // and across the replicas one allreduce of the shard per step: 2 (R-1)/R x shard x 4 bytes.
+// HSDP on 4 thread-ranks: shard groups {0, 1} and {2, 3}, replicate groups {0, 2} and {1, 3}.
+struct HsdpRun {
+  RunResult got;
+  double first_norm = 0;
+  int64_t shard_bytes = 0, replicate_bytes = 0, replicate_counted = 0;  // rank 0, last step
+};
+
+HsdpRun hsdp_run(const GptConfig& config, int stage, int64_t batch, int64_t steps,
+                 Precision precision = Precision::kFp32) {
+  const ByteDataset data = ByteDataset::builtin();
+  HsdpRun run;
+  RunResult& got = run.got;
+  got.losses.assign(static_cast<size_t>(steps), 0.0f);
+  std::mutex mu;
+  run_ranks(
+      4,
+      [&](RankContext& ctx) {
+        const std::vector<int> shard =
+            ctx.rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+        const std::vector<int> replicate =
+            ctx.rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+        auto rec_shard = c10::make_intrusive<RecordingComm>(
+            new_subgroup(ctx.store, fmt::format("shard{}", ctx.rank / 2), shard, ctx.rank,
+                         BackendKind::kGloo, kTimeout));
+        auto rec_replicate = c10::make_intrusive<RecordingComm>(
+            new_subgroup(ctx.store, fmt::format("replicate{}", ctx.rank % 2), replicate, ctx.rank,
+                         BackendKind::kGloo, kTimeout));
+        Gpt model(config);
+        init_weights(model, 1);
+        ZeroOptions o;
+        o.stage = stage;
+        o.precision = precision;
+        // A clip that never clips: the first step's global gradient norm, from the shards,
+        // tells whether the replicas' allreduce averaged (AdamW alone would hide a sum).
+        o.clip_norm = 1e9;
+        ZeroEngine engine(model, rec_shard, o, rec_replicate);
+        const int64_t rows = batch / 4;
+        for (int64_t step = 0; step < steps; ++step) {
+          rec_shard->clear();
+          rec_replicate->clear();
+          const int64_t before = engine.replicate_comm()->bytes_sent();
+          const float loss =
+              engine.forward_backward(data.batch(1, step, rows, config.ctx, ctx.rank * rows));
+          engine.optimizer_step();
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            got.losses[static_cast<size_t>(step)] += loss / 4.0f;
+          }
+          if (ctx.rank == 0 && step == 0) run.first_norm = engine.last_grad_norm();
+          if (ctx.rank == 0 && step == steps - 1) {
+            run.shard_bytes = ring_bytes(rec_shard->events(), 2);
+            run.replicate_bytes = ring_bytes(rec_replicate->events(), 2);
+            run.replicate_counted = engine.replicate_comm()->bytes_sent() - before;
+          }
+        }
+        auto params = engine.full_parameters();
+        if (ctx.rank == 0) {
+          got.params = params;
+          got.layout = engine.layout();
+        }
+      },
+      kTimeout);
+  return run;
+}
+
 TEST(L07Hsdp, ShardGroupsOfTwoReplicatedTwiceMatchTheBaseline) {
   const GptConfig config = tiny(true);
   const int64_t batch = 8, steps = 4;
   const ByteDataset data = ByteDataset::builtin();
   for (int stage : {2, 3}) {
     SCOPED_TRACE(testing::Message() << "stage " << stage);
-    RunResult got;
-    got.losses.assign(static_cast<size_t>(steps), 0.0f);
-    std::mutex mu;
-    int64_t shard_bytes = 0, replicate_bytes = 0, replicate_counted = 0;
-    double first_norm = 0;
-    run_ranks(
-        4,
-        [&](RankContext& ctx) {
-          const std::vector<int> shard =
-              ctx.rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
-          const std::vector<int> replicate =
-              ctx.rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
-          auto rec_shard = c10::make_intrusive<RecordingComm>(
-              new_subgroup(ctx.store, fmt::format("shard{}", ctx.rank / 2), shard, ctx.rank,
-                           BackendKind::kGloo, kTimeout));
-          auto rec_replicate = c10::make_intrusive<RecordingComm>(
-              new_subgroup(ctx.store, fmt::format("replicate{}", ctx.rank % 2), replicate, ctx.rank,
-                           BackendKind::kGloo, kTimeout));
-          Gpt model(config);
-          init_weights(model, 1);
-          ZeroOptions o;
-          o.stage = stage;
-          // A clip that never clips: the first step's global gradient norm, from the shards,
-          // tells whether the replicas' allreduce averaged (AdamW alone would hide a sum).
-          o.clip_norm = 1e9;
-          ZeroEngine engine(model, rec_shard, o, rec_replicate);
-          const int64_t rows = batch / 4;
-          for (int64_t step = 0; step < steps; ++step) {
-            rec_shard->clear();
-            rec_replicate->clear();
-            const int64_t before = engine.replicate_comm()->bytes_sent();
-            const float loss =
-                engine.forward_backward(data.batch(1, step, rows, config.ctx, ctx.rank * rows));
-            engine.optimizer_step();
-            {
-              std::lock_guard<std::mutex> lock(mu);
-              got.losses[static_cast<size_t>(step)] += loss / 4.0f;
-            }
-            if (ctx.rank == 0 && step == 0) first_norm = engine.last_grad_norm();
-            if (ctx.rank == 0 && step == steps - 1) {
-              shard_bytes = ring_bytes(rec_shard->events(), 2);
-              replicate_bytes = ring_bytes(rec_replicate->events(), 2);
-              replicate_counted = engine.replicate_comm()->bytes_sent() - before;
-            }
-          }
-          auto params = engine.full_parameters();
-          if (ctx.rank == 0) {
-            got.params = params;
-            got.layout = engine.layout();
-          }
-        },
-        kTimeout);
+    const HsdpRun run = hsdp_run(config, stage, batch, steps);
+    const RunResult& got = run.got;
+    const double first_norm = run.first_norm;
+    const int64_t shard_bytes = run.shard_bytes, replicate_bytes = run.replicate_bytes,
+                  replicate_counted = run.replicate_counted;
     expect_matches_baseline(got, config, batch, steps);
     Gpt model(config);
     init_weights(model, 1);
@@ -858,6 +876,29 @@ TEST(L07Bf16, ShardedStagesEqualStageZeroBitForBit) {
   const auto three = train(config, 3, 2, batch, steps, false, true, true, 0, bf16, fp32);
   EXPECT_TRUE(torch::equal(two.params, three.params)) << "reducing in fp32: stage 3 != stage 2";
   EXPECT_FALSE(torch::equal(two.params, zero.params)) << "an fp32 reduce-scatter rounds less";
+}
+
+// HSDP in bf16, stages 2 and 3 on 4 ranks (shard groups of 2, replicated twice): the replicas'
+// allreduce moves the bf16 shard gradient, half of fp32's bytes, and the run lands within
+// kOtherRounding of the floor from the bf16 baseline (four bf16 gradients summed in pairs, then
+// the pairs: another rounding of the same training).
+TEST(L07Bf16, HsdpReplicatesTheBf16ShardGradient) {
+  SKIP_WITHOUT_GLOO_BF16();
+  const GptConfig config = tiny(true);
+  const int64_t batch = 8, steps = 4;
+  const FlatLayout layout = [&] {
+    Gpt m(config);
+    return make_layout(m, 2);
+  }();
+  const Bf16References ref = bf16_references(config, layout, batch, steps);
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << "stage " << stage);
+    const HsdpRun run = hsdp_run(config, stage, batch, steps, Precision::kBf16);
+    expect_within_policy(run.got, ref, kOtherRounding);
+    EXPECT_EQ(run.replicate_bytes, 2 * (2 - 1) * run.got.layout.shard * 2 / 2)
+        << "one allreduce of the bf16 shard gradient across the 2 replicas per step";
+    EXPECT_EQ(run.replicate_counted, run.replicate_bytes);
+  }
 }
 
 // The model computes with bf16 parameters that are exactly the fp32 master weights rounded
