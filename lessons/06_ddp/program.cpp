@@ -514,11 +514,15 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   const int64_t last =
       o.pitfall == "uneven-steps" && rank == world - 1 && world > 1 ? steps - 1 : steps;
   StepLog log(err, talk, first, steps, c.batch * c.model.ctx, "[rank 0] ");
+  int64_t allreduce_bytes = 0;  // the steps' allreduces only (Join's last ones are not a step's)
   for (int64_t step = first; step < last; ++step) {
     const std::vector<Batch> batches =
         epochs ? epochs->batches(step, talk, err) : rank_batches(data, c, step, rank, world);
     log.begin_step();
     log.end_step(step, step_or_explain(trainer, batches, rank, step, o, t.timeout_s));
+    // Counted and forgotten step by step, so that a long run's record does not grow.
+    allreduce_bytes += wire->bytes("allreduce");
+    wire->clear();
   }
   if (last < steps && !o.join) return stop_early(rank, last, steps, t.timeout_s, err);
   if (last < steps) {
@@ -528,9 +532,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                rank, last, last);
     err.flush();
   }
-  // the steps' allreduces only (Join's last ones are not a step's)
   const int64_t trained = std::max<int64_t>(1, last - first);
-  const int64_t allreduce_bytes_per_step = wire->bytes("allreduce") / trained;
+  const int64_t allreduce_bytes_per_step = allreduce_bytes / trained;
   trainer.join();
   save(o, rank, trainer, steps, err);
   // Are the replicas still the same? (The no-broadcast pitfall: they never were.)
