@@ -85,6 +85,15 @@ TEST(L06Program, ReduceDtypeHalvesTheBytesOnTheWire) {
     EXPECT_EQ(j.at("allreduce_bytes_per_step").get<int64_t>(),
               (std::string(dtype) == "fp32" ? 4 : 2) * params + 4);
   }
+  // With accumulation (one reduction per step, the micro-steps before it under no_sync), a
+  // bucket rebuild after the first step and Join: the hook's 2 bytes per parameter, the loss and
+  // Join's 4-byte announcement, every step.
+  const ProgramRun all = run(tiny({"--steps", "2", "--json", "--reduce-dtype", "fp16", "--accum",
+                                   "2", "--rebuild-buckets", "--join"}));
+  ASSERT_EQ(all.code, 0) << all.err;
+  const auto j = last_json_line(all.out);
+  EXPECT_TRUE(j.at("buckets_rebuilt").get<bool>());
+  EXPECT_EQ(j.at("allreduce_bytes_per_step").get<int64_t>(), 2 * params + 4 + 4);
   const ProgramRun bad = run(tiny({"--steps", "2", "--sync", "naive", "--reduce-dtype", "bf16"}));
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--reduce-dtype"), std::string::npos) << bad.err;
