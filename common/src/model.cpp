@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "dtc/compat.h"
 #include "dtc/errors.h"
 
 namespace dtc {
@@ -63,6 +64,18 @@ torch::optim::AdamWOptions adamw_options(const RunConfig& config) {
       .betas({config.beta1, config.beta2})
       .eps(config.eps)
       .weight_decay(config.weight_decay);
+}
+
+void check_precision(Precision precision, bool bf16_collectives) {
+  if (precision == Precision::kFp16) {
+    throw UsageError("--precision", "this lesson trains in fp32 or bf16",
+                     "fp16 needs lesson 02's loss scaler: pass --precision bf16");
+  }
+  if (precision != Precision::kFp32 && bf16_collectives && !kGlooBf16) {
+    throw UsageError("--precision",
+                     "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid scalar type\")",
+                     "train bf16 on LibTorch 2.x (the primary path), or pass --precision fp32");
+  }
 }
 
 MasterAdamW::MasterAdamW(torch::nn::Module& module, Precision precision,

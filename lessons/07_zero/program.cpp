@@ -29,7 +29,9 @@ namespace dtc::l07 {
 // ---------------------------------------------------------------------------------------------
 
 namespace {
-double element_bytes(Precision precision) { return precision == Precision::kFp32 ? 4.0 : 2.0; }
+double element_bytes(Precision precision) {
+  return static_cast<double>(c10::elementSize(working_dtype(precision)));
+}
 }  // namespace
 
 StagePrediction predict_stage_memory(int64_t psi, int stage, int world, Precision precision,
@@ -57,42 +59,29 @@ Baseline train_baseline(const GptConfig& config, uint64_t seed, int64_t batch, i
   const ByteDataset data = ByteDataset::builtin();
   Baseline b{Gpt(config), {}};
   init_weights(b.model, seed);
-  const auto options = torch::optim::AdamWOptions(o.lr)
-                           .betas({o.beta1, o.beta2})
-                           .eps(o.eps)
-                           .weight_decay(o.weight_decay);
+  // fp32: torch::optim::AdamW; bf16: over fp32 master weights, the model their rounding.
+  MasterAdamW optimizer(*b.model, precision,
+                        torch::optim::AdamWOptions(o.lr)
+                            .betas({o.beta1, o.beta2})
+                            .eps(o.eps)
+                            .weight_decay(o.weight_decay));
+  for (int64_t step = 0; step < steps; ++step) {
+    const Batch x = data.batch(seed, step, batch, config.ctx);
+    optimizer.zero_grad();
+    auto logits = b.model->forward(x.inputs);
+    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
+                                                     x.targets.view({-1}));
+    loss.backward();
+    optimizer.step(clip_norm);  // clip_grad_norm_ first when clip_norm > 0
+    b.losses.push_back(loss.item<float>());
+  }
   if (precision != Precision::kFp32) {
-    // bf16: AdamW on fp32 master weights, the model their rounding (dtc::MasterAdamW).
-    MasterAdamW optimizer(*b.model, precision, options);
-    for (int64_t step = 0; step < steps; ++step) {
-      const Batch x = data.batch(seed, step, batch, config.ctx);
-      optimizer.zero_grad();
-      auto logits = b.model->forward(x.inputs);
-      auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
-                                                       x.targets.view({-1}));
-      loss.backward();
-      optimizer.step(clip_norm);
-      b.losses.push_back(loss.item<float>());
-    }
     // The model returned holds the master weights, as the engine's full_parameters() does.
     const std::vector<torch::Tensor> master = optimizer.master();
     b.model->to(torch::kFloat);
     torch::NoGradGuard no_grad;
     const auto fp32 = b.model->parameters();
     for (size_t i = 0; i < fp32.size(); ++i) fp32[i].copy_(master[i]);
-    return b;
-  }
-  torch::optim::AdamW optimizer(b.model->parameters(), options);
-  for (int64_t step = 0; step < steps; ++step) {
-    const Batch x = data.batch(seed, step, batch, config.ctx);
-    zero_grad_to_none(optimizer);
-    auto logits = b.model->forward(x.inputs);
-    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
-                                                     x.targets.view({-1}));
-    loss.backward();
-    if (clip_norm > 0) torch::nn::utils::clip_grad_norm_(b.model->parameters(), clip_norm);
-    optimizer.step();
-    b.losses.push_back(loss.item<float>());
   }
   return b;
 }
@@ -458,11 +447,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     throw UsageError("--reduce-dtype", "stages 0 and 1 reduce in the model's dtype, as DDP does",
                      "pass --stage 2, 3 or all (where it applies to stages 2 and 3)");
   }
-  if (mixed && !kGlooBf16) {
-    throw UsageError("--precision",
-                     "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid scalar type\")",
-                     "train bf16 on LibTorch 2.x (the primary path), or pass --precision fp32");
-  }
+  check_precision(t.precision, /*bf16_collectives=*/true);
   if (mixed && (!o.save_sharded.empty() || !o.load_sharded.empty())) {
     throw UsageError(o.save_sharded.empty() ? "--load-sharded" : "--save-sharded",
                      "this lesson's checkpoints hold fp32 training only",

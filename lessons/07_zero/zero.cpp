@@ -237,19 +237,12 @@ ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptio
     replicate_ = std::make_unique<CountingComm>(std::move(replicate));
   }
   const Precision reduce = options_.reduce.value_or(options_.precision);
-  if (options_.precision == Precision::kFp16 || reduce == Precision::kFp16) {
-    throw UsageError("--precision", "this lesson trains in fp32 or bf16",
-                     "fp16 needs lesson 02's loss scaler: pass --precision bf16");
-  }
+  check_precision(options_.precision, /*bf16_collectives=*/true);
   if (options_.precision == Precision::kFp32 && reduce != Precision::kFp32) {
     throw UsageError("--reduce-dtype", "an fp32 model reduces its gradients in fp32",
                      "pass --precision bf16 to reduce in bf16");
   }
-  if (options_.precision != Precision::kFp32 && !kGlooBf16) {
-    throw UsageError("--precision",
-                     "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid scalar type\")",
-                     "train bf16 on LibTorch 2.x (the primary path), or pass --precision fp32");
-  }
+  check_precision(reduce, /*bf16_collectives=*/true);
   torch::NoGradGuard no_grad;
   const auto device = model_->parameters().front().device();
   float_options_ = torch::TensorOptions().dtype(torch::kFloat).device(device);
@@ -837,4 +830,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 27076e88e57ae7ad
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 5365fd1b269348b4

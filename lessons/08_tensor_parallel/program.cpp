@@ -68,18 +68,6 @@ Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& gri
 // Training
 // ---------------------------------------------------------------------------------------------
 
-void check_precision(Precision precision) {
-  if (precision == Precision::kFp16) {
-    throw UsageError("--precision", "this lesson trains in fp32 or bf16",
-                     "fp16 needs lesson 02's loss scaler: pass --precision bf16");
-  }
-  if (precision != Precision::kFp32 && !kGlooBf16) {
-    throw UsageError("--precision",
-                     "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid scalar type\")",
-                     "train bf16 on LibTorch 2.x (the primary path), or pass --precision fp32");
-  }
-}
-
 void average_gradients(torch::nn::Module& module, Comm& dp) {
   if (dp.getSize() == 1) return;
   for (auto& p : module.parameters()) {
@@ -95,7 +83,7 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
                             nlohmann::json* digest, bool overlap_dgrad,
                             std::vector<torch::Tensor>* weights) {
   validate_tp(c.model, tp.getSize());
-  check_precision(c.precision);
+  check_precision(c.precision, /*bf16_collectives=*/true);
   if (c.batch % dp.getSize() != 0) {
     throw UsageError("--global-batch",
                      fmt::format("{} sequences do not split over dp {}", c.batch, dp.getSize()),
@@ -256,7 +244,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   const TrainConfig c = t.run_config();
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
   const Grid grid = choose_grid(job.env.world_size, o, c.model);
-  check_precision(c.precision);
+  check_precision(c.precision, /*bf16_collectives=*/true);
   if (c.batch % grid.dp != 0) {
     throw UsageError("--global-batch",
                      fmt::format("{} sequences do not split over dp {}", c.batch, grid.dp),

@@ -62,10 +62,6 @@ Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& gri
 /// defaults; its batch is the global batch, split over the dp replicas.
 using TrainConfig = RunConfig;
 
-/// Refuses what this lesson does not train: fp16 (it needs lesson 02's loss scaler), and bf16
-/// on LibTorch 1.13, whose gloo has no bf16 collectives. @throws UsageError("--precision")
-void check_precision(Precision precision);
-
 /// Averages every gradient of @p module over @p dp: allreduce SUM, then divide by dp's size
 /// (gloo in LibTorch 1.13 has no ReduceOp::AVG).
 void average_gradients(torch::nn::Module& module, Comm& dp);

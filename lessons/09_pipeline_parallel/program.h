@@ -50,10 +50,6 @@ std::vector<float> train_pipeline(const PipelineOptions& options, Comm& comm,
                                   StepLog* log = nullptr, nlohmann::json* digest = nullptr,
                                   std::vector<torch::Tensor>* weights = nullptr);
 
-/// Refuses what this lesson does not train: fp16 (it needs lesson 02's loss scaler). bf16 runs
-/// on both LibTorch paths: its messages between stages are fp32. @throws UsageError("--precision")
-void check_precision(Precision precision);
-
 /// One schedule at one micro-batch count, measured on every stage.
 struct BubbleRow {
   ScheduleKind schedule = ScheduleKind::kGpipe;

@@ -92,6 +92,11 @@ struct RunConfig {
   Recompute recompute = Recompute::kNone;  ///< --recompute
 };
 
+/// Refuses what the parallel lessons (07-09) do not train: fp16, which needs lesson 02's loss
+/// scaler, and, when @p bf16_collectives (bf16 tensors cross gloo), bf16 on LibTorch 1.13,
+/// whose gloo has no bf16 collectives. @throws UsageError("--precision") saying which.
+void check_precision(Precision precision, bool bf16_collectives);
+
 /// torch::optim::AdamW's options for @p config: lr, betas, eps and weight decay.
 torch::optim::AdamWOptions adamw_options(const RunConfig& config);
 
