@@ -22,6 +22,8 @@ Checks, each printed as "ok" or "FAIL":
   --digest-rtol R       that parameter tolerance instead of 1e-3: bf16 runs round differently
                         from their baseline (their weights are held to the noise-floor policy
                         by the lessons' unit tests; here each tensor is a sanity check)
+--launcher mpirun      start the N ranks with OpenMPI's mpirun instead of torchrun (the
+                        programs read OMPI_COMM_WORLD_*, lesson 04), MASTER_ADDR/PORT passed on
 --nproc 0 runs the program alone, without torchrun. Each torchrun takes its own free port (c10d
 rendezvous): runs may go in parallel. Exit 0 when every
 check passed, 1 otherwise.
@@ -75,6 +77,7 @@ def main() -> int:
     ap.add_argument("--losses-like")
     ap.add_argument("--losses-like-args", default="")
     ap.add_argument("--digest-rtol", type=float, default=RTOL)
+    ap.add_argument("--launcher", choices=["torchrun", "mpirun"], default="torchrun")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     prog_args = a.args[1:] if a.args[:1] == ["--"] else a.args
@@ -86,11 +89,19 @@ def main() -> int:
             failures.append(what)
 
     # --standalone on 2.x picks a free port; Debian's 1.13 takes 29400, so pass our own.
-    cmd = [a.torchrun, f"--nproc_per_node={a.nproc}", "--rdzv_backend=c10d",
-           f"--rdzv_endpoint=127.0.0.1:{free_port()}", *shlex.split(a.torchrun_flags),
-           "--no_python", a.program, *prog_args] if a.nproc > 0 else [a.program, *prog_args]
-    print("$", " ".join(cmd), flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if a.nproc == 0:
+        cmd = [a.program, *prog_args]
+    elif a.launcher == "mpirun":
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.nproc),
+               "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "OMP_NUM_THREADS",
+               a.program, *prog_args]
+    else:
+        cmd = [a.torchrun, f"--nproc_per_node={a.nproc}", "--rdzv_backend=c10d",
+               f"--rdzv_endpoint=127.0.0.1:{free_port()}", *shlex.split(a.torchrun_flags),
+               "--no_python", a.program, *prog_args]
+    print("$", " ".join(cmd), flush=True)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:

@@ -1,0 +1,52 @@
+# Lesson 10: context parallelism. Links dtc::dist (LibTorch's c10d, gloo; NCCL on CUDA builds).
+dtc_add_lesson(10 DIR 10_context_parallel SOURCES context_parallel.cpp DRIVER program.cpp
+               TESTS tests/lesson10/attention_test.cpp tests/lesson10/training_test.cpp
+               LIBS dtc::dist TORCH)
+
+# End-to-end: the real program on real processes, each on a free port of its own, against the
+# losses and parameter digest of lesson 02's single-process run of the same model (the course's
+# baseline). A small model; every attention, contiguous and zig-zag, cp 2 and 4, dp x cp.
+set(l10_model --steps 3 --layers 1 --hidden 32 --seq 16)
+string(JOIN " " l10_model_args ${l10_model})
+if(DTC_TORCHRUN)
+  dtc_add_e2e(10 NAME torchrun_ring_cp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ --json-equals cp=2 "--json-equals=attention=\"ring\""
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
+    -- ${l10_model} --json)
+  dtc_add_e2e(10 NAME torchrun_ring_zigzag_cp4 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
+    --program @PROGRAM@ --json-equals cp=4 --json-equals zigzag=true
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
+    -- ${l10_model} --zigzag --json)
+  dtc_add_e2e(10 NAME torchrun_ulysses_cp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ "--json-equals=attention=\"ulysses\""
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
+    -- ${l10_model} --attention ulysses --json)
+  dtc_add_e2e(10 NAME torchrun_allgather_dp2_cp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
+    --program @PROGRAM@ --json-equals dp=2 --json-equals cp=2
+    "--json-equals=attention=\"allgather\""
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
+    -- ${l10_model} --dp 2 --attention allgather --zigzag --json)
+  # Bad input: every rank exits 2 before touching the network (torchrun then exits 1), the flag
+  # to fix named: Ulysses on 3 ranks with 4 heads.
+  dtc_add_e2e(10 NAME torchrun_ulysses_heads TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 3
+    --program @PROGRAM@ --exit 1 --output "exitcode *: 2"
+    --output "--heads: 4 heads do not split over cp 3"
+    -- --steps 3 --layers 1 --hidden 32 --seq 18 --attention ulysses)
+  # bf16 (LibTorch 2.x: 1.13's gloo has no bf16 collectives): lesson 02's bf16 run's losses
+  # within e2e_run's 1e-3, each parameter's digest within 0.1 (as lessons 08 and 09).
+  if(DTC_TORCH_VERSION VERSION_GREATER_EQUAL 2.0)
+    dtc_add_e2e(10 NAME torchrun_ring_bf16 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+      --program @PROGRAM@ "--json-equals=precision=\"bf16\""
+      --losses-like $<TARGET_FILE:lesson02_solution>
+      "--losses-like-args=${l10_model_args} --precision bf16" --digest-rtol 0.1
+      -- ${l10_model} --precision bf16 --zigzag --json)
+  endif()
+endif()
+# Through OpenMPI's mpirun (lesson 04's launcher detection), where the machine has it.
+find_program(DTC_MPIRUN mpirun)
+if(DTC_MPIRUN)
+  dtc_add_e2e(10 NAME mpirun_ring_cp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --launcher mpirun
+    --nproc 2 --program @PROGRAM@ --json-equals cp=2 "--json-equals=launcher=\"mpirun\""
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
+    -- ${l10_model} --zigzag --json)
+endif()

@@ -1,0 +1,314 @@
+// The lesson10 program: trains the course's GPT with each sequence split over a CP group of
+// ranks (and the batch over dp replicas), attention through ring, Ulysses or all-gather KV, and
+// prints what each attention puts on the wire per layer. Given in full; the attention is yours,
+// in context_parallel.cpp.
+#include "program.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <chrono>
+#include <map>
+#include <ostream>
+
+#include "dtc/cli.h"
+#include "dtc/digest.h"
+#include "dtc/errors.h"
+#include "dtc/program.h"
+
+namespace dtc::l10 {
+
+// ---------------------------------------------------------------------------------------------
+// The rank grid
+// ---------------------------------------------------------------------------------------------
+
+std::vector<int> Grid::cp_group(int rank) const {
+  std::vector<int> ranks;
+  for (int c = 0; c < cp; ++c) ranks.push_back(dp_rank(rank) * cp + c);
+  return ranks;
+}
+
+Grid make_grid(int world, int dp, int cp) {
+  if (dp < 0) throw UsageError("--dp", fmt::format("is {}, must be at least 1", dp), "e.g. --dp 2");
+  if (cp < 0) throw UsageError("--cp", fmt::format("is {}, must be at least 1", cp), "e.g. --cp 2");
+  if (dp == 0 && cp == 0) return Grid{world, 1, world};  // neither: all ranks split a sequence
+  const char* culprit = cp == 0 ? "--dp" : "--cp";
+  if (dp == 0) dp = world % cp == 0 ? world / cp : 0;
+  if (cp == 0) cp = world % dp == 0 ? world / dp : 0;
+  if (dp < 1 || cp < 1 || dp * cp != world) {
+    throw UsageError(culprit, fmt::format("dp {} x cp {} is not the world size {}", dp, cp, world),
+                     "choose --dp and --cp whose product is the number of ranks "
+                     "(torchrun --nproc_per_node)");
+  }
+  return Grid{world, dp, cp};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+void check_config(const CpConfig& c, int dp, int cp) {
+  validate_cp(c.run.model.ctx, c.run.model.heads, cp, c.attention, c.zigzag);
+  check_precision(c.run.precision, /*bf16_collectives=*/true);
+  if (c.run.batch % dp != 0) {
+    throw UsageError("--global-batch",
+                     fmt::format("{} sequences do not split over dp {}", c.run.batch, dp),
+                     "pass a global batch that --dp divides, e.g. --global-batch 8 --dp 2");
+  }
+}
+
+void allreduce_sum(torch::Tensor& t, Comm& comm) {
+  std::vector<torch::Tensor> tensors{t};
+  comm.allreduce(tensors)->wait();
+}
+
+}  // namespace
+
+std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& world, int64_t steps,
+                            const torch::Device& device,
+                            const std::function<void(int64_t, float)>& on_step,
+                            nlohmann::json* digest, std::vector<torch::Tensor>* weights) {
+  const int dp = world.getSize() / cp.getSize();
+  check_config(c, dp, cp.getSize());
+  Gpt full = make_gpt(c.run.model, c.run.seed, device);  // the same weights on every rank
+  CpGpt model(full, cp, c.attention, c.zigzag);
+  MasterAdamW optimizer(*full, c.run.precision, adamw_options(c.run));  // bf16: casts the model
+  const ByteDataset data = ByteDataset::builtin();
+  const int64_t rows = c.run.batch / dp;
+  const int64_t first_row = world.getRank() / cp.getSize() * rows;
+  std::vector<float> losses;
+  for (int64_t step = 0; step < steps; ++step) {
+    const Batch batch = data.batch(c.run.seed, step, rows, c.run.model.ctx, first_row);
+    Batch mine;  // this rank's tokens of each of its replica's rows
+    mine.inputs = shard_sequence(batch.inputs, cp.getRank(), cp.getSize(), c.zigzag).to(device);
+    mine.targets = shard_sequence(batch.targets, cp.getRank(), cp.getSize(), c.zigzag).to(device);
+    optimizer.zero_grad();
+    torch::Tensor loss = model->loss(mine);  // this rank's share of its replica's mean
+    loss.backward();
+    for (auto& p : full->parameters()) {  // the sum over the tokens of every rank, / dp
+      torch::Tensor g = p.mutable_grad();
+      allreduce_sum(g, world);
+      g.div_(dp);
+    }
+    optimizer.step();
+    torch::Tensor global = loss.detach().clone();
+    allreduce_sum(global, world);
+    const float value = global.item<float>() / static_cast<float>(dp);
+    losses.push_back(value);
+    if (on_step) on_step(step, value);
+  }
+  if (weights) {
+    weights->clear();
+    for (const auto& w : optimizer.master()) weights->push_back(w.detach().clone());
+  }
+  if (digest) {  // every rank holds every weight: this rank's own digest is the model's
+    std::vector<std::string> names;
+    std::vector<NamedPiece> pieces;
+    const auto named = full->named_parameters();
+    for (size_t i = 0; i < named.size(); ++i) {
+      names.push_back(named[i].key());
+      pieces.emplace_back(named[i].key(), optimizer.master()[i]);
+    }
+    *digest = param_digest(names, pieces);
+  }
+  return losses;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Communication volume
+// ---------------------------------------------------------------------------------------------
+
+AttentionVolume attention_volume(Attention kind, int64_t b, int64_t s, int64_t h, int cp) {
+  const double block = static_cast<double>(b * s * h) / cp;  // one rank's K (or V): b (s/cp) h
+  const double n = cp;
+  AttentionVolume v;
+  switch (kind) {
+    case Attention::kRing:
+      v.forward = 2 * (n - 1) * block;   // K and V, cp - 1 rotations
+      v.backward = 2 * (n - 1) * block;  // K and V again
+      v.backward_fp32 = 2 * n * block;   // and their gradients, cp times, in fp32
+      v.forward_formula = "2(cp-1) bsh/cp";
+      v.backward_formula = "2(cp-1) bsh/cp + 2 bsh fp32";
+      break;
+    case Attention::kAllGather:
+      v.forward = 2 * (n - 1) * block;   // each rank's K and V block to the cp - 1 others
+      v.backward = 2 * (n - 1) * block;  // dK, dV: cp - 1 slices of the gathered gradient
+      v.forward_formula = "2(cp-1) bsh/cp";
+      v.backward_formula = "2(cp-1) bsh/cp";
+      break;
+    case Attention::kUlysses:
+      v.forward = 4 * (n - 1) / n * block;  // q, k, v and the output; 1/cp of each stays
+      v.backward = 4 * (n - 1) / n * block;
+      v.forward_formula = "4(cp-1) bsh/cp^2";
+      v.backward_formula = "4(cp-1) bsh/cp^2";
+      break;
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The program
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct Options {
+  int dp = 0;
+  int cp = 0;
+  std::string attention = "ring";
+  bool zigzag = false;
+};
+
+Attention parse_attention(const std::string& name) {
+  if (name == "ulysses") return Attention::kUlysses;
+  if (name == "allgather") return Attention::kAllGather;
+  return Attention::kRing;
+}
+
+std::string human_bytes(double b) {
+  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
+  if (b >= 1e3) return fmt::format("{:.1f} kB", b / 1e3);
+  return fmt::format("{:.0f} B", b);
+}
+
+void print_volumes(std::ostream& out, const std::string& what, int64_t b, int64_t s, int64_t h,
+                   int cp, double bytes) {
+  fmt::print(out, "  {} (b={} s={} h={} cp={}, {:g} B/elem), per layer and rank:\n", what, b, s, h,
+             cp, bytes);
+  for (Attention kind : {Attention::kRing, Attention::kAllGather, Attention::kUlysses}) {
+    const AttentionVolume v = attention_volume(kind, b, s, h, cp);
+    fmt::print(out, "    {:<10} forward {:>10} ({:<16}) backward {:>10} ({})\n",
+               attention_name(kind), human_bytes(v.forward * bytes), v.forward_formula,
+               human_bytes(v.backward * bytes + v.backward_fp32 * 4), v.backward_formula);
+  }
+}
+
+void print_report(std::ostream& out, const CpConfig& c, const Grid& grid, const StepLog& log) {
+  const auto& losses = log.losses();
+  fmt::print(out, "\n  trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.1f} s\n",
+             losses.size(), losses.front(), losses.back(), log.tokens_per_s(), log.elapsed_s());
+  fmt::print(out, "\nWhat attention sends (closed forms; the ring's dK/dV travel in fp32):\n");
+  const double e = c.run.precision == Precision::kFp32 ? 4 : 2;
+  print_volumes(out, "this run", c.run.batch / grid.dp, c.run.model.ctx, c.run.model.hidden,
+                grid.cp, e);
+  print_volumes(out, "a 7B-class layer (h 4096), 128k tokens, bf16, cp 8", 1, 131072, 4096, 8, 2);
+  fmt::print(out,
+             "\n  The ring sends as much as the all-gather forward, in cp - 1 steps, each hidden\n"
+             "  behind a block's attention; Ulysses sends cp times less per rank, but needs\n"
+             "  heads % cp == 0. With grouped-query attention K and V shrink (Llama 3 405B: 8 KV\n"
+             "  heads for 128 query heads, 1/16 of q), which makes gathering them cheap.\n");
+}
+
+int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream& err) {
+  // 1. Configuration, checked on every rank before the network is touched.
+  CpConfig c;
+  c.run = t.run_config();
+  c.attention = parse_attention(o.attention);
+  c.zigzag = o.zigzag;
+  Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
+  const Grid grid = make_grid(job.env.world_size, o.dp, o.cp);
+  check_config(c, grid.dp, grid.cp);
+
+  // 2. Build: the process group, then this rank's CP group.
+  job.connect();
+  const auto cp = new_subgroup(job.store, fmt::format("cp{}", grid.dp_rank(job.rank())),
+                               grid.cp_group(job.rank()), job.rank(), job.backend, job.timeout,
+                               job.env.master_addr);
+  const bool talk = job.rank0() && !t.train.json;
+  if (talk) {
+    const int64_t tl = c.run.model.ctx / grid.cp;
+    print_banner(
+        out, "Lesson 10: context parallelism", job, c.run.model,
+        count_parameters(*Gpt(c.run.model)),
+        {{"grid", fmt::format("{} ranks = dp {} x cp {} (cp fastest: CP groups are consecutive "
+                              "ranks)",
+                              grid.world, grid.dp, grid.cp)},
+         {"split",
+          fmt::format("each rank: {} of {} tokens a sequence{}, {} attention", tl, c.run.model.ctx,
+                      c.zigzag ? fmt::format(" (zig-zag: chunks r and {}-r of {})", 2 * grid.cp - 1,
+                                             2 * grid.cp)
+                               : std::string(" (contiguous)"),
+                      attention_name(c.attention))},
+         {"train",
+          fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per replica), seed {}",
+                      c.run.lr, t.train.steps, c.run.batch, c.run.batch / grid.dp, c.run.seed)},
+         {"numerics", c.run.precision == Precision::kFp32
+                          ? std::string("precision fp32, recompute none")
+                          : fmt::format("precision {} (fp32 master weights), recompute none",
+                                        precision_name(c.run.precision))}});
+  }
+
+  // 3. The loop (train_cp), one progress line per tenth of the run.
+  StepLog log(err, talk, 0, t.train.steps, c.run.batch * c.run.model.ctx);
+  nlohmann::json digest;
+  train_cp(
+      c, *cp, *job.comm, t.train.steps, job.device,
+      [&](int64_t step, float loss) {
+        log.end_step(step, loss);
+        log.begin_step();
+      },
+      &digest);
+
+  // 4. Report, 5. finish.
+  job.finish();
+  if (!job.rank0()) return kExitOk;
+  if (t.train.json) {
+    const double e = c.run.precision == Precision::kFp32 ? 4 : 2;
+    const AttentionVolume v = attention_volume(c.attention, c.run.batch / grid.dp, c.run.model.ctx,
+                                               c.run.model.hidden, grid.cp);
+    nlohmann::json j = run_json(log, t.train.steps, job.device);
+    j["param_digest"] = digest;
+    j["world"] = grid.world;
+    j["launcher"] = launcher_name(job.env.launcher);
+    j["dp"] = grid.dp;
+    j["cp"] = grid.cp;
+    j["attention"] = attention_name(c.attention);
+    j["zigzag"] = c.zigzag;
+    j["config"] = config_json(c.run.model, c.run.batch, c.run.seed, c.run.lr);
+    j["precision"] = precision_name(c.run.precision);
+    j["recompute"] = recompute_name(Recompute::kNone);
+    j["comm_per_layer"] = {{"forward_elements", v.forward},
+                           {"backward_elements", v.backward},
+                           {"backward_fp32_elements", v.backward_fp32},
+                           {"bytes_per_element", e},
+                           {"bytes", (v.forward + v.backward) * e + v.backward_fp32 * 4}};
+    print_json_line(out, j);
+    return kExitOk;
+  }
+  print_report(out, c, grid, log);
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  TrainCli cli(
+      "lesson10",
+      "Lesson 10: context parallelism. Trains the course's GPT with each sequence split over\n"
+      "--cp ranks and the batch over --dp replicas; run it under torchrun, e.g.\n"
+      "  torchrun --standalone --nproc_per_node=2 --no_python build/bin/lesson10");
+  cli.add_timeout_flag();
+  cli.add_precision_flag({Precision::kFp32, Precision::kBf16});
+  Options o;
+  CLI::App& app = cli.app();
+  app.add_option("--cp", o.cp,
+                 "ranks that split each sequence (default: world size / dp; with neither flag, "
+                 "the world size)")
+      ->check(positive_count("--cp 2"));
+  app.add_option("--dp", o.dp, "data-parallel replicas (default: world size / cp)")
+      ->check(positive_count("--dp 2"));
+  app.add_option("--attention", o.attention,
+                 "ring (K/V rotate, overlapped), ulysses (all-to-all to heads) or allgather "
+                 "(every rank gathers K and V)")
+      ->check(one_of({"ring", "ulysses", "allgather"}, "a context-parallel attention"))
+      ->capture_default_str();
+  app.add_flag("--zigzag", o.zigzag,
+               "split each sequence into 2 cp chunks, rank r holding chunks r and 2cp-1-r, so "
+               "that causal attention gives every rank the same work (ring, allgather)");
+  return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
+}
+
+}  // namespace dtc::l10

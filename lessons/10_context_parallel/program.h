@@ -1,0 +1,100 @@
+// Lesson 10's program, and the given pieces around your attention: the dp x cp rank grid, its
+// groups, the training loop (so that tests can run it in-process) and the communication volume
+// of each attention in closed form.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "context_parallel.h"
+#include "dtc/compat.h"
+#include "dtc/dist.h"
+
+namespace dtc::l10 {
+
+// ---------------------------------------------------------------------------------------------
+// The rank grid (given)
+// ---------------------------------------------------------------------------------------------
+
+/// dp x cp = world, cp fastest (Llama 3's order puts CP next to TP, inside a node): rank =
+/// cp_rank + cp * dp_rank. A CP group is cp consecutive ranks; every rank holds the whole model.
+struct Grid {
+  int world = 1;
+  int dp = 1;
+  int cp = 1;
+  int cp_rank(int rank) const { return rank % cp; }
+  int dp_rank(int rank) const { return rank / cp; }
+  /// The CP group of @p rank: cp consecutive ranks, sorted.
+  std::vector<int> cp_group(int rank) const;
+};
+
+/// @brief The grid for @p world ranks from --dp and --cp (0 = not given): neither -> cp =
+///   world, dp 1; one given -> the other is world / it.
+/// @throws UsageError (--dp or --cp) when a degree is below 1 or dp * cp != world.
+Grid make_grid(int world, int dp, int cp);
+
+// ---------------------------------------------------------------------------------------------
+// Training (given)
+// ---------------------------------------------------------------------------------------------
+
+/// Everything that decides a run: lesson 02's RunConfig (its batch is the global batch, split
+/// over the dp replicas; each sequence split over the cp ranks), and the attention.
+struct CpConfig {
+  RunConfig run;
+  Attention attention = Attention::kRing;
+  bool zigzag = false;
+};
+
+/// @brief Trains @p config for @p steps: every rank builds the full GPT with init_weights, DP
+///   replica d takes rows [d B/dp, (d+1) B/dp) of the global batch, CP rank c its tokens of
+///   each row (shard_sequence); the loss (CpGpt::loss) and every gradient are summed over
+///   @p world (all ranks hold the same weights) and divided by dp, then AdamW steps
+///   (dtc::MasterAdamW: fp32 master weights in bf16). The update is the baseline's.
+/// @param cp this rank's CP group; @p world every rank (dp x cp)
+/// @param on_step called after every step with (step, loss), if set
+/// @param digest when not null, receives the parameter digest after the last step (the fp32
+///   weights AdamW steps: the master weights in bf16)
+/// @param weights when not null, receives those fp32 weights, in Gpt::parameters() order
+/// @return the global batch's loss of every step, on every rank
+/// @throws UsageError when dp does not divide the batch, cp the context (validate_cp), for
+///   fp16, and for bf16 on LibTorch 1.13 (its gloo has no bf16 collectives)
+std::vector<float> train_cp(const CpConfig& config, Comm& cp, Comm& world, int64_t steps,
+                            const torch::Device& device = torch::kCPU,
+                            const std::function<void(int64_t, float)>& on_step = {},
+                            nlohmann::json* digest = nullptr,
+                            std::vector<torch::Tensor>* weights = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Communication volume (given)
+// ---------------------------------------------------------------------------------------------
+
+/// What one layer's attention sends per rank and training step, in elements (not counting what
+/// a rank keeps of its own), closed forms for b sequences of s tokens, hidden h, over cp ranks.
+struct AttentionVolume {
+  double forward = 0;        ///< elements each rank sends in the forward
+  double backward = 0;       ///< elements each rank sends in the backward, working dtype
+  double backward_fp32 = 0;  ///< and in fp32 whatever the dtype (the ring's dK/dV)
+  /// The closed form, in words, e.g. "2(cp-1) bsh/cp".
+  std::string forward_formula, backward_formula;
+};
+
+/// @brief The volume of @p kind: ring, K and V blocks (b s h / cp each) rotate cp - 1 times
+///   forward and backward, their gradients cp times; all-gather, K and V gathered forward
+///   (cp - 1 blocks each) and their gradients reduce-scattered backward (the same); Ulysses, four
+///   all-to-alls (q, k, v and the output) of b (s/cp) h each way, each rank keeping 1/cp of each.
+AttentionVolume attention_volume(Attention kind, int64_t b, int64_t s, int64_t h, int cp);
+
+/// Runs `lesson10` with @p argv on this process's rank (torchrun's environment); prints on
+/// @p out (rank 0), progress and errors on @p err.
+/// @return the exit code: 0, 2 for bad input, 3 while a TODO(L10) is unfinished.
+int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace dtc::l10

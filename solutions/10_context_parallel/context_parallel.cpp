@@ -1,0 +1,558 @@
+// Lesson 10: context parallelism. Implements lessons/10_context_parallel/context_parallel.h.
+//
+// Fill in every TODO(L10) below, top to bottom; `make test-lesson10` checks the merge in closed
+// form, then each attention's values and gradients against the unsplit attention on the same
+// q, k, v (2, 3 and 4 ranks), then whole training runs against the single-process baseline.
+#include "context_parallel.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dtc/dist.h"
+#include "dtc/errors.h"
+#include "dtc/todo.h"
+
+namespace dtc::l10 {
+
+namespace F = torch::nn::functional;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// ---------------------------------------------------------------------------------------------
+// Given: splitting the sequence, and the attention of one block
+// ---------------------------------------------------------------------------------------------
+
+const char* attention_name(Attention kind) {
+  switch (kind) {
+    case Attention::kRing: return "ring";
+    case Attention::kUlysses: return "ulysses";
+    case Attention::kAllGather: return "allgather";
+  }
+  return "?";
+}
+
+void validate_cp(int64_t seq, int64_t heads, int cp, Attention kind, bool zigzag) {
+  if (cp < 1) {
+    throw UsageError("--cp", fmt::format("is {}, but must be at least 1", cp),
+                     "pass the number of ranks that split each sequence, e.g. --cp 2");
+  }
+  if (zigzag && kind == Attention::kUlysses) {
+    throw UsageError("--zigzag", "does not apply to --attention ulysses",
+                     "Ulysses attends over the whole gathered sequence on each rank, so its "
+                     "work is balanced already: drop --zigzag, or use --attention ring");
+  }
+  const int64_t parts = zigzag ? 2 * cp : cp;
+  if (seq % parts != 0) {
+    std::string fits;
+    for (int c = 1; c <= 64; ++c) {
+      if (seq % (zigzag ? 2 * c : c) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(c);
+    }
+    throw UsageError("--seq",
+                     fmt::format("{} tokens do not split into {} equal chunks ({}cp = {})", seq,
+                                 parts, zigzag ? "2 " : "", parts),
+                     fmt::format("choose --seq a multiple of {}, or a cp that fits {} tokens: {}",
+                                 parts, seq, fits));
+  }
+  if (kind == Attention::kUlysses && heads % cp != 0) {
+    std::string fits;
+    for (int c = 1; c <= heads; ++c) {
+      if (heads % c == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(c);
+    }
+    throw UsageError("--heads",
+                     fmt::format("{} heads do not split over cp {}: Ulysses gives each rank "
+                                 "whole heads",
+                                 heads, cp),
+                     fmt::format("use --cp {} with --heads {}, or --attention ring", fits, heads));
+  }
+}
+
+torch::Tensor local_positions(int64_t seq, int rank, int cp, bool zigzag) {
+  const auto options = torch::dtype(torch::kLong);
+  if (!zigzag) return torch::arange(rank * (seq / cp), (rank + 1) * (seq / cp), options);
+  const int64_t chunk = seq / (2 * cp);
+  return torch::cat({torch::arange(rank * chunk, (rank + 1) * chunk, options),
+                     torch::arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk, options)});
+}
+
+torch::Tensor shard_sequence(const torch::Tensor& x, int rank, int cp, bool zigzag, int64_t dim) {
+  const auto pos = local_positions(x.size(dim), rank, cp, zigzag).to(x.device());
+  return x.index_select(dim, pos).contiguous();
+}
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+thread_local BlockObserver observer;
+
+void observe(const torch::Tensor& q, const torch::Tensor& k, bool backward) {
+  if (observer) observer(q.size(2), k.size(2), backward);
+}
+
+// (Tq, Tk) bool: true where key j lies in query i's future.
+torch::Tensor future(const torch::Tensor& q_pos, const torch::Tensor& k_pos,
+                     const torch::Device& device) {
+  return k_pos.to(device).unsqueeze(0) > q_pos.to(device).unsqueeze(1);
+}
+
+// The scores of one block, fp32, the future masked to -inf.
+torch::Tensor block_scores(const torch::Tensor& q, const torch::Tensor& k,
+                           const torch::Tensor& q_pos, const torch::Tensor& k_pos, bool causal) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  torch::Tensor s = q.to(torch::kFloat).matmul(k.to(torch::kFloat).transpose(-2, -1)) * scale;
+  if (causal) s = s.masked_fill(future(q_pos, k_pos, q.device()), -kInf);
+  return s;
+}
+
+// The communicator travels to backward inside the autograd context, as a pointer stored in an
+// int64 IValue (as lesson 08's f and g do).
+int64_t comm_handle(Comm& comm) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm)); }
+Comm& comm_of(const AutogradContext* ctx) {
+  return *reinterpret_cast<Comm*>(static_cast<intptr_t>(ctx->saved_data.at("comm").toInt()));
+}
+
+}  // namespace
+
+torch::Tensor masked_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& q_pos,
+                               const torch::Tensor& k_pos, bool causal) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  torch::Tensor att = q.matmul(k.transpose(-2, -1)) * scale;
+  if (causal) att = att.masked_fill(future(q_pos, k_pos, q.device()), -kInf);
+  return att.softmax(-1).matmul(v);
+}
+
+BlockOut block_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const torch::Tensor& q_pos, const torch::Tensor& k_pos, bool causal) {
+  observe(q, k, /*backward=*/false);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor s = block_scores(q, k, q_pos, k_pos, causal);  // (B, H, Tq, Tk)
+  torch::Tensor m = std::get<0>(s.max(-1, /*keepdim=*/true));        // -inf: a row sees nothing
+  m = torch::where(torch::isinf(m), torch::zeros_like(m), m);
+  const torch::Tensor p = (s - m).exp();  // the future: exp(-inf) = 0
+  const torch::Tensor l = p.sum(-1, /*keepdim=*/true);
+  BlockOut b;
+  b.out = p.matmul(v.to(torch::kFloat)) / torch::where(l > 0, l, torch::ones_like(l));
+  b.lse = (l.log() + m).squeeze(-1);  // log 0 = -inf where the row saw no key
+  return b;
+}
+
+BlockGrads block_attention_backward(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, const torch::Tensor& q_pos,
+                                    const torch::Tensor& k_pos, bool causal,
+                                    const torch::Tensor& out, const torch::Tensor& lse,
+                                    const torch::Tensor& dout) {
+  observe(q, k, /*backward=*/true);
+  torch::NoGradGuard no_grad;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  const torch::Tensor s = block_scores(q, k, q_pos, k_pos, causal);
+  const torch::Tensor finite = torch::where(torch::isinf(lse), torch::zeros_like(lse), lse);
+  const torch::Tensor p = (s - finite.unsqueeze(-1)).exp();  // (B, H, Tq, Tk), in the whole softmax
+  const torch::Tensor dO = dout.to(torch::kFloat);
+  const torch::Tensor dp = dO.matmul(v.to(torch::kFloat).transpose(-2, -1));
+  const torch::Tensor delta = (dO * out.to(torch::kFloat)).sum(-1, /*keepdim=*/true);
+  const torch::Tensor ds = p * (dp - delta);
+  BlockGrads g;
+  g.dv = p.transpose(-2, -1).matmul(dO);
+  g.dq = ds.matmul(k.to(torch::kFloat)) * scale;
+  g.dk = ds.transpose(-2, -1).matmul(q.to(torch::kFloat)) * scale;
+  return g;
+}
+
+BlockObserver set_block_observer(BlockObserver o) {
+  BlockObserver previous = std::move(observer);
+  observer = std::move(o);
+  return previous;
+}
+
+std::vector<torch::Tensor> Rotation::finish() {
+  for (auto& w : work) w->wait();
+  work.clear();
+  return received;
+}
+
+Rotation start_rotation(const std::vector<torch::Tensor>& tensors, Comm& cp, int tag) {
+  const int r = cp.getRank(), n = cp.getSize();
+  Rotation rotation;
+  std::vector<P2POp> ops;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const torch::Tensor t = tensors[i].contiguous();
+    rotation.received.push_back(torch::empty_like(t));
+    ops.push_back({P2POp::kSend, t, (r + 1) % n, tag + static_cast<int>(i)});
+    ops.push_back(
+        {P2POp::kRecv, rotation.received.back(), (r + n - 1) % n, tag + static_cast<int>(i)});
+  }
+  rotation.work = batch_isend_irecv(cp, ops);
+  return rotation;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 1: the online-softmax merge
+// ---------------------------------------------------------------------------------------------
+
+void merge_block(torch::Tensor& out, torch::Tensor& lse, const BlockOut& block) {
+  // BEGIN SOLUTION: (out, lse) become the attention over the keys seen so far and the block's,
+  //   in place, finite for scores in the thousands, rows with lse -inf on either side handled
+  //   (L10Merge.*; README section 2)
+  torch::NoGradGuard no_grad;
+  const torch::Tensor merged = torch::logaddexp(lse, block.lse);  // -inf only if both are
+  const torch::Tensor safe = torch::where(torch::isinf(merged), torch::zeros_like(merged), merged);
+  const torch::Tensor w_old = (lse - safe).exp().unsqueeze(-1);  // exp(-inf) = 0: nothing yet
+  const torch::Tensor w_new = (block.lse - safe).exp().unsqueeze(-1);
+  out.copy_(out * w_old + block.out.to(out.scalar_type()) * w_new);
+  lse.copy_(merged);
+  // END SOLUTION
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 2: ring attention
+// ---------------------------------------------------------------------------------------------
+
+RingBlock ring_block(int rank, int src, int cp, int64_t local_len, bool zigzag, bool causal) {
+  RingBlock b;
+  // BEGIN SOLUTION: only the (query, key) pairs the causal mask lets through, nothing wholly in
+  //   the future, the same work on every rank with zig-zag (L10Ring.BlockPlan*; README
+  //   section 3)
+  b.q_len = local_len;
+  b.k_len = local_len;
+  if (!causal) return b;  // every query sees every key
+  if (src == rank) {      // the diagonal block: the mask inside it
+    b.masked = true;
+    return b;
+  }
+  if (!zigzag) {  // contiguous chunks: an earlier rank's keys are all visible, a later one's none
+    b.skip = src > rank;
+    return b;
+  }
+  // Zig-zag: this rank holds chunks rank and 2cp-1-rank, src holds src and 2cp-1-src.
+  const int64_t half = local_len / 2;
+  if (src < rank) {
+    b.k_len = half;  // src's first chunk comes before both of mine; its second after both
+  } else {
+    b.q_begin = half;  // my second chunk comes after both of src's; my first before both
+    b.q_len = half;
+  }
+  // END SOLUTION
+  return b;
+}
+
+namespace {
+
+// Rotations use tags 0-1 (K, V) and 2-3 (their gradients, in backward).
+constexpr int kKvTag = 0;
+constexpr int kGradTag = 2;
+
+struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, int64_t comm, bool zigzag, bool causal) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["zigzag"] = zigzag;
+    ctx->saved_data["causal"] = causal;
+    Comm& cp = *reinterpret_cast<Comm*>(static_cast<intptr_t>(comm));
+    const int rank = cp.getRank(), n = cp.getSize();
+    const int64_t tl = q.size(2), seq = tl * n;
+    auto sizes = q.sizes().vec();
+    torch::Tensor out = torch::zeros(sizes, q.options().dtype(torch::kFloat));
+    sizes.pop_back();
+    torch::Tensor lse = torch::full(sizes, -kInf, q.options().dtype(torch::kFloat));
+    const torch::Tensor q_pos = local_positions(seq, rank, n, zigzag);
+    // BEGIN SOLUTION: cp steps, each merging ring_block's part of the visiting K/V block, the
+    //   next block's rotation in flight while this one is computed (L10Ring.*; README section 3
+    //   hints)
+    torch::Tensor kb = k.contiguous(), vb = v.contiguous();
+    for (int s = 0; s < n; ++s) {
+      const int src = (rank - s + n) % n;  // whose K/V this rank holds at step s
+      Rotation next;
+      if (s + 1 < n) next = start_rotation({kb, vb}, cp, kKvTag);  // before computing: overlap
+      const RingBlock b = ring_block(rank, src, n, tl, zigzag, causal);
+      if (!b.skip) {
+        const torch::Tensor k_pos = local_positions(seq, src, n, zigzag);
+        BlockOut part =
+            block_attention(q.narrow(2, b.q_begin, b.q_len), kb.narrow(2, b.k_begin, b.k_len),
+                            vb.narrow(2, b.k_begin, b.k_len), q_pos.narrow(0, b.q_begin, b.q_len),
+                            k_pos.narrow(0, b.k_begin, b.k_len), b.masked);
+        torch::Tensor o = out.narrow(2, b.q_begin, b.q_len);
+        torch::Tensor l = lse.narrow(2, b.q_begin, b.q_len);
+        merge_block(o, l, part);
+      }
+      if (s + 1 < n) {
+        auto got = next.finish();
+        kb = got[0];
+        vb = got[1];
+      }
+    }
+    // END SOLUTION
+    ctx->save_for_backward({q, k, v, out, lse});
+    return out.to(q.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    [[maybe_unused]] const torch::Tensor& out = saved[3];  // the merged forward, float32
+    [[maybe_unused]] const torch::Tensor& lse = saved[4];  // (B, H, Tl) float32
+    const bool zigzag = ctx->saved_data["zigzag"].toBool();
+    [[maybe_unused]] const bool causal = ctx->saved_data["causal"].toBool();
+    Comm& cp = comm_of(ctx);
+    const int rank = cp.getRank(), n = cp.getSize();
+    const int64_t tl = q.size(2), seq = tl * n;
+    const torch::Tensor dout = grad_outputs[0].to(torch::kFloat);
+    const torch::Tensor q_pos = local_positions(seq, rank, n, zigzag);
+    torch::Tensor dq = torch::zeros(q.sizes(), q.options().dtype(torch::kFloat));
+    torch::Tensor dk, dv;  // this rank's own K/V gradients, (B, H, Tl, D) float32
+    // BEGIN SOLUTION: the same cp steps; every rank adds its block_attention_backward
+    //   contribution to the visiting block's dK/dV, which travel with it and come home after one
+    //   more rotation (L10Ring.*; README section 3 hints)
+    torch::Tensor kb = k.contiguous(), vb = v.contiguous();
+    torch::Tensor dkb = torch::zeros(k.sizes(), dq.options());
+    torch::Tensor dvb = torch::zeros(v.sizes(), dq.options());
+    Rotation grads;  // the accumulators on their way to the next rank
+    bool in_flight = false;
+    for (int s = 0; s < n; ++s) {
+      const int src = (rank - s + n) % n;
+      Rotation next;
+      if (s + 1 < n) next = start_rotation({kb, vb}, cp, kKvTag);
+      const RingBlock b = ring_block(rank, src, n, tl, zigzag, causal);
+      BlockGrads g;
+      if (!b.skip) {
+        const torch::Tensor k_pos = local_positions(seq, src, n, zigzag);
+        g = block_attention_backward(
+            q.narrow(2, b.q_begin, b.q_len), kb.narrow(2, b.k_begin, b.k_len),
+            vb.narrow(2, b.k_begin, b.k_len), q_pos.narrow(0, b.q_begin, b.q_len),
+            k_pos.narrow(0, b.k_begin, b.k_len), b.masked, out.narrow(2, b.q_begin, b.q_len),
+            lse.narrow(2, b.q_begin, b.q_len), dout.narrow(2, b.q_begin, b.q_len));
+        dq.narrow(2, b.q_begin, b.q_len).add_(g.dq);
+      }
+      if (in_flight) {  // block src's accumulator, from the rank that held it last step
+        auto got = grads.finish();
+        dkb = got[0];
+        dvb = got[1];
+      }
+      if (!b.skip) {
+        dkb.narrow(2, b.k_begin, b.k_len).add_(g.dk);
+        dvb.narrow(2, b.k_begin, b.k_len).add_(g.dv);
+      }
+      grads = start_rotation({dkb, dvb}, cp, kGradTag);
+      in_flight = true;
+      if (s + 1 < n) {
+        auto got = next.finish();
+        kb = got[0];
+        vb = got[1];
+      }
+    }
+    auto home = grads.finish();  // after cp rotations each accumulator is back with its owner
+    dk = home[0];
+    dv = home[1];
+    // END SOLUTION
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
+            torch::Tensor(),        torch::Tensor(),        torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             Comm& cp, bool zigzag, bool causal) {
+  return RingAttentionFn::apply(q, k, v, comm_handle(cp), zigzag, causal);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 3: Ulysses (all-to-all) attention
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// One all-to-all of x's first dimension, cp equal slices: slice j goes to rank j, and slice j of
+// the result came from rank j. Waits.
+torch::Tensor all_to_all(const torch::Tensor& x, Comm& cp) {
+  torch::Tensor input = x.contiguous();
+  torch::Tensor output = torch::empty_like(input);
+  std::vector<int64_t> equal;  // empty: equal splits along dim 0
+  cp.alltoall_base(output, input, equal, equal)->wait();
+  return output;
+}
+
+torch::Tensor seq_to_heads_impl(const torch::Tensor& x, Comm& cp) {
+  const int n = cp.getSize();
+  const int64_t H = x.size(1);
+  if (H % n != 0) {
+    throw std::invalid_argument(
+        fmt::format("seq_to_heads: {} heads do not split over cp {}", H, n));
+  }
+  // BEGIN SOLUTION: (B, H, Tl, D) -> (B, H/cp, cp Tl, D): this rank's heads, every rank's tokens
+  //   in rank order, with one alltoall (L10Ulysses.*; README section 4 hints)
+  const int64_t B = x.size(0), tl = x.size(2), D = x.size(3);
+  // Slice j of the first dimension = the heads of rank j: (cp, B, H/cp, Tl, D).
+  const torch::Tensor send = x.reshape({B, n, H / n, tl, D}).permute({1, 0, 2, 3, 4});
+  const torch::Tensor got = all_to_all(send, cp);  // slice j: rank j's tokens of my heads
+  return got.permute({1, 2, 0, 3, 4}).reshape({B, H / n, n * tl, D});
+  // END SOLUTION
+}
+
+torch::Tensor heads_to_seq_impl(const torch::Tensor& x, Comm& cp) {
+  // BEGIN SOLUTION: (B, H/cp, cp Tl, D) -> (B, H, Tl, D), undoing seq_to_heads exactly, with one
+  //   alltoall (L10Ulysses.*; README section 4 hints)
+  const int n = cp.getSize();
+  const int64_t B = x.size(0), hl = x.size(1), tl = x.size(2) / n, D = x.size(3);
+  // Slice j = rank j's tokens of my heads: (cp, B, H/cp, Tl, D).
+  const torch::Tensor send = x.reshape({B, hl, n, tl, D}).permute({2, 0, 1, 3, 4});
+  const torch::Tensor got = all_to_all(send, cp);  // slice j: rank j's heads of my tokens
+  return got.permute({1, 0, 2, 3, 4}).reshape({B, n * hl, tl, D});
+  // END SOLUTION
+}
+
+struct SeqToHeadsFn : public torch::autograd::Function<SeqToHeadsFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return seq_to_heads_impl(x, *reinterpret_cast<Comm*>(static_cast<intptr_t>(comm)));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {heads_to_seq_impl(g[0], comm_of(ctx)), torch::Tensor()};
+  }
+};
+
+struct HeadsToSeqFn : public torch::autograd::Function<HeadsToSeqFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return heads_to_seq_impl(x, *reinterpret_cast<Comm*>(static_cast<intptr_t>(comm)));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {seq_to_heads_impl(g[0], comm_of(ctx)), torch::Tensor()};
+  }
+};
+
+// Every rank's positions, in rank order: the order of the gathered sequence.
+torch::Tensor all_positions(int64_t seq, int cp, bool zigzag) {
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < cp; ++r) parts.push_back(local_positions(seq, r, cp, zigzag));
+  return torch::cat(parts);
+}
+
+}  // namespace
+
+torch::Tensor seq_to_heads(const torch::Tensor& x, Comm& cp) {
+  return SeqToHeadsFn::apply(x, comm_handle(cp));
+}
+
+torch::Tensor heads_to_seq(const torch::Tensor& x, Comm& cp) {
+  return HeadsToSeqFn::apply(x, comm_handle(cp));
+}
+
+torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, Comm& cp, bool zigzag, bool causal) {
+  const int n = cp.getSize();
+  const torch::Tensor pos = all_positions(q.size(2) * n, n, zigzag);
+  const torch::Tensor y = masked_attention(seq_to_heads(q, cp), seq_to_heads(k, cp),
+                                           seq_to_heads(v, cp), pos, pos, causal);
+  return heads_to_seq(y, cp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 4: all-gather KV attention
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct GatherSequenceFn : public torch::autograd::Function<GatherSequenceFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    [[maybe_unused]] Comm& cp = *reinterpret_cast<Comm*>(static_cast<intptr_t>(comm));
+    // BEGIN SOLUTION: (B, H, Tl, D) -> (B, H, cp Tl, D), rank j's rows at [j Tl, (j+1) Tl), with
+    //   one allgather (L10AllGather.*; README section 5 hints)
+    std::vector<torch::Tensor> input{x.contiguous()};
+    std::vector<std::vector<torch::Tensor>> output(1);
+    for (int j = 0; j < cp.getSize(); ++j) output[0].push_back(torch::empty_like(input[0]));
+    cp.allgather(output, input)->wait();
+    return torch::cat(output[0], /*dim=*/2);
+    // END SOLUTION
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    [[maybe_unused]] Comm& cp = comm_of(ctx);
+    // BEGIN SOLUTION: the gradient of this rank's rows summed over every rank's copy, with one
+    //   alltoall (L10AllGather.*; README section 5 hints)
+    const int n = cp.getSize();
+    const torch::Tensor grad = g[0];  // (B, H, cp Tl, D): every rank's rows, on this rank
+    // Slice j of the first dimension: rank j's rows, for rank j.
+    const auto sizes = grad.sizes();
+    const torch::Tensor send =
+        grad.reshape({sizes[0], sizes[1], n, sizes[2] / n, sizes[3]}).permute({2, 0, 1, 3, 4});
+    const torch::Tensor got = all_to_all(send, cp);  // slice j: rank j's gradient of my rows
+    return {got.sum(0), torch::Tensor()};
+    // END SOLUTION
+  }
+};
+
+}  // namespace
+
+torch::Tensor gather_sequence(const torch::Tensor& x, Comm& cp) {
+  return GatherSequenceFn::apply(x, comm_handle(cp));
+}
+
+torch::Tensor allgather_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, Comm& cp, bool zigzag, bool causal) {
+  const int n = cp.getSize();
+  const int64_t seq = q.size(2) * n;
+  return masked_attention(q, gather_sequence(k, cp), gather_sequence(v, cp),
+                          local_positions(seq, cp.getRank(), n, zigzag),
+                          all_positions(seq, n, zigzag), causal);
+}
+
+torch::Tensor context_attention(Attention kind, const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, Comm& cp, bool zigzag, bool causal) {
+  switch (kind) {
+    case Attention::kRing: return ring_attention(q, k, v, cp, zigzag, causal);
+    case Attention::kUlysses: return ulysses_attention(q, k, v, cp, zigzag, causal);
+    case Attention::kAllGather: return allgather_attention(q, k, v, cp, zigzag, causal);
+  }
+  throw std::invalid_argument("context_attention: unknown kind");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The context-parallel GPT
+// ---------------------------------------------------------------------------------------------
+
+CpGptImpl::CpGptImpl(const Gpt& full, Comm& comm, Attention k, bool zz)
+    : gpt(full), cp(&comm), kind(k), zigzag(zz) {
+  const GptConfig& c = full->config();
+  validate_cp(c.ctx, c.heads, comm.getSize(), kind, zigzag);
+  register_module("gpt", gpt);
+  positions =
+      local_positions(c.ctx, comm.getRank(), comm.getSize(), zigzag).to(full->wte->weight.device());
+}
+
+torch::Tensor CpGptImpl::forward(const torch::Tensor& tokens) {
+  const GptConfig& c = gpt->config();
+  const int64_t B = tokens.size(0), tl = tokens.size(1), C = c.hidden, H = c.heads, D = C / H;
+  TORCH_CHECK(tl == positions.size(0), "CpGpt: ", tl, " tokens a sequence, expected ",
+              positions.size(0), " (this rank's share of the context)");
+  torch::Tensor x = gpt->wte(tokens) + gpt->wpe(positions);  // (B, Tl, h) at their positions
+  for (const auto& module : *gpt->h) {
+    auto block = module->as<Block>();
+    auto qkv = block->attn->c_attn(block->ln_1(x)).split(C, /*dim=*/2);
+    auto q = qkv[0].view({B, tl, H, D}).transpose(1, 2);  // (B, H, Tl, D)
+    auto k = qkv[1].view({B, tl, H, D}).transpose(1, 2);
+    auto v = qkv[2].view({B, tl, H, D}).transpose(1, 2);
+    auto y = context_attention(kind, q, k, v, *cp, zigzag);
+    x = x + block->attn->c_proj(y.transpose(1, 2).contiguous().view({B, tl, C}));
+    x = x + block->mlp(block->ln_2(x));
+  }
+  x = gpt->ln_f(x);
+  auto logits = c.tied ? torch::matmul(x, gpt->wte->weight.t()) : gpt->lm_head(x);
+  return logits.to(torch::kFloat);
+}
+
+torch::Tensor CpGptImpl::loss(const Batch& batch) {
+  const torch::Tensor logits = forward(batch.inputs);  // (B, Tl, V)
+  const double all_tokens = static_cast<double>(batch.inputs.size(0)) *
+                            static_cast<double>(batch.inputs.size(1) * cp->getSize());
+  return F::cross_entropy(logits.view({-1, logits.size(-1)}), batch.targets.reshape({-1}),
+                          F::CrossEntropyFuncOptions().reduction(torch::kSum)) /
+         all_tokens;
+}
+
+}  // namespace dtc::l10
