@@ -125,7 +125,7 @@ struct Rotation {
 
 /// @brief Sends each of @p tensors to the next rank of the ring, (r + 1) % cp, and receives the
 ///   previous rank's into new tensors of the same shapes, all at once (dtc::batch_isend_irecv),
-///   without waiting. Given.
+///   without waiting. Given. On a ring of one rank, a copy of @p tensors comes back.
 /// @param tag tensor i travels with tag tag + i: two rotations in flight at once (K/V and their
 ///   gradients) must use tags that do not overlap
 Rotation start_rotation(const std::vector<torch::Tensor>& tensors, Comm& cp, int tag = 0);

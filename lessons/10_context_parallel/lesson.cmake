@@ -1,6 +1,6 @@
 # Lesson 10: context parallelism. Links dtc::dist (LibTorch's c10d, gloo; NCCL on CUDA builds).
 dtc_add_lesson(10 DIR 10_context_parallel SOURCES context_parallel.cpp DRIVER program.cpp
-               TESTS tests/lesson10/attention_test.cpp tests/lesson10/training_test.cpp
+               TESTS tests/lesson10/attention_test.cpp tests/lesson10/training_test.cpp tests/lesson10/memory_test.cpp
                LIBS dtc::dist TORCH)
 
 # End-to-end: the real program on real processes, each on a free port of its own, against the

@@ -10,10 +10,12 @@
 #include <chrono>
 #include <map>
 #include <ostream>
+#include <thread>
 
 #include "dtc/cli.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
+#include "dtc/memory.h"
 #include "dtc/program.h"
 
 namespace dtc::l10 {
@@ -117,6 +119,48 @@ std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& world, int64_t st
 }
 
 // ---------------------------------------------------------------------------------------------
+// Activation memory
+// ---------------------------------------------------------------------------------------------
+
+int64_t measure_activation_bytes(CpGpt& model, const Batch& batch) {
+  // gloo's worker threads drop their references to a collective's buffers a moment after the
+  // collective's wait() returns: let them, before each reading, so that a buffer of this
+  // thread's is not freed (or still held) by them in between.
+  auto settled = [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return thread_cpu_memory().current;
+  };
+  const int64_t before = settled();
+  torch::Tensor loss = model->loss(batch);
+  const int64_t held = settled() - before;
+  loss.backward();
+  for (auto& p : model->parameters()) p.mutable_grad().reset();
+  return held;
+}
+
+int64_t predict_layer_activation_bytes(Attention kind, int64_t b, int64_t s, int64_t h, int64_t a,
+                                       int cp, int64_t e) {
+  const int64_t n = b * s / cp;         // this rank's tokens
+  const int64_t stats = 2 * 2 * n * e;  // 2 LayerNorms' mean and rstd
+  const int64_t scores = e * a * s * s * b / cp;
+  switch (kind) {
+    case Attention::kUlysses: return e * 16 * n * h + stats + scores + s * s;
+    case Attention::kAllGather:
+      return e * 14 * n * h + stats + e * 2 * s * b * h + scores + s * s / cp;
+    case Attention::kRing: return e * 16 * n * h + stats + 4 * n * h + 4 * n * a;
+  }
+  return 0;
+}
+
+int64_t predict_activation_bytes(Attention kind, int64_t layers, int64_t b, int64_t s, int64_t h,
+                                 int64_t a, int64_t vocab, int cp, int64_t e) {
+  const int64_t n = b * s / cp;
+  const int64_t head = 2 * e * n * h + 2 * e * n + 4 * n * vocab;
+  const int64_t loss = 8;  // the loss and nll_loss's total weight, two fp32 scalars
+  return layers * predict_layer_activation_bytes(kind, b, s, h, a, cp, e) + head + loss;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Communication volume
 // ---------------------------------------------------------------------------------------------
 
@@ -202,6 +246,32 @@ void print_report(std::ostream& out, const CpConfig& c, const Grid& grid, const 
              "  heads for 128 query heads, 1/16 of q), which makes gathering them cheap.\n");
 }
 
+void print_memory(std::ostream& out, const CpConfig& c, const Grid& grid, int64_t predicted,
+                  const std::vector<int64_t>& measured) {
+  const GptConfig& m = c.run.model;
+  const int64_t e = c.run.precision == Precision::kFp32 ? 4 : 2;
+  const int64_t rows = c.run.batch / grid.dp;
+  fmt::print(out, "\nActivations one forward keeps for backward, per rank (counting allocator):\n");
+  if (measured.empty()) {
+    fmt::print(out, "  (not measured on {}: the counting allocator sees the CPU)\n", "this device");
+  } else {
+    std::string row;
+    for (size_t r = 0; r < measured.size(); ++r) {
+      row += fmt::format("{}{}", r == 0 ? "" : ", ", with_commas(measured[r]));
+    }
+    fmt::print(out, "  measured  {} bytes (ranks 0..{})\n", row, measured.size() - 1);
+  }
+  fmt::print(out, "  predicted {} bytes ({} layers, README section 6)\n", with_commas(predicted),
+             m.layers);
+  fmt::print(out, "  one rank, whole sequence: ");
+  for (Attention kind : {Attention::kRing, Attention::kAllGather, Attention::kUlysses}) {
+    fmt::print(out, "{} {}{}", attention_name(kind),
+               with_commas(predict_activation_bytes(kind, m.layers, rows, m.ctx, m.hidden, m.heads,
+                                                    m.vocab, 1, e)),
+               kind == Attention::kUlysses ? "\n" : ", ");
+  }
+}
+
 int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream& err) {
   // 1. Configuration, checked on every rank before the network is touched.
   CpConfig c;
@@ -212,7 +282,9 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   const Grid grid = make_grid(job.env.world_size, o.dp, o.cp);
   check_config(c, grid.dp, grid.cp);
 
-  // 2. Build: the process group, then this rank's CP group.
+  // 2. Build: the counting allocator (CPU: each rank's activations), the process group, then
+  // this rank's CP group.
+  if (job.device.is_cpu()) install_counting_allocator();
   job.connect();
   const auto cp = new_subgroup(job.store, fmt::format("cp{}", grid.dp_rank(job.rank())),
                                grid.cp_group(job.rank()), job.rank(), job.backend, job.timeout,
@@ -252,6 +324,30 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
       },
       &digest);
 
+  // The activations one forward keeps, on every rank (the counting allocator: CPU only), against
+  // the closed form (predict_activation_bytes).
+  const int64_t e = c.run.precision == Precision::kFp32 ? 4 : 2;
+  const GptConfig& m = c.run.model;
+  const int64_t rows = c.run.batch / grid.dp;
+  const int64_t predicted = predict_activation_bytes(c.attention, m.layers, rows, m.ctx, m.hidden,
+                                                     m.heads, m.vocab, grid.cp, e);
+  std::vector<int64_t> measured;
+  if (job.device.is_cpu()) {
+    Gpt fresh = make_gpt(m, c.run.seed, job.device);
+    MasterAdamW cast(*fresh, c.run.precision, adamw_options(c.run));  // bf16: the model in bf16
+    CpGpt model(fresh, *cp, c.attention, c.zigzag);
+    const Batch batch =
+        ByteDataset::builtin().batch(c.run.seed, 0, rows, m.ctx, grid.dp_rank(job.rank()) * rows);
+    Batch mine;
+    mine.inputs = shard_sequence(batch.inputs, cp->getRank(), grid.cp, c.zigzag);
+    mine.targets = shard_sequence(batch.targets, cp->getRank(), grid.cp, c.zigzag);
+    torch::Tensor all = torch::zeros({grid.world}, torch::kLong);
+    all[job.rank()] = measure_activation_bytes(model, mine);
+    std::vector<torch::Tensor> t{all};
+    job.comm->allreduce(t)->wait();
+    for (int r = 0; r < grid.world; ++r) measured.push_back(all[r].item<int64_t>());
+  }
+
   // 4. Report, 5. finish.
   job.finish();
   if (!job.rank0()) return kExitOk;
@@ -275,10 +371,14 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                            {"backward_fp32_elements", v.backward_fp32},
                            {"bytes_per_element", e},
                            {"bytes", (v.forward + v.backward) * e + v.backward_fp32 * 4}};
+    j["activation_bytes"] = {
+        {"predicted", predicted},
+        {"measured", measured.empty() ? nlohmann::json(nullptr) : nlohmann::json(measured)}};
     print_json_line(out, j);
     return kExitOk;
   }
   print_report(out, c, grid, log);
+  print_memory(out, c, grid, predicted, measured);
   return kExitOk;
 }
 

@@ -73,6 +73,40 @@ std::vector<float> train_cp(const CpConfig& config, Comm& cp, Comm& world, int64
                             std::vector<torch::Tensor>* weights = nullptr);
 
 // ---------------------------------------------------------------------------------------------
+// Activation memory (given)
+// ---------------------------------------------------------------------------------------------
+
+/// @brief The bytes one forward of @p model on @p batch leaves allocated on this thread until
+///   backward: what the graph saved (dtc::thread_cpu_memory(), the counting allocator, which
+///   must be installed before the model was built). Runs forward and the loss, reads the
+///   counter, then backward (so that every rank's collectives match) and clears the gradients.
+int64_t measure_activation_bytes(CpGpt& model, const Batch& batch);
+
+/// @brief What one layer's forward keeps for backward on one rank, in bytes, for b sequences of
+///   s tokens split over cp ranks (n = b s / cp tokens a rank), hidden h, a heads, e bytes an
+///   element (4 fp32, 2 bf16), counted tensor by tensor (README section 6). Every kind keeps
+///   the residual stream, the LayerNorms' inputs and outputs, the MLP's 4h-wide tensors and the
+///   attention's input to c_proj, and the LayerNorms' means and inverse deviations (2 x 2 n e
+///   bytes); then:
+///   ulysses    q, k and v of a/cp heads over the whole sequence (3 n h), the scores of those
+///              heads, e a s^2 b / cp, and the causal mask, s x s bools: e 16 n h + e a s^2 b/cp
+///              + s^2;
+///   allgather  q (n h), the gathered K and V (2 s b h: every rank holds all of them), the
+///              scores of its n queries over s keys, e a s^2 b / cp, and their mask, s^2 / cp
+///              bools: e 14 n h + e 2 s b h + e a s^2 b / cp + s^2 / cp;
+///   ring       the qkv projection (3 n h), no scores at all, but the output in fp32 and the
+///              log-sum-exp (4 n h + 4 n a): e 16 n h + 4 n h + 4 n a.
+int64_t predict_layer_activation_bytes(Attention kind, int64_t b, int64_t s, int64_t h, int64_t a,
+                                       int cp, int64_t e);
+
+/// @brief The whole forward's bytes on one rank: @p layers layers (predict_layer_activation_bytes)
+///   and the head: ln_f's input and the output head's input (e n h each), ln_f's statistics
+///   (2 n e), the log-softmax of the loss over a @p vocab vocabulary in fp32 (4 n V), and the
+///   loss's two fp32 scalars (8).
+int64_t predict_activation_bytes(Attention kind, int64_t layers, int64_t b, int64_t s, int64_t h,
+                                 int64_t a, int64_t vocab, int cp, int64_t e);
+
+// ---------------------------------------------------------------------------------------------
 // Communication volume (given)
 // ---------------------------------------------------------------------------------------------
 

@@ -179,6 +179,10 @@ std::vector<torch::Tensor> Rotation::finish() {
 Rotation start_rotation(const std::vector<torch::Tensor>& tensors, Comm& cp, int tag) {
   const int r = cp.getRank(), n = cp.getSize();
   Rotation rotation;
+  if (n == 1) {  // a ring of one: what is sent comes straight back (gloo cannot send to itself)
+    for (const auto& t : tensors) rotation.received.push_back(t.clone());
+    return rotation;
+  }
   std::vector<P2POp> ops;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const torch::Tensor t = tensors[i].contiguous();
