@@ -4,8 +4,8 @@
 # the node's compiler, CMake, ninja and CUDA), build the programs the check runs, run the GPU
 # tests (ctest -L gpu), lesson 02 on CUDA against the same run on the CPU, the MFU of a
 # GPT-2-small-sized model in bf16 (bench/gpu_mfu.cpp), raw NCCL (nccl_raw), lessons 06 and up
-# with --backend nccl, every NCCL run with NCCL_DEBUG=INFO, the logs summarised by lesson 05's
-# parser, and a one-page summary.
+# with --backend nccl, every NCCL run with NCCL_DEBUG=INFO, lesson 10 beside PyTorch's
+# context_parallel, the logs summarised by lesson 05's parser, and a one-page summary.
 #
 #   scripts/gpu-check.sh --bundle build-bundle --out gpu-out   # on the node (scripts/gpu-bundle.sh)
 #   scripts/gpu-check.sh --out gpu-out                         # where the -dev packages are installed
@@ -151,7 +151,8 @@ has_target() { [ "$mode" = dry ] || grep -qx "$1" <<< "$all_targets"; }
 # nccl_raw, which ctest runs directly).
 nccl_lessons=()
 if [ "$mode" = dry ]; then
-  nccl_lessons=(lesson06_solution lesson07_solution lesson08_solution lesson09_solution)
+  nccl_lessons=(lesson06_solution lesson07_solution lesson08_solution lesson09_solution
+                lesson10_solution)
 else
   mapfile -t nccl_lessons < <(grep -E -x 'lesson(0[6-9]|[1-9][0-9])_solution' <<< "$all_targets" | sort)
 fi
@@ -221,10 +222,21 @@ for prog in "${nccl_lessons[@]}"; do
   if ! built "$prog"; then skip_step "$name" "$bin/$prog is not built (see build.log)"; continue; fi
   extra=()
   [ "$name" = lesson09 ] && extra=(--no-sweep)
+  [ "$name" = lesson10 ] && extra=(--zigzag)
   run_step "$name" 150 "$name.log" "${torchrun[@]}" "$bin/$prog" --backend "$backend" --steps 10 \
     --json "${extra[@]}"
 done
 unset NCCL_DEBUG NCCL_DEBUG_SUBSYS
+
+# --- 5b. lesson 10 beside PyTorch's context_parallel (ring attention under SDPA), on the GPUs ----
+# (on the CPU PyTorch 2.15's context_parallel does not run: the script says so and times ours)
+if ! built lesson10_solution; then
+  skip_step lesson10-vs-pytorch "$bin/lesson10_solution is not built (see build.log)"
+else
+  run_step lesson10-vs-pytorch 180 lesson10-vs-pytorch.log "$PY" bench/lesson10_vs_pytorch.py \
+    --binary "$bin/lesson10_solution" --nproc "$np" --device "$([ "$mode" = cpu ] && echo cpu || echo cuda)" \
+    --steps 10 --repeats 2 --seq 4096 --hidden 256 --heads 8 --layers 2 --batch 1
+fi
 
 # --- 6. read the NCCL logs (lesson 05's parser) ------------------------------------------------
 captured=()

@@ -50,3 +50,16 @@ if(DTC_MPIRUN)
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --zigzag --json)
 endif()
+
+# A smoke run of bench/lesson10_vs_pytorch.py (the overlap, the three attentions, and PyTorch's
+# context_parallel, which on the CPU reports that it does not run): tiny sizes, one run each.
+# Primary path only: the script needs the venv's PyTorch 2.x.
+if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
+  get_filename_component(_l10_bin "${DTC_TORCHRUN}" DIRECTORY)
+  add_test(NAME lesson10.solution.bench_smoke
+    COMMAND "${_l10_bin}/python" "${PROJECT_SOURCE_DIR}/bench/lesson10_vs_pytorch.py"
+            --binary $<TARGET_FILE:lesson10_solution> --nproc 2 --steps 2 --hidden 32
+            --layers 1 --seq 32 --repeats 1)
+  set_tests_properties(lesson10.solution.bench_smoke PROPERTIES
+    LABELS "lesson10;solution;lesson10-solution" TIMEOUT 240)
+endif()

@@ -77,6 +77,11 @@ std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& world, int64_t st
   Gpt full = make_gpt(c.run.model, c.run.seed, device);  // the same weights on every rank
   CpGpt model(full, cp, c.attention, c.zigzag);
   MasterAdamW optimizer(*full, c.run.precision, adamw_options(c.run));  // bf16: casts the model
+  {  // NCCL creates a group's communicator with its first collective, before any send or
+     // receive of the ring (dtc::batch_isend_irecv)
+    torch::Tensor one = torch::ones({1}, torch::TensorOptions().device(device));
+    allreduce_sum(one, cp);
+  }
   const ByteDataset data = ByteDataset::builtin();
   const int64_t rows = c.run.batch / dp;
   const int64_t first_row = world.getRank() / cp.getSize() * rows;
@@ -198,11 +203,73 @@ AttentionVolume attention_volume(Attention kind, int64_t b, int64_t s, int64_t h
 
 namespace {
 
+// --no-overlap: a communicator that completes every receive before returning it (on NCCL, every
+// group of sends and receives), so that the ring's next block has arrived before the current one
+// is computed. The same code, the same messages, no overlap: what the overlap is worth.
+class WaitingComm : public Comm {
+  // What a completed receive returns: waiting on it again is a no-op.
+  class DoneWork : public c10d::Work {
+   public:
+    bool isCompleted() override { return true; }
+    bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
+  };
+
+ public:
+  explicit WaitingComm(c10::intrusive_ptr<Comm> inner)
+      : Comm(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
+  const std::string getBackendName() const override { return inner_->getBackendName(); }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t,
+                                           const c10d::AllreduceOptions& o) override {
+    return inner_->allreduce(t, o);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out,
+                                           std::vector<at::Tensor>& in,
+                                           const c10d::AllgatherOptions& o) override {
+    return inner_->allgather(out, in, o);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
+                                               std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& o) override {
+    return inner_->alltoall_base(out, in, out_splits, in_splits, o);
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+    return inner_->barrier(o);
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& t, int dst, int tag) override {
+    return inner_->send(t, dst, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& t, int src, int tag) override {
+    auto work = inner_->recv(t, src, tag);
+    if (grouped_) return work;  // in a group (NCCL) the whole group is waited at its end
+    work->wait();
+    return c10::make_intrusive<DoneWork>();  // a gloo receive must not be waited twice
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  bool supportsCoalescing() const override { return inner_->supportsCoalescing(); }
+  void startCoalescing() override {
+    grouped_ = true;
+    inner_->startCoalescing();
+  }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    grouped_ = false;
+    auto work = inner_->endCoalescing();
+    if (work) work->wait();
+    return work;
+  }
+#endif
+
+ private:
+  c10::intrusive_ptr<Comm> inner_;
+  bool grouped_ = false;
+};
+
 struct Options {
   int dp = 0;
   int cp = 0;
   std::string attention = "ring";
   bool zigzag = false;
+  bool no_overlap = false;  // --no-overlap
 };
 
 Attention parse_attention(const std::string& name) {
@@ -286,9 +353,10 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   // this rank's CP group.
   if (job.device.is_cpu()) install_counting_allocator();
   job.connect();
-  const auto cp = new_subgroup(job.store, fmt::format("cp{}", grid.dp_rank(job.rank())),
-                               grid.cp_group(job.rank()), job.rank(), job.backend, job.timeout,
-                               job.env.master_addr);
+  c10::intrusive_ptr<Comm> cp = new_subgroup(
+      job.store, fmt::format("cp{}", grid.dp_rank(job.rank())), grid.cp_group(job.rank()),
+      job.rank(), job.backend, job.timeout, job.env.master_addr);
+  if (o.no_overlap) cp = c10::make_intrusive<WaitingComm>(cp);
   const bool talk = job.rank0() && !t.train.json;
   if (talk) {
     const int64_t tl = c.run.model.ctx / grid.cp;
@@ -363,6 +431,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     j["cp"] = grid.cp;
     j["attention"] = attention_name(c.attention);
     j["zigzag"] = c.zigzag;
+    j["overlap"] = !o.no_overlap;
     j["config"] = config_json(c.run.model, c.run.batch, c.run.seed, c.run.lr);
     j["precision"] = precision_name(c.run.precision);
     j["recompute"] = recompute_name(Recompute::kNone);
@@ -408,6 +477,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_flag("--zigzag", o.zigzag,
                "split each sequence into 2 cp chunks, rank r holding chunks r and 2cp-1-r, so "
                "that causal attention gives every rank the same work (ring, allgather)");
+  app.add_flag("--no-overlap", o.no_overlap,
+               "complete each hop before computing (a communicator that waits in every receive): "
+               "the ring without overlap, to measure what the overlap is worth");
   return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
 

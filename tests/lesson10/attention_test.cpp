@@ -7,7 +7,10 @@
 // through the block observer of the given block_attention.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -15,6 +18,7 @@
 
 #include "context_parallel.h"
 #include "dtc/compare.h"
+#include "dtc/data.h"
 #include "dtc/errors.h"
 #include "dtc/observe.h"
 #include "dtc/ranks.h"
@@ -409,6 +413,68 @@ TEST_P(L10AllGather, MatchesTheUnsplitAttentionZigzag) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, L10AllGather, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// ---------------------------------------------------------------------------------------------
+// Against PyTorch: scaled_dot_product_attention (tests/reference/lesson10_sdpa.py)
+// ---------------------------------------------------------------------------------------------
+
+// The reference script's inputs, by its formula, in fp32.
+torch::Tensor field(const std::vector<int64_t>& shape, bool cosine, double scale, double shift) {
+  auto x = torch::zeros(shape, torch::kDouble);
+  auto a = x.accessor<double, 4>();
+  for (int64_t b = 0; b < shape[0]; ++b)
+    for (int64_t h = 0; h < shape[1]; ++h)
+      for (int64_t t = 0; t < shape[2]; ++t)
+        for (int64_t d = 0; d < shape[3]; ++d) {
+          const double arg = scale * static_cast<double>(1 + 131 * b + 17 * h + 3 * t + d) + shift;
+          a[b][h][t][d] = cosine ? std::cos(arg) : std::sin(arg);
+        }
+  return x.to(torch::kFloat);
+}
+
+class L10VsPyTorch : public ::testing::TestWithParam<int> {};
+
+TEST_P(L10VsPyTorch, EveryAttentionGivesSdpasValuesAndGradients) {
+  const int cp = GetParam();
+  std::ifstream in(source_path("tests/reference/lesson10_sdpa.json"));
+  ASSERT_TRUE(in.good()) << "tests/reference/lesson10_sdpa.json (tests/reference/lesson10_sdpa.py)";
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto shape = ref.at("shape").get<std::vector<int64_t>>();
+  auto tensor = [&](const char* key) {
+    return torch::tensor(ref.at(key).get<std::vector<double>>(), torch::kDouble)
+        .view(shape)
+        .to(torch::kFloat);
+  };
+  const Qkv x{field(shape, false, 0.37, 0), field(shape, true, 0.29, 0),
+              field(shape, false, 0.11, 0.5), field(shape, true, 0.23, 0)};
+  const torch::Tensor out = tensor("out"), dq = tensor("dq"), dk = tensor("dk"), dv = tensor("dv");
+  for (Attention kind : {Attention::kRing, Attention::kUlysses, Attention::kAllGather}) {
+    for (bool zigzag : {false, true}) {
+      if (kind == Attention::kUlysses && (zigzag || shape[1] % cp != 0)) continue;
+      run_ranks(
+          cp,
+          [&](RankContext& ctx) {
+            auto shard = [&](const torch::Tensor& t) {
+              return shard_sequence(t, ctx.rank, cp, zigzag, 2);
+            };
+            auto q = shard(x.q).requires_grad_(), k = shard(x.k).requires_grad_(),
+                 v = shard(x.v).requires_grad_();
+            const torch::Tensor y = context_attention(kind, q, k, v, *ctx.comm, zigzag);
+            (y * shard(x.w)).sum().backward();
+            SCOPED_TRACE(::testing::Message() << attention_name(kind) << ", cp " << cp << ", rank "
+                                              << ctx.rank << (zigzag ? ", zig-zag" : ""));
+            EXPECT_TENSOR_CLOSE(y.detach(), shard(out), kFp32VsPyTorch);
+            EXPECT_TENSOR_CLOSE(q.grad(), shard(dq), kFp32VsPyTorch);
+            EXPECT_TENSOR_CLOSE(k.grad(), shard(dk), kFp32VsPyTorch);
+            EXPECT_TENSOR_CLOSE(v.grad(), shard(dv), kFp32VsPyTorch);
+          },
+          kTimeout);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, L10VsPyTorch, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
 // ---------------------------------------------------------------------------------------------
