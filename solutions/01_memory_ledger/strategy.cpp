@@ -317,8 +317,14 @@ Ledger mix_ledger(const PlanRequest& req, const Mix& mix) {
   s.sequence_parallel = mix.tp > 1;
   Ledger l = compute_ledger(count_params(req.model), s, &req.model);
   const double cp = static_cast<double>(mix.cp);
+  const double layers_held = l.activation_bytes / l.per_layer_activation_bytes;
   l.per_layer_activation_bytes /= cp;
-  l.activation_bytes /= cp;
+  if (mix.cp > 1 && mix.recompute != Recompute::kFull) {  // the gathered K and V, kept whole
+    l.per_layer_activation_bytes += 2.0 * static_cast<double>(s.seq * s.micro_batch) *
+                                    static_cast<double>(req.model.kv_dim()) * 2.0 *
+                                    (1.0 - 1.0 / cp) / static_cast<double>(mix.tp);
+  }
+  l.activation_bytes = l.per_layer_activation_bytes * layers_held;
   if (mix.virtual_stages > 1) {  // interleaved: (pp - 1) / v more stages' worth in flight
     const double pp = static_cast<double>(mix.pp);
     const double stage = static_cast<double>((req.model.layers + mix.pp - 1) / mix.pp);

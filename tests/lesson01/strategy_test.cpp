@@ -350,8 +350,23 @@ TEST(L01MixLedger, ExtendsComputeLedger) {
   const Ledger with_cp = mix_ledger(r, cp);
   EXPECT_CLOSE_REL(with_cp.state.total(), want.state.total(), 1e-12,
                    "closed form: ZeRO over dp cp = 4 ranks");
-  EXPECT_CLOSE_REL(with_cp.activation_bytes, want.activation_bytes / 2, 1e-12,
-                   "closed form: s/cp tokens per GPU");
+  // ... and all-gather CP keeps the whole sequence's K and V: 2 s b kv_dim (1 - 1/cp) / tp more
+  // 16-bit values a layer (lesson 10 measures it).
+  const double kv_whole = 2.0 * 8192 * static_cast<double>(r.model.kv_dim()) * 2 * 0.5 / 8;
+  const double held = want.activation_bytes / want.per_layer_activation_bytes;
+  EXPECT_CLOSE_REL(with_cp.per_layer_activation_bytes,
+                   want.per_layer_activation_bytes / 2 + kv_whole, 1e-12,
+                   "closed form: s/cp tokens per GPU, and the gathered K and V");
+  EXPECT_CLOSE_REL(with_cp.activation_bytes,
+                   (want.per_layer_activation_bytes / 2 + kv_whole) * held, 1e-12,
+                   "closed form: the same layers held");
+  Mix cp_full = cp;
+  cp_full.recompute = Recompute::kFull;
+  TrainingSetup full = s;
+  full.recompute = Recompute::kFull;
+  EXPECT_CLOSE_REL(mix_ledger(r, cp_full).activation_bytes,
+                   compute_ledger(count_params(r.model), full, &r.model).activation_bytes / 2,
+                   1e-12, "full recomputation gathers K and V again: nothing more kept");
   // ZeRO-3 holds one gathered layer: P / (tp L) at 2 + 2 bytes on top of the shards.
   Mix z3;
   z3.dp = 64;
