@@ -2,7 +2,8 @@
 """Lesson 10 benchmark: our context-parallel GPT (build/bin/lesson10_solution), its ring attention
 with and without overlap, its three attentions side by side, and PyTorch's own context
 parallelism (torch.distributed.tensor.experimental.context_parallel: ring attention under
-scaled_dot_product_attention) on the same model, batches and world size.
+scaled_dot_product_attention, its K/V exchange set to the ring, set_rotate_method("alltoall"),
+instead of 2.15's default all-gather) on the same model, batches and world size.
 
     ~/.cache/dtc-course/venv/bin/python bench/lesson10_vs_pytorch.py             # CPU, 2 ranks
     ... --device cuda --nproc 8                                                  # one node's GPUs
@@ -62,6 +63,7 @@ def worker(a) -> None:
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import set_rotate_method
 
     sys.path.insert(0, str(ROOT / "tests" / "reference"))
     import lesson02_reference as ref
@@ -75,6 +77,9 @@ def worker(a) -> None:
     if cuda:
         torch.cuda.set_device(device)
     mesh = init_device_mesh(device.type, (world,))
+    # 2.15's default exchange is an all-gather of K and V; "alltoall" is its ring (the K/V
+    # blocks passed from rank to rank): the one to set beside ours.
+    set_rotate_method("alltoall")
     model = ref.Gpt(256, a.seq, a.hidden, a.layers, a.heads, tied=True)
     ref.init_weights(model, a.seed, a.layers)
     model.to(device)

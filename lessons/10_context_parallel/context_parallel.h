@@ -7,13 +7,14 @@
 //   ring attention   K/V blocks rotate around the CP ring, one step per rank, each step's send
 //                    overlapped with the current block's attention, the partial results merged
 //                    with the online softmax (log-sum-exp); backward by hand, dK/dV riding along
-//                    (Liu et al. 2023, arXiv:2310.01889; Brandon et al. 2023, Striped/zig-zag).
+//                    (Liu et al. 2023, arXiv:2310.01889).
 //   Ulysses          all-to-all from sequence-sharded to head-sharded, full-sequence attention
 //                    on heads/cp heads, all-to-all back (Jacobs et al. 2023, arXiv:2309.14509).
 //   all-gather KV    every rank gathers the whole K and V and keeps its own queries (Llama 3,
 //                    Dubey et al. 2024, arXiv:2407.21783, sec. 3.3.2).
 // With a causal mask, contiguous chunks leave rank 0 almost idle and the last rank with all the
-// work; the zig-zag split (rank r holds chunks r and 2cp-1-r of 2cp) balances it.
+// work; the zig-zag split (rank r holds chunks r and 2cp-1-r of 2cp; Llama 3 sec. 3.3.2)
+// balances it.
 // This header is the whole specification of what you implement in context_parallel.cpp;
 // README.md beside it teaches it. Build and test:
 //
@@ -219,7 +220,8 @@ torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
 ///   rows at [j Tl, (j+1) Tl). Differentiable: backward reduce-scatters, each rank receiving the
 ///   sum over the ranks of the gradient of its own rows.
 /// What must hold (L10AllGather.*): the layout; the gradient summed over the ranks, exactly; one
-/// allgather forward, one alltoall backward (LibTorch 1.13's gloo has no reduce_scatter).
+/// allgather forward, one alltoall backward (the same on both LibTorch generations: 1.13's gloo
+/// has no reduce_scatter).
 torch::Tensor gather_sequence(const torch::Tensor& x, Comm& cp);
 
 /// @brief Llama 3's context parallelism: gather_sequence on k and v (the whole sequence's keys

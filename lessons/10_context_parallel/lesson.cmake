@@ -1,7 +1,10 @@
 # Lesson 10: context parallelism. Links dtc::dist (LibTorch's c10d, gloo; NCCL on CUDA builds).
-dtc_add_lesson(10 DIR 10_context_parallel SOURCES context_parallel.cpp DRIVER program.cpp
-               TESTS tests/lesson10/attention_test.cpp tests/lesson10/training_test.cpp tests/lesson10/memory_test.cpp
-               LIBS dtc::dist TORCH)
+# Part 5 (sequence parallelism) builds on lesson 08's reference modules: lesson08_solution_lib.
+dtc_add_lesson(10 DIR 10_context_parallel SOURCES context_parallel.cpp sequence_parallel.cpp
+               DRIVER program.cpp
+               TESTS tests/lesson10/attention_test.cpp tests/lesson10/training_test.cpp
+                     tests/lesson10/memory_test.cpp tests/lesson10/sequence_parallel_test.cpp
+               LIBS dtc::dist lesson08_solution_lib TORCH)
 
 # End-to-end: the real program on real processes, each on a free port of its own, against the
 # losses and parameter digest of lesson 02's single-process run of the same model (the course's
@@ -26,6 +29,16 @@ if(DTC_TORCHRUN)
     "--json-equals=attention=\"allgather\""
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --dp 2 --attention allgather --zigzag --json)
+  # Megatron's sequence parallelism on lesson 08's tensor parallelism (tp 2), and with cp 2 beside
+  # it (4 ranks: TP groups [0,1] [2,3], CP groups [0,2] [1,3]).
+  dtc_add_e2e(10 NAME torchrun_tp2_sp TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ --json-equals tp=2 --json-equals sequence_parallel=true
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
+    -- ${l10_model} --tp 2 --sequence-parallel --json)
+  dtc_add_e2e(10 NAME torchrun_tp2_cp2_sp TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
+    --program @PROGRAM@ --json-equals tp=2 --json-equals cp=2
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
+    -- ${l10_model} --tp 2 --sequence-parallel --zigzag --json)
   # Bad input: every rank exits 2 before touching the network (torchrun then exits 1), the flag
   # to fix named: Ulysses on 3 ranks with 4 heads.
   dtc_add_e2e(10 NAME torchrun_ulysses_heads TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 3

@@ -24,25 +24,58 @@ namespace dtc::l10 {
 // The rank grid
 // ---------------------------------------------------------------------------------------------
 
-std::vector<int> Grid::cp_group(int rank) const {
+std::vector<int> Grid::tp_group(int rank) const {
   std::vector<int> ranks;
-  for (int c = 0; c < cp; ++c) ranks.push_back(dp_rank(rank) * cp + c);
+  for (int t = 0; t < tp; ++t) ranks.push_back(rank - tp_rank(rank) + t);
   return ranks;
 }
 
-Grid make_grid(int world, int dp, int cp) {
+std::vector<int> Grid::cp_group(int rank) const {
+  std::vector<int> ranks;
+  for (int c = 0; c < cp; ++c) ranks.push_back(tp_rank(rank) + tp * (c + cp * dp_rank(rank)));
+  return ranks;
+}
+
+std::vector<int> Grid::replica_group(int rank) const {
+  std::vector<int> ranks;
+  for (int r = tp_rank(rank); r < world; r += tp) ranks.push_back(r);
+  return ranks;
+}
+
+Grid make_grid(int world, int dp, int cp, int tp) {
   if (dp < 0) throw UsageError("--dp", fmt::format("is {}, must be at least 1", dp), "e.g. --dp 2");
   if (cp < 0) throw UsageError("--cp", fmt::format("is {}, must be at least 1", cp), "e.g. --cp 2");
-  if (dp == 0 && cp == 0) return Grid{world, 1, world};  // neither: all ranks split a sequence
-  const char* culprit = cp == 0 ? "--dp" : "--cp";
-  if (dp == 0) dp = world % cp == 0 ? world / cp : 0;
-  if (cp == 0) cp = world % dp == 0 ? world / dp : 0;
-  if (dp < 1 || cp < 1 || dp * cp != world) {
-    throw UsageError(culprit, fmt::format("dp {} x cp {} is not the world size {}", dp, cp, world),
-                     "choose --dp and --cp whose product is the number of ranks "
-                     "(torchrun --nproc_per_node)");
+  if (tp < 0) throw UsageError("--tp", fmt::format("is {}, must be at least 1", tp), "e.g. --tp 2");
+  if (tp == 0) tp = 1;
+  if (world % tp != 0) {
+    throw UsageError("--tp", fmt::format("{} does not divide the world size {}", tp, world),
+                     "choose --tp, --cp and --dp whose product is the number of ranks");
   }
-  return Grid{world, dp, cp};
+  const int rest = world / tp;
+  if (dp == 0 && cp == 0) return Grid{world, 1, rest, tp};  // neither: cp takes what is left
+  const char* culprit = cp == 0 ? "--dp" : "--cp";
+  if (dp == 0) dp = rest % cp == 0 ? rest / cp : 0;
+  if (cp == 0) cp = rest % dp == 0 ? rest / dp : 0;
+  if (dp < 1 || cp < 1 || dp * cp * tp != world) {
+    throw UsageError(
+        culprit, fmt::format("tp {} x cp {} x dp {} is not the world size {}", tp, cp, dp, world),
+        "choose --tp, --cp and --dp whose product is the number of ranks "
+        "(torchrun --nproc_per_node)");
+  }
+  return Grid{world, dp, cp, tp};
+}
+
+Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& grid, int rank,
+                   BackendKind backend, std::chrono::milliseconds timeout,
+                   const std::string& master_addr) {
+  Groups g;
+  g.tp = new_subgroup(store, fmt::format("tp{}", rank / grid.tp), grid.tp_group(rank), rank,
+                      backend, timeout, master_addr);
+  g.cp = new_subgroup(store, fmt::format("cp{}.{}", grid.dp_rank(rank), grid.tp_rank(rank)),
+                      grid.cp_group(rank), rank, backend, timeout, master_addr);
+  g.replicas = new_subgroup(store, fmt::format("replicas{}", grid.tp_rank(rank)),
+                            grid.replica_group(rank), rank, backend, timeout, master_addr);
+  return g;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -51,13 +84,26 @@ Grid make_grid(int world, int dp, int cp) {
 
 namespace {
 
-void check_config(const CpConfig& c, int dp, int cp) {
-  validate_cp(c.run.model.ctx, c.run.model.heads, cp, c.attention, c.zigzag);
+void check_config(const CpConfig& c, int dp, int cp, int tp) {
+  if (tp > 1) l08::validate_tp(c.run.model, tp);
+  validate_cp(c.run.model.ctx, c.run.model.heads / tp, cp, c.attention, c.zigzag);
   check_precision(c.run.precision, /*bf16_collectives=*/true);
   if (c.run.batch % dp != 0) {
     throw UsageError("--global-batch",
                      fmt::format("{} sequences do not split over dp {}", c.run.batch, dp),
                      "pass a global batch that --dp divides, e.g. --global-batch 8 --dp 2");
+  }
+  if (c.sequence_parallel && tp == 1) {
+    throw UsageError("--sequence-parallel", "splits the LayerNorm regions over the TP ranks",
+                     "add --tp 2 (or more), or drop --sequence-parallel");
+  }
+  const int64_t tc = c.run.model.ctx / cp;
+  if (c.sequence_parallel && tc % tp != 0) {
+    throw UsageError("--seq",
+                     fmt::format("{} tokens a CP rank do not split over tp {} for sequence "
+                                 "parallelism",
+                                 tc, tp),
+                     fmt::format("choose --seq a multiple of cp x tp = {}", cp * tp));
   }
 }
 
@@ -66,17 +112,54 @@ void allreduce_sum(torch::Tensor& t, Comm& comm) {
   comm.allreduce(tensors)->wait();
 }
 
+// The digest of the full model from TP shards: a split parameter from every TP rank, a
+// replicated one from TP rank 0, and only from the first of the ranks holding the same weights.
+nlohmann::json tp_digest(const GptConfig& config, const TpCpGpt& model,
+                         const std::vector<torch::Tensor>& master, Comm& tp, Comm& replicas) {
+  std::vector<std::string> names;
+  std::map<std::string, int64_t> full_numel;
+  for (const auto& item : Gpt(config)->named_parameters()) {
+    names.push_back(item.key());
+    full_numel[item.key()] = item.value().numel();
+  }
+  std::vector<NamedPiece> pieces;
+  const auto named = model->model->named_parameters();
+  const auto& wte = model->model->wte;
+  for (size_t i = 0; i < named.size(); ++i) {
+    const std::string name = named[i].key() == "lm_head" ? "lm_head.weight" : named[i].key();
+    torch::Tensor value = master[i];
+    if (name == "wte.weight" || name == "lm_head.weight") {  // without the padding rows
+      value = value.narrow(0, 0, wte->vocab_end - wte->vocab_begin);
+    }
+    const bool split = value.numel() != full_numel.at(name);
+    if (replicas.getRank() == 0 && (split || tp.getRank() == 0)) pieces.emplace_back(name, value);
+  }
+  return param_digest(names, pieces, std::vector<Comm*>{&tp, &replicas});
+}
+
 }  // namespace
 
-std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& world, int64_t steps,
+std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& replicas, int64_t steps,
                             const torch::Device& device,
                             const std::function<void(int64_t, float)>& on_step,
-                            nlohmann::json* digest, std::vector<torch::Tensor>* weights) {
-  const int dp = world.getSize() / cp.getSize();
-  check_config(c, dp, cp.getSize());
+                            nlohmann::json* digest, std::vector<torch::Tensor>* weights, Comm* tp) {
+  const int t = tp == nullptr ? 1 : tp->getSize();
+  const int dp = replicas.getSize() / cp.getSize();
+  check_config(c, dp, cp.getSize(), t);
   Gpt full = make_gpt(c.run.model, c.run.seed, device);  // the same weights on every rank
-  CpGpt model(full, cp, c.attention, c.zigzag);
-  MasterAdamW optimizer(*full, c.run.precision, adamw_options(c.run));  // bf16: casts the model
+  // tp 1: the whole model on every rank (CpGpt); tp > 1: this rank's TP slices (TpCpGpt).
+  CpGpt cp_model{nullptr};
+  TpCpGpt tp_model{nullptr};
+  torch::nn::Module* trained = nullptr;
+  if (t == 1) {
+    cp_model = CpGpt(full, cp, c.attention, c.zigzag);
+    trained = full.get();
+  } else {
+    tp_model = TpCpGpt(full, *tp, cp, c.attention, c.zigzag, c.sequence_parallel);
+    trained = tp_model->model.get();
+    full = Gpt(nullptr);  // each rank keeps its slices only
+  }
+  MasterAdamW optimizer(*trained, c.run.precision, adamw_options(c.run));  // bf16: casts it
   {  // NCCL creates a group's communicator with its first collective, before any send or
      // receive of the ring (dtc::batch_isend_irecv)
     torch::Tensor one = torch::ones({1}, torch::TensorOptions().device(device));
@@ -84,7 +167,7 @@ std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& world, int64_t st
   }
   const ByteDataset data = ByteDataset::builtin();
   const int64_t rows = c.run.batch / dp;
-  const int64_t first_row = world.getRank() / cp.getSize() * rows;
+  const int64_t first_row = replicas.getRank() / cp.getSize() * rows;  // cp fastest in replicas
   std::vector<float> losses;
   for (int64_t step = 0; step < steps; ++step) {
     const Batch batch = data.batch(c.run.seed, step, rows, c.run.model.ctx, first_row);
@@ -92,16 +175,17 @@ std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& world, int64_t st
     mine.inputs = shard_sequence(batch.inputs, cp.getRank(), cp.getSize(), c.zigzag).to(device);
     mine.targets = shard_sequence(batch.targets, cp.getRank(), cp.getSize(), c.zigzag).to(device);
     optimizer.zero_grad();
-    torch::Tensor loss = model->loss(mine);  // this rank's share of its replica's mean
+    torch::Tensor loss = t == 1 ? cp_model->loss(mine) : tp_model->loss(mine);
     loss.backward();
-    for (auto& p : full->parameters()) {  // the sum over the tokens of every rank, / dp
+    if (t > 1) tp_model->reduce_replicated_gradients();  // sequence parallel: rows of each rank
+    for (auto& p : trained->parameters()) {  // the sum over the tokens of every rank, / dp
       torch::Tensor g = p.mutable_grad();
-      allreduce_sum(g, world);
+      allreduce_sum(g, replicas);
       g.div_(dp);
     }
     optimizer.step();
     torch::Tensor global = loss.detach().clone();
-    allreduce_sum(global, world);
+    allreduce_sum(global, replicas);
     const float value = global.item<float>() / static_cast<float>(dp);
     losses.push_back(value);
     if (on_step) on_step(step, value);
@@ -110,7 +194,9 @@ std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& world, int64_t st
     weights->clear();
     for (const auto& w : optimizer.master()) weights->push_back(w.detach().clone());
   }
-  if (digest) {  // every rank holds every weight: this rank's own digest is the model's
+  if (digest && t > 1)
+    *digest = tp_digest(c.run.model, tp_model, optimizer.master(), *tp, replicas);
+  if (digest && t == 1) {  // every rank holds every weight: this rank's own digest is the model's
     std::vector<std::string> names;
     std::vector<NamedPiece> pieces;
     const auto named = full->named_parameters();
@@ -127,7 +213,11 @@ std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& world, int64_t st
 // Activation memory
 // ---------------------------------------------------------------------------------------------
 
-int64_t measure_activation_bytes(CpGpt& model, const Batch& batch) {
+namespace {
+
+// The bytes @p loss's forward leaves allocated on this thread until backward; then backward and
+// the gradients cleared.
+int64_t held_by_forward(const std::function<torch::Tensor()>& loss, torch::nn::Module& module) {
   // gloo's worker threads drop their references to a collective's buffers a moment after the
   // collective's wait() returns: let them, before each reading, so that a buffer of this
   // thread's is not freed (or still held) by them in between.
@@ -136,23 +226,40 @@ int64_t measure_activation_bytes(CpGpt& model, const Batch& batch) {
     return thread_cpu_memory().current;
   };
   const int64_t before = settled();
-  torch::Tensor loss = model->loss(batch);
+  torch::Tensor l = loss();
   const int64_t held = settled() - before;
-  loss.backward();
-  for (auto& p : model->parameters()) p.mutable_grad().reset();
+  l.backward();
+  for (auto& p : module.parameters()) p.mutable_grad().reset();
   return held;
 }
 
+}  // namespace
+
+int64_t measure_activation_bytes(CpGpt& model, const Batch& batch) {
+  return held_by_forward([&] { return model->loss(batch); }, *model);
+}
+
+int64_t measure_activation_bytes(TpCpGpt& model, const Batch& batch) {
+  return held_by_forward([&] { return model->loss(batch); }, *model);
+}
+
 int64_t predict_layer_activation_bytes(Attention kind, int64_t b, int64_t s, int64_t h, int64_t a,
-                                       int cp, int64_t e) {
-  const int64_t n = b * s / cp;         // this rank's tokens
-  const int64_t stats = 2 * 2 * n * e;  // 2 LayerNorms' mean and rstd
-  const int64_t scores = e * a * s * s * b / cp;
+                                       int cp, int64_t e, int tp, bool sequence_parallel) {
+  const int64_t n = b * s / cp;  // this CP rank's tokens
+  const int64_t t = tp;
+  // The LayerNorm regions (x, ln_1's output, the residual after attention, ln_2's output, and
+  // both LayerNorms' mean and rstd): replicated on the TP ranks, or split by sequence parallelism.
+  const int64_t split = sequence_parallel ? t : 1;
+  const int64_t norms = e * 4 * n * h / split + 2 * 2 * n * e / split;
+  // The TP-split tensors: qkv (3 n h), c_proj's input (n h), the MLP's two 4h-wide ones.
+  const int64_t split_by_tp = e * 12 * n * h / t;
+  const int64_t heads = a / t;                        // this rank's heads
+  const int64_t scores = e * heads * s * s * b / cp;  // its queries' scores
   switch (kind) {
-    case Attention::kUlysses: return e * 16 * n * h + stats + scores + s * s;
-    case Attention::kAllGather:
-      return e * 14 * n * h + stats + e * 2 * s * b * h + scores + s * s / cp;
-    case Attention::kRing: return e * 16 * n * h + stats + 4 * n * h + 4 * n * a;
+    case Attention::kUlysses: return norms + split_by_tp + scores + s * s;
+    case Attention::kAllGather:  // q's copy instead of qkv; the whole K and V of its heads
+      return norms + split_by_tp - e * 2 * n * h / t + e * 2 * s * b * h / t + scores + s * s / cp;
+    case Attention::kRing: return norms + split_by_tp + 4 * n * h / t + 4 * n * heads;
   }
   return 0;
 }
@@ -267,6 +374,8 @@ class WaitingComm : public Comm {
 struct Options {
   int dp = 0;
   int cp = 0;
+  int tp = 0;
+  bool sequence_parallel = false;  // --sequence-parallel
   std::string attention = "ring";
   bool zigzag = false;
   bool no_overlap = false;  // --no-overlap
@@ -306,15 +415,16 @@ void print_report(std::ostream& out, const CpConfig& c, const Grid& grid, const 
   print_volumes(out, "this run", c.run.batch / grid.dp, c.run.model.ctx, c.run.model.hidden,
                 grid.cp, e);
   print_volumes(out, "a 7B-class layer (h 4096), 128k tokens, bf16, cp 8", 1, 131072, 4096, 8, 2);
-  fmt::print(out,
-             "\n  The ring sends as much as the all-gather forward, in cp - 1 steps, each hidden\n"
-             "  behind a block's attention; Ulysses sends cp times less per rank, but needs\n"
-             "  heads % cp == 0. With grouped-query attention K and V shrink (Llama 3 405B: 8 KV\n"
-             "  heads for 128 query heads, 1/16 of q), which makes gathering them cheap.\n");
+  fmt::print(
+      out,
+      "\n  The ring sends as much as the all-gather forward, in cp - 1 steps, each hidden\n"
+      "  behind a block's attention; Ulysses sends cp/2 times less forward per rank, but\n"
+      "  needs heads % cp == 0. With grouped-query attention K and V shrink (Llama 3 405B: 8 KV\n"
+      "  heads for 128 query heads, 1/16 of q), which makes gathering them cheap.\n");
 }
 
 void print_memory(std::ostream& out, const CpConfig& c, const Grid& grid, int64_t predicted,
-                  const std::vector<int64_t>& measured) {
+                  int64_t per_layer, const std::vector<int64_t>& measured) {
   const GptConfig& m = c.run.model;
   const int64_t e = c.run.precision == Precision::kFp32 ? 4 : 2;
   const int64_t rows = c.run.batch / grid.dp;
@@ -328,8 +438,15 @@ void print_memory(std::ostream& out, const CpConfig& c, const Grid& grid, int64_
     }
     fmt::print(out, "  measured  {} bytes (ranks 0..{})\n", row, measured.size() - 1);
   }
-  fmt::print(out, "  predicted {} bytes ({} layers, README section 6)\n", with_commas(predicted),
-             m.layers);
+  if (predicted >= 0) {
+    fmt::print(out, "  predicted {} bytes ({} layers, README section 6)\n", with_commas(predicted),
+               m.layers);
+  }
+  fmt::print(out, "  predicted per layer {} bytes{}\n", with_commas(per_layer),
+             grid.tp == 1 ? std::string()
+             : c.sequence_parallel
+                 ? std::string(" (tp: every term / tp, sequence parallelism)")
+                 : std::string(" (tp: the LayerNorm regions whole on each TP rank)"));
   fmt::print(out, "  one rank, whole sequence: ");
   for (Attention kind : {Attention::kRing, Attention::kAllGather, Attention::kUlysses}) {
     fmt::print(out, "{} {}{}", attention_name(kind),
@@ -346,26 +463,30 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   c.attention = parse_attention(o.attention);
   c.zigzag = o.zigzag;
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
-  const Grid grid = make_grid(job.env.world_size, o.dp, o.cp);
-  check_config(c, grid.dp, grid.cp);
+  c.sequence_parallel = o.sequence_parallel;
+  const Grid grid = make_grid(job.env.world_size, o.dp, o.cp, o.tp);
+  check_config(c, grid.dp, grid.cp, grid.tp);
 
   // 2. Build: the counting allocator (CPU: each rank's activations), the process group, then
-  // this rank's CP group.
+  // this rank's TP, CP and replica groups.
   if (job.device.is_cpu()) install_counting_allocator();
   job.connect();
-  c10::intrusive_ptr<Comm> cp = new_subgroup(
-      job.store, fmt::format("cp{}", grid.dp_rank(job.rank())), grid.cp_group(job.rank()),
-      job.rank(), job.backend, job.timeout, job.env.master_addr);
+  const Groups groups =
+      make_groups(job.store, grid, job.rank(), job.backend, job.timeout, job.env.master_addr);
+  c10::intrusive_ptr<Comm> cp = groups.cp;
   if (o.no_overlap) cp = c10::make_intrusive<WaitingComm>(cp);
+  Comm* tp = grid.tp > 1 ? groups.tp.get() : nullptr;
   const bool talk = job.rank0() && !t.train.json;
   if (talk) {
     const int64_t tl = c.run.model.ctx / grid.cp;
     print_banner(
         out, "Lesson 10: context parallelism", job, c.run.model,
         count_parameters(*Gpt(c.run.model)),
-        {{"grid", fmt::format("{} ranks = dp {} x cp {} (cp fastest: CP groups are consecutive "
-                              "ranks)",
-                              grid.world, grid.dp, grid.cp)},
+        {{"grid", fmt::format("{} ranks = tp {} x cp {} x dp {} (tp fastest, then cp){}",
+                              grid.world, grid.tp, grid.cp, grid.dp,
+                              grid.tp == 1          ? std::string()
+                              : c.sequence_parallel ? std::string(", sequence parallel over tp")
+                                                    : std::string(", no sequence parallelism"))},
          {"split",
           fmt::format("each rank: {} of {} tokens a sequence{}, {} attention", tl, c.run.model.ctx,
                       c.zigzag ? fmt::format(" (zig-zag: chunks r and {}-r of {})", 2 * grid.cp - 1,
@@ -385,32 +506,46 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   StepLog log(err, talk, 0, t.train.steps, c.run.batch * c.run.model.ctx);
   nlohmann::json digest;
   train_cp(
-      c, *cp, *job.comm, t.train.steps, job.device,
+      c, *cp, *groups.replicas, t.train.steps, job.device,
       [&](int64_t step, float loss) {
         log.end_step(step, loss);
         log.begin_step();
       },
-      &digest);
+      &digest, nullptr, tp);
 
   // The activations one forward keeps, on every rank (the counting allocator: CPU only), against
   // the closed form (predict_activation_bytes).
   const int64_t e = c.run.precision == Precision::kFp32 ? 4 : 2;
   const GptConfig& m = c.run.model;
   const int64_t rows = c.run.batch / grid.dp;
-  const int64_t predicted = predict_activation_bytes(c.attention, m.layers, rows, m.ctx, m.hidden,
-                                                     m.heads, m.vocab, grid.cp, e);
+  const int64_t predicted = grid.tp > 1
+                                ? -1
+                                : predict_activation_bytes(c.attention, m.layers, rows, m.ctx,
+                                                           m.hidden, m.heads, m.vocab, grid.cp, e);
+  const int64_t per_layer = predict_layer_activation_bytes(
+      c.attention, rows, m.ctx, m.hidden, m.heads, grid.cp, e, grid.tp, c.sequence_parallel);
   std::vector<int64_t> measured;
   if (job.device.is_cpu()) {
     Gpt fresh = make_gpt(m, c.run.seed, job.device);
-    MasterAdamW cast(*fresh, c.run.precision, adamw_options(c.run));  // bf16: the model in bf16
-    CpGpt model(fresh, *cp, c.attention, c.zigzag);
+    CpGpt model{nullptr};
+    TpCpGpt split{nullptr};
+    if (tp == nullptr) {
+      model = CpGpt(fresh, *cp, c.attention, c.zigzag);
+    } else {
+      split = TpCpGpt(fresh, *tp, *cp, c.attention, c.zigzag, c.sequence_parallel);
+      fresh = Gpt(nullptr);
+    }
+    MasterAdamW cast(tp == nullptr ? static_cast<torch::nn::Module&>(*model->gpt)
+                                   : static_cast<torch::nn::Module&>(*split->model),
+                     c.run.precision, adamw_options(c.run));  // bf16: the model in bf16
     const Batch batch =
         ByteDataset::builtin().batch(c.run.seed, 0, rows, m.ctx, grid.dp_rank(job.rank()) * rows);
     Batch mine;
     mine.inputs = shard_sequence(batch.inputs, cp->getRank(), grid.cp, c.zigzag);
     mine.targets = shard_sequence(batch.targets, cp->getRank(), grid.cp, c.zigzag);
     torch::Tensor all = torch::zeros({grid.world}, torch::kLong);
-    all[job.rank()] = measure_activation_bytes(model, mine);
+    all[job.rank()] = tp == nullptr ? measure_activation_bytes(model, mine)
+                                    : measure_activation_bytes(split, mine);
     std::vector<torch::Tensor> t{all};
     job.comm->allreduce(t)->wait();
     for (int r = 0; r < grid.world; ++r) measured.push_back(all[r].item<int64_t>());
@@ -429,6 +564,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     j["launcher"] = launcher_name(job.env.launcher);
     j["dp"] = grid.dp;
     j["cp"] = grid.cp;
+    j["tp"] = grid.tp;
+    j["sequence_parallel"] = c.sequence_parallel;
     j["attention"] = attention_name(c.attention);
     j["zigzag"] = c.zigzag;
     j["overlap"] = !o.no_overlap;
@@ -441,13 +578,14 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                            {"bytes_per_element", e},
                            {"bytes", (v.forward + v.backward) * e + v.backward_fp32 * 4}};
     j["activation_bytes"] = {
-        {"predicted", predicted},
+        {"predicted", predicted < 0 ? nlohmann::json(nullptr) : nlohmann::json(predicted)},
+        {"predicted_per_layer", per_layer},
         {"measured", measured.empty() ? nlohmann::json(nullptr) : nlohmann::json(measured)}};
     print_json_line(out, j);
     return kExitOk;
   }
   print_report(out, c, grid, log);
-  print_memory(out, c, grid, predicted, measured);
+  print_memory(out, c, grid, predicted, per_layer, measured);
   return kExitOk;
 }
 
@@ -467,8 +605,14 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "ranks that split each sequence (default: world size / dp; with neither flag, "
                  "the world size)")
       ->check(positive_count("--cp 2"));
-  app.add_option("--dp", o.dp, "data-parallel replicas (default: world size / cp)")
+  app.add_option("--dp", o.dp, "data-parallel replicas (default: world size / (tp cp))")
       ->check(positive_count("--dp 2"));
+  app.add_option("--tp", o.tp,
+                 "tensor-parallel ranks that split each layer's weights (lesson 08; default 1)")
+      ->check(positive_count("--tp 2"));
+  app.add_flag("--sequence-parallel", o.sequence_parallel,
+               "with --tp: split the LayerNorm and residual regions along the sequence over the "
+               "TP ranks too (Megatron's sequence parallelism)");
   app.add_option("--attention", o.attention,
                  "ring (K/V rotate, overlapped), ulysses (all-to-all to heads) or allgather "
                  "(every rank gathers K and V)")

@@ -17,6 +17,7 @@
 #include "context_parallel.h"
 #include "dtc/compat.h"
 #include "dtc/dist.h"
+#include "sequence_parallel.h"
 
 namespace dtc::l10 {
 
@@ -24,22 +25,44 @@ namespace dtc::l10 {
 // The rank grid (given)
 // ---------------------------------------------------------------------------------------------
 
-/// dp x cp = world, cp fastest (Llama 3's order puts CP next to TP, inside a node): rank =
-/// cp_rank + cp * dp_rank. A CP group is cp consecutive ranks; every rank holds the whole model.
+/// tp x cp x dp = world in Llama 3's order (sec. 3.3.2: [TP, CP, PP, DP], TP fastest):
+/// rank = tp_rank + tp (cp_rank + cp dp_rank). A TP group is tp consecutive ranks (one node's
+/// NVLink), a CP group strides by tp; the replicas of a weight shard are the cp x dp ranks with
+/// the same tp_rank.
 struct Grid {
   int world = 1;
   int dp = 1;
   int cp = 1;
-  int cp_rank(int rank) const { return rank % cp; }
-  int dp_rank(int rank) const { return rank / cp; }
-  /// The CP group of @p rank: cp consecutive ranks, sorted.
+  int tp = 1;
+  int tp_rank(int rank) const { return rank % tp; }
+  int cp_rank(int rank) const { return rank / tp % cp; }
+  int dp_rank(int rank) const { return rank / (tp * cp); }
+  /// The TP group of @p rank: tp consecutive ranks, sorted.
+  std::vector<int> tp_group(int rank) const;
+  /// The CP group of @p rank: cp ranks tp apart, sorted.
   std::vector<int> cp_group(int rank) const;
+  /// The ranks that hold the same weights as @p rank (its shard, with tp > 1): the cp x dp ranks
+  /// with its tp_rank, sorted. Gradients are summed over them.
+  std::vector<int> replica_group(int rank) const;
 };
 
-/// @brief The grid for @p world ranks from --dp and --cp (0 = not given): neither -> cp =
-///   world, dp 1; one given -> the other is world / it.
-/// @throws UsageError (--dp or --cp) when a degree is below 1 or dp * cp != world.
-Grid make_grid(int world, int dp, int cp);
+/// @brief The grid for @p world ranks from --dp, --cp and --tp (0 = not given): tp 1 unless
+///   given; then neither dp nor cp -> cp = world / tp, dp 1; one given -> the other is what is
+///   left.
+/// @throws UsageError (--dp, --cp or --tp) when a degree is below 1 or tp * cp * dp != world.
+Grid make_grid(int world, int dp, int cp, int tp = 1);
+
+/// This rank's communicators.
+struct Groups {
+  c10::intrusive_ptr<Comm> tp;        ///< its TP group
+  c10::intrusive_ptr<Comm> cp;        ///< its CP group
+  c10::intrusive_ptr<Comm> replicas;  ///< the ranks that hold its weights (replica_group)
+};
+
+/// Builds @p rank's groups over @p store (dtc::new_subgroup: TP, then CP, then the replicas).
+Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& grid, int rank,
+                   BackendKind backend, std::chrono::milliseconds timeout,
+                   const std::string& master_addr = "127.0.0.1");
 
 // ---------------------------------------------------------------------------------------------
 // Training (given)
@@ -51,26 +74,32 @@ struct CpConfig {
   RunConfig run;
   Attention attention = Attention::kRing;
   bool zigzag = false;
+  bool sequence_parallel = false;  ///< Megatron's SP on the TP ranks (with tp > 1)
 };
 
 /// @brief Trains @p config for @p steps: every rank builds the full GPT with init_weights, DP
 ///   replica d takes rows [d B/dp, (d+1) B/dp) of the global batch, CP rank c its tokens of
-///   each row (shard_sequence); the loss (CpGpt::loss) and every gradient are summed over
-///   @p world (all ranks hold the same weights) and divided by dp, then AdamW steps
-///   (dtc::MasterAdamW: fp32 master weights in bf16). The update is the baseline's.
-/// @param cp this rank's CP group; @p world every rank (dp x cp)
+///   each row (shard_sequence); without @p tp (or tp 1) the model is CpGpt, with it TpCpGpt
+///   (its weights split over tp; the replicated parameters' gradients summed over tp with
+///   sequence parallelism); the loss and every gradient are summed over @p replicas (the ranks
+///   holding the same weights) and divided by dp, then AdamW steps (dtc::MasterAdamW: fp32
+///   master weights in bf16). The update is the baseline's.
+/// @param cp this rank's CP group; @p replicas the cp x dp ranks with its tp rank (all ranks
+///   with tp 1)
 /// @param on_step called after every step with (step, loss), if set
 /// @param digest when not null, receives the parameter digest after the last step (the fp32
 ///   weights AdamW steps: the master weights in bf16)
-/// @param weights when not null, receives those fp32 weights, in Gpt::parameters() order
+/// @param weights when not null, receives this rank's fp32 weights, in its model's parameters()
+///   order (Gpt's with tp 1; the TP shards, TpGpt's, with tp > 1)
+/// @param tp this rank's TP group, or null for tp 1
 /// @return the global batch's loss of every step, on every rank
-/// @throws UsageError when dp does not divide the batch, cp the context (validate_cp), for
-///   fp16, and for bf16 on LibTorch 1.13 (its gloo has no bf16 collectives)
-std::vector<float> train_cp(const CpConfig& config, Comm& cp, Comm& world, int64_t steps,
+/// @throws UsageError when dp does not divide the batch, cp the context (validate_cp), tp the
+///   model, for fp16, and for bf16 on LibTorch 1.13 (its gloo has no bf16 collectives)
+std::vector<float> train_cp(const CpConfig& config, Comm& cp, Comm& replicas, int64_t steps,
                             const torch::Device& device = torch::kCPU,
                             const std::function<void(int64_t, float)>& on_step = {},
                             nlohmann::json* digest = nullptr,
-                            std::vector<torch::Tensor>* weights = nullptr);
+                            std::vector<torch::Tensor>* weights = nullptr, Comm* tp = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Activation memory (given)
@@ -81,6 +110,8 @@ std::vector<float> train_cp(const CpConfig& config, Comm& cp, Comm& world, int64
 ///   must be installed before the model was built). Runs forward and the loss, reads the
 ///   counter, then backward (so that every rank's collectives match) and clears the gradients.
 int64_t measure_activation_bytes(CpGpt& model, const Batch& batch);
+/// The same for the tp x cp model.
+int64_t measure_activation_bytes(TpCpGpt& model, const Batch& batch);
 
 /// @brief What one layer's forward keeps for backward on one rank, in bytes, for b sequences of
 ///   s tokens split over cp ranks (n = b s / cp tokens a rank), hidden h, a heads, e bytes an
@@ -96,8 +127,14 @@ int64_t measure_activation_bytes(CpGpt& model, const Batch& batch);
 ///              bools: e 14 n h + e 2 s b h + e a s^2 b / cp + s^2 / cp;
 ///   ring       the qkv projection (3 n h), no scores at all, but the output in fp32 and the
 ///              log-sum-exp (4 n h + 4 n a): e 16 n h + 4 n h + 4 n a.
+///   With @p tp (the weights split, lesson 08) every tensor of the TP regions and every head's
+///   term falls by tp (a/tp heads a rank); the LayerNorm regions (the residual stream, the
+///   LayerNorms' inputs and outputs, 4 n h, and their statistics) stay whole on every TP rank,
+///   unless @p sequence_parallel splits them too: then every term is divided by tp, as in
+///   Korthikanti et al.'s Table 2 row for tensor and sequence parallelism, sbh(34/t + 5as/(ht)).
 int64_t predict_layer_activation_bytes(Attention kind, int64_t b, int64_t s, int64_t h, int64_t a,
-                                       int cp, int64_t e);
+                                       int cp, int64_t e, int tp = 1,
+                                       bool sequence_parallel = false);
 
 /// @brief The whole forward's bytes on one rank: @p layers layers (predict_layer_activation_bytes)
 ///   and the head: ln_f's input and the output head's input (e n h each), ln_f's statistics

@@ -275,6 +275,32 @@ TEST_P(L10Ring, EachRotationIsInFlightWhileItsBlockIsComputed) {
           }
           EXPECT_EQ(blocks, cp) << pass << "s on rank " << ctx.rank;
         }
+        // Backward: the dK/dV accumulator sent on at step s travels while step s + 1's block is
+        // computed: no wait for its sends before that block.
+        const auto events = rec->events();
+        std::vector<size_t> marks;
+        for (size_t i = 0; i < events.size(); ++i) {
+          if (events[i].op == "mark" && events[i].label == "backward block") marks.push_back(i);
+        }
+        for (size_t m = 1; m < marks.size(); ++m) {
+          std::vector<int64_t> grad_calls;  // the gradients' sends (tags 2, 3) and their group
+          for (size_t i = marks[m - 1]; i < marks[m]; ++i) {
+            const bool grad_send = events[i].op == "send" && events[i].tag >= 2;
+            if (grad_send) grad_calls.push_back(events[i].seq);
+            if (!grad_calls.empty() && events[i].op == "group_end") {
+              grad_calls.push_back(events[i].seq);
+            }
+          }
+          for (size_t i = marks[m - 1]; i < marks[m]; ++i) {
+            if (events[i].op != "wait") continue;
+            for (int64_t id : grad_calls) {
+              EXPECT_NE(events[i].id, id)
+                  << "rank " << ctx.rank << ", backward step " << m
+                  << ": the dK/dV rotation was waited for before the next block: start it, "
+                     "compute the next block, then wait";
+            }
+          }
+        }
       },
       kTimeout);
 }
@@ -401,6 +427,33 @@ TEST_P(L10AllGather, GathersTheSequenceAndSumsTheGradient) {
         ASSERT_TRUE(mine.grad().defined());
         EXPECT_TENSOR_CLOSE(mine.grad(), torch::full({B, H, tl, D}, cp * (cp + 1) / 2.0f), kExact);
         EXPECT_EQ(rec->events("alltoall").size(), 1u) << "one alltoall backward";
+      },
+      kTimeout);
+}
+
+TEST_P(L10AllGather, SendsTheClosedFormBytes) {
+  // Forward: one allgather each of K and V, this rank's (B, H, Tl, D) block as its input (the
+  // ring all-gather puts cp - 1 of them on the wire: 2 (cp-1) b s h / cp). Backward: one
+  // all-to-all each of the gathered gradients, cp blocks of which cp - 1 leave the rank.
+  const int cp = GetParam();
+  const int64_t B = 1, H = 2, T = 2 * cp, D = 2, tl = T / cp;
+  const Qkv x = inputs(B, H, T, D, 10);
+  run_ranks(
+      cp,
+      [&](RankContext& ctx) {
+        auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+        auto shard = [&](const torch::Tensor& t) {
+          return shard_sequence(t, ctx.rank, cp, false, 2).requires_grad_();
+        };
+        auto q = shard(x.q), k = shard(x.k), v = shard(x.v);
+        auto out = allgather_attention(q, k, v, *rec, false);
+        const int64_t block = B * H * tl * D * 4;
+        EXPECT_EQ(rec->events("allgather").size(), 2u) << "K and V";
+        EXPECT_EQ(rec->bytes("allgather"), 2 * block);
+        rec->clear();
+        out.sum().backward();
+        EXPECT_EQ(rec->events("alltoall").size(), 2u) << "dK and dV";
+        EXPECT_EQ(rec->bytes("alltoall"), 2 * cp * block);
       },
       kTimeout);
 }

@@ -129,7 +129,8 @@ TEST(L10Memory, RingActivationsFallAsOneOverCp) {
   EXPECT_EQ(plain - one, run.model.layers * (4 * a * s * s * b + s * s + 8 * s * b * h -
                                              4 * s * b * h - 4 * s * b * a))
       << "bytes the ring saves against plain attention, one rank, s = " << s;
-  EXPECT_GT(static_cast<double>(plain) / static_cast<double>(one), 1.8);
+  EXPECT_GT(static_cast<double>(plain) / static_cast<double>(one), 2.0)
+      << "one ring rank keeps less than half of what plain attention keeps (README section 6)";
 }
 
 }  // namespace
