@@ -14,6 +14,7 @@
 #include "dtc/cli.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
+#include "dtc/format.h"
 #include "dtc/program.h"
 
 namespace dtc::l08 {
@@ -172,13 +173,6 @@ struct Options {
   int tp = 0;
   bool overlap_dgrad = false;  // --overlap-dgrad
 };
-
-std::string human_bytes(double b) {
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.1f} kB", b / 1e3);
-  return fmt::format("{:.0f} B", b);
-}
 
 std::string human_time(double s) {
   if (s >= 1) return fmt::format("{:.2f} s", s);

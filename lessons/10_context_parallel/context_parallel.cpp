@@ -289,17 +289,15 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
 // Part 3: Ulysses (all-to-all) attention
 // ---------------------------------------------------------------------------------------------
 
-namespace {
-
-// One all-to-all of x's first dimension, cp equal slices: slice j goes to rank j, and slice j of
-// the result came from rank j. Waits.
-torch::Tensor all_to_all(const torch::Tensor& x, Comm& cp) {
+torch::Tensor all_to_all(const torch::Tensor& x, Comm& comm) {
   torch::Tensor input = x.contiguous();
   torch::Tensor output = torch::empty_like(input);
   std::vector<int64_t> equal;  // empty: equal splits along dim 0
-  cp.alltoall_base(output, input, equal, equal)->wait();
+  comm.alltoall_base(output, input, equal, equal)->wait();
   return output;
 }
+
+namespace {
 
 torch::Tensor seq_to_heads_impl(const torch::Tensor& x, Comm& cp) {
   const int n = cp.getSize();
@@ -460,4 +458,4 @@ torch::Tensor CpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum b99c67d37ac80f2e
+// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum c555ad2e7fb6c17d

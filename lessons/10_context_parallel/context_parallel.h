@@ -116,6 +116,10 @@ using BlockObserver = std::function<void(int64_t q_rows, int64_t k_rows, bool ba
 /// Sets this thread's observer (an empty function: none). Returns the previous one.
 BlockObserver set_block_observer(BlockObserver observer);
 
+/// @brief One all-to-all of @p x's first dimension in equal slices (alltoall_base), waited
+///   for: slice j goes to rank j, and slice j of the result came from rank j. Given.
+torch::Tensor all_to_all(const torch::Tensor& x, Comm& comm);
+
 /// One K/V exchange around the ring, in flight: started by start_rotation, waited by finish.
 struct Rotation {
   std::vector<torch::Tensor> received;               ///< filled once finish() returns

@@ -15,6 +15,7 @@
 #include "dtc/cli.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
+#include "dtc/format.h"
 #include "dtc/memory.h"
 #include "dtc/program.h"
 
@@ -385,13 +386,6 @@ Attention parse_attention(const std::string& name) {
   if (name == "ulysses") return Attention::kUlysses;
   if (name == "allgather") return Attention::kAllGather;
   return Attention::kRing;
-}
-
-std::string human_bytes(double b) {
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.1f} kB", b / 1e3);
-  return fmt::format("{:.0f} B", b);
 }
 
 void print_volumes(std::ostream& out, const std::string& what, int64_t b, int64_t s, int64_t h,

@@ -25,16 +25,6 @@ int64_t handle(Comm& comm) { return static_cast<int64_t>(reinterpret_cast<intptr
 Comm& comm_at(int64_t h) { return *reinterpret_cast<Comm*>(static_cast<intptr_t>(h)); }
 Comm& comm_of(const AutogradContext* ctx) { return comm_at(ctx->saved_data.at("comm").toInt()); }
 
-// alltoall_base with equal splits of the first dimension: slice j to rank j, slice j of the
-// result from rank j. Waits.
-[[maybe_unused]] torch::Tensor exchange(const torch::Tensor& x, Comm& comm) {
-  torch::Tensor input = x.contiguous();
-  torch::Tensor output = torch::empty_like(input);
-  std::vector<int64_t> equal;
-  comm.alltoall_base(output, input, equal, equal)->wait();
-  return output;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Part 5: sequence parallelism's two operators
 // ---------------------------------------------------------------------------------------------
@@ -214,4 +204,4 @@ void TpCpGptImpl::reduce_replicated_gradients() {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/sequence_parallel.cpp by scripts/exercises.py; checksum 15c261240b45ea48
+// exercise generated from solutions/10_context_parallel/sequence_parallel.cpp by scripts/exercises.py; checksum 7d399036f52e138c

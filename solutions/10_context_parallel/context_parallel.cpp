@@ -369,17 +369,15 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
 // Part 3: Ulysses (all-to-all) attention
 // ---------------------------------------------------------------------------------------------
 
-namespace {
-
-// One all-to-all of x's first dimension, cp equal slices: slice j goes to rank j, and slice j of
-// the result came from rank j. Waits.
-torch::Tensor all_to_all(const torch::Tensor& x, Comm& cp) {
+torch::Tensor all_to_all(const torch::Tensor& x, Comm& comm) {
   torch::Tensor input = x.contiguous();
   torch::Tensor output = torch::empty_like(input);
   std::vector<int64_t> equal;  // empty: equal splits along dim 0
-  cp.alltoall_base(output, input, equal, equal)->wait();
+  comm.alltoall_base(output, input, equal, equal)->wait();
   return output;
 }
+
+namespace {
 
 torch::Tensor seq_to_heads_impl(const torch::Tensor& x, Comm& cp) {
   const int n = cp.getSize();

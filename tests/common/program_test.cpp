@@ -158,6 +158,9 @@ TEST(Skeleton, Helpers) {
   EXPECT_EQ(with_commas(999), "999");
   EXPECT_EQ(clock_time(150), "2:30");
   EXPECT_EQ(clock_time(3725), "1:02:05");
+  EXPECT_EQ(human_bytes(512), "512 B");
+  EXPECT_EQ(human_bytes(262144), "262.1 kB");
+  EXPECT_EQ(human_bytes(1.88e9), "1.88 GB");
   EXPECT_NO_THROW(check_resume_step(3, 5));
   try {
     check_resume_step(5, 5);
