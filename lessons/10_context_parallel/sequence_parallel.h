@@ -4,9 +4,10 @@
 // Tensor parallelism (lesson 08) splits every matrix over the TP ranks but leaves the LayerNorms,
 // the residual adds and their activations replicated: each TP rank holds the whole (B, T, h)
 // there. Sequence parallelism splits those regions along the sequence over the same TP ranks, and
-// swaps lesson 08's conjugate operators for another pair, with the same bytes on the wire:
-//   g-bar (entering a TP region):  forward all-gather along the sequence,  backward reduce-scatter
-//   g     (leaving it):            forward reduce-scatter,                 backward all-gather
+// swaps lesson 08's conjugate operators for another pair (the paper's g and g-bar, Fig. 5), with
+// the same bytes on the wire:
+//   g     (entering a TP region):  forward all-gather along the sequence,  backward reduce-scatter
+//   g-bar (leaving it):            forward reduce-scatter,                 backward all-gather
 // so that one allreduce becomes a reduce-scatter plus an all-gather. The TP modules are lesson
 // 08's reference ones (solutions/08_tensor_parallel: this lesson does not depend on your lesson
 // 08); the model around them is given; the two operators above are yours.
@@ -28,7 +29,7 @@ namespace dtc::l10 {
 // What you implement, part 5: sequence parallelism's two operators
 // ---------------------------------------------------------------------------------------------
 
-/// @brief Megatron's g for sequence parallelism: each TP rank holds a partial sum of the whole
+/// @brief Sequence parallelism's g-bar: each TP rank holds a partial sum of the whole
 ///   (B, T, h) (a row-parallel layer's output); forward reduce-scatters it along the sequence,
 ///   rank t keeping rows [t T/tp, (t+1) T/tp) of the sum; backward all-gathers the gradient.
 ///
@@ -40,7 +41,7 @@ namespace dtc::l10 {
 /// @return (B, T/tp, ...)
 torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, Comm& tp);
 
-/// @brief Megatron's g-bar fused with the column-parallel Linear behind it:
+/// @brief Sequence parallelism's g fused with the column-parallel Linear behind it:
 ///   F::linear(all-gather of x along the sequence, weight, bias), whose backward all-gathers x
 ///   AGAIN instead of keeping the gathered copy, so that only this rank's (B, T/tp, h) shard is
 ///   saved (Korthikanti et al. sec. 4.2.2: what makes every activation of the layer 1/tp).

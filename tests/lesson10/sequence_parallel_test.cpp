@@ -227,6 +227,49 @@ TEST(L10SeqParMemory, EachLayerKeepsTheClosedFormToTheByte) {
   EXPECT_EQ(no_sp - sp, 4 * (4 * 128 * 32 + 4 * 128) / 2);
 }
 
+TEST(L10SeqParBytes, TheSameBytesAsTensorParallelismPlusTheReGathers) {
+  // One forward and backward on tp 2, the TP group recorded. On a ring, an allreduce of N bytes
+  // sends 2(t-1)/t N a rank, a reduce-scatter of N (an alltoall here) (t-1)/t N, an all-gather
+  // of a rank's N/t (t-1) N/t. Sequence parallelism turns each of tensor parallelism's
+  // allreduces into a reduce-scatter and an all-gather, the same bytes, and adds one all-gather
+  // per gather_linear in backward (its input gathered again): 2 a layer and the head's, of
+  // N = B T h x 4 bytes each.
+  const int t = 2;
+  RunConfig run;
+  run.model.layers = 2;
+  run.model.hidden = 32;
+  run.model.heads = 4;
+  run.model.ctx = 16;
+  run.batch = 2;
+  const double n_bytes = 2.0 * 16 * 32 * 4;
+  std::mutex mu;
+  std::vector<double> wire(2, 0.0);  // [without SP, with SP], rank 0
+  for (bool sp : {false, true}) {
+    run_ranks(
+        t,
+        [&](RankContext& ctx) {
+          auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+          auto cp = new_subgroup(ctx.store, "solo" + std::to_string(ctx.rank), {ctx.rank}, ctx.rank,
+                                 BackendKind::kGloo, kTimeout);
+          TpCpGpt model(make_gpt(run.model, run.seed), *rec, *cp, Attention::kRing, false, sp);
+          const Batch batch = ByteDataset::builtin().batch(run.seed, 0, run.batch, run.model.ctx);
+          rec->clear();
+          model->loss(batch).backward();
+          const double f = (t - 1.0) / t;
+          const double w = 2 * f * static_cast<double>(rec->bytes("allreduce")) +
+                           f * static_cast<double>(rec->bytes("alltoall")) +
+                           (t - 1.0) * static_cast<double>(rec->bytes("allgather"));
+          std::lock_guard<std::mutex> lock(mu);
+          if (ctx.rank == 0) wire[sp ? 1 : 0] = w;
+        },
+        kTimeout);
+  }
+  const double regathers = (2.0 * run.model.layers + 1) * (t - 1.0) / t * n_bytes;
+  EXPECT_DOUBLE_EQ(wire[1] - wire[0], regathers)
+      << "bytes a rank sends in one step: tensor parallel " << wire[0] << ", with sequence "
+      << "parallelism " << wire[1];
+}
+
 TEST(L10SeqParTrainingGiven, RefusesWhatDoesNotSplit) {
   CpConfig c;
   c.sequence_parallel = true;
