@@ -201,8 +201,10 @@ TEST_P(L10Ring, BlockPlanComputesExactlyWhatTheMaskLetsThrough) {
 
 // Runs ring (or another) attention on cp thread-ranks and compares each rank's rows with the
 // unsplit attention's, values and gradients.
-void expect_matches_unsplit(Attention kind, int cp, bool zigzag, bool causal, int64_t heads = 2) {
-  const int64_t B = 2, D = 4, T = 2 * 3 * cp;
+void expect_matches_unsplit(Attention kind, int cp, bool zigzag, bool causal, int64_t heads = 2,
+                            int64_t T = 0) {
+  const int64_t B = 2, D = 4;
+  if (T == 0) T = 2 * 3 * cp;
   const Qkv x = inputs(B, heads, T, D, 100 + static_cast<uint64_t>(cp));
   const Reference want = unsplit(x, causal);
   run_ranks(
@@ -237,6 +239,13 @@ TEST_P(L10Ring, MatchesTheUnsplitAttentionZigzag) {
 }
 TEST_P(L10Ring, MatchesTheUnsplitAttentionWithoutMask) {
   expect_matches_unsplit(Attention::kRing, GetParam(), false, false);
+}
+
+TEST(L10RingLong, EveryAttentionAtALengthWhereTheScoresDominate) {
+  // s = 512 on 4 ranks: the unsplit scores (2 x 2 x 512 x 512) are 64 times q's elements.
+  for (Attention kind : {Attention::kRing, Attention::kUlysses, Attention::kAllGather}) {
+    expect_matches_unsplit(kind, 4, kind != Attention::kUlysses, true, /*heads=*/4, /*T=*/512);
+  }
 }
 
 TEST_P(L10Ring, EachRotationIsInFlightWhileItsBlockIsComputed) {
