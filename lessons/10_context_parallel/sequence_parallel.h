@@ -1,11 +1,12 @@
 // Lesson 10, part 5: Megatron's sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198,
 // sec. 4.2.2), on lesson 08's tensor parallelism, and beside context parallelism.
 //
-// Tensor parallelism (lesson 08) splits every matrix over the TP ranks but leaves the LayerNorms,
-// the residual adds and their activations replicated: each TP rank holds the whole (B, T, h)
-// there. Sequence parallelism splits those regions along the sequence over the same TP ranks, and
+// Tensor parallelism (lesson 08) splits every matrix over the TP ranks but leaves the LayerNorm
+// regions (the LayerNorms, the residual stream) and their activations replicated: each TP rank
+// holds the whole (B, T, h) there. Sequence parallelism splits those regions along the sequence over the same TP ranks, and
 // swaps lesson 08's conjugate operators for another pair (the paper's g and g-bar, Fig. 5), with
-// the same bytes on the wire:
+// the same bytes on the wire, but for one more all-gather a column-parallel layer in backward
+// (gather_linear gathers its input again):
 //   g     (entering a TP region):  forward all-gather along the sequence,  backward reduce-scatter
 //   g-bar (leaving it):            forward reduce-scatter,                 backward all-gather
 // so that one allreduce becomes a reduce-scatter plus an all-gather. The TP modules are lesson
@@ -77,11 +78,12 @@ class TpCpGptImpl : public torch::nn::Module {
   ///   model's loss, the same on every TP rank. @p batch holds the CP rank's tokens.
   torch::Tensor loss(const Batch& batch);
   /// @brief With sequence parallelism, each TP rank's gradient of a replicated parameter (the
-  ///   LayerNorms, the position embedding) covers its own rows only: sums them over the TP
+  ///   LayerNorms, the position embedding, the row-parallel biases) covers its own rows only: sums them over the TP
   ///   group (Megatron's allreduce of the sequence-parallel parameters' gradients). A no-op
   ///   without. Call after backward.
   void reduce_replicated_gradients();
-  /// The parameters that are replicated on the TP ranks (not split): LayerNorms, wpe.
+  /// The parameters that are replicated on the TP ranks (not split): LayerNorms, wpe, the
+  /// row-parallel layers' biases.
   std::vector<torch::Tensor> replicated_parameters() const;
 
   l08::TpGpt model;         ///< the TP-split weights

@@ -37,16 +37,19 @@ TEST_P(L10SeqPar, ReduceScatterSumsTheRanksRowsAndGathersTheGradient) {
       W,
       [&](RankContext& ctx) {
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
-        // Rank r holds (r + 1) x 0, 1, 2, ...: the sum over the ranks is W(W+1)/2 x that.
+        // Rank r holds (r + 1) x 0, 1, 2, ...: the sum over the ranks is W(W+1)/2 x that. A
+        // strided view, as a transposed tensor reaches it.
         const torch::Tensor base = torch::arange(B * T * h, torch::kFloat).view({B, T, h});
         auto x = (base * static_cast<float>(ctx.rank + 1)).requires_grad_();
-        const torch::Tensor y = reduce_scatter_sequence(x, *rec);
+        const torch::Tensor strided = x.transpose(1, 2).contiguous().transpose(1, 2);
+        ASSERT_FALSE(strided.is_contiguous());
+        const torch::Tensor y = reduce_scatter_sequence(strided, *rec);
         const float sum = static_cast<float>(W * (W + 1) / 2);
         EXPECT_TENSOR_CLOSE(y.detach(), base.narrow(1, ctx.rank * rows, rows) * sum, kExact);
         EXPECT_EQ(rec->events("alltoall").size(), 1u) << "one alltoall forward";
         rec->clear();
         // Rank r's upstream gradient is r + 1: the input's gradient is every rank's, in order.
-        (y * static_cast<float>(ctx.rank + 1)).sum().backward();
+        (y.transpose(1, 2) * static_cast<float>(ctx.rank + 1)).sum().backward();  // strided grad
         std::vector<torch::Tensor> want;
         for (int j = 0; j < W; ++j) want.push_back(torch::full({B, rows, h}, j + 1.0f));
         EXPECT_TENSOR_CLOSE(x.grad(), torch::cat(want, 1), kExact);
@@ -87,6 +90,13 @@ TEST_P(L10SeqPar, GatherLinearIsTheGatheredColumnParallelLinear) {
         EXPECT_TENSOR_CLOSE(x.grad(), xr.grad().narrow(1, ctx.rank * rows, rows), kFp32Op);
         EXPECT_TENSOR_CLOSE(w.grad(), wr.grad().narrow(0, ctx.rank * cols, cols), kFp32Op);
         EXPECT_TENSOR_CLOSE(b.grad(), br.grad().narrow(0, ctx.rank * cols, cols), kFp32Op);
+        // Without a bias (the output head's case).
+        auto x2 = x.detach().clone().requires_grad_(), w2 = w.detach().clone().requires_grad_();
+        const torch::Tensor y2 = gather_linear(x2, w2, torch::Tensor(), *ctx.comm);
+        EXPECT_TENSOR_CLOSE(y2.detach(),
+                            (yr.detach() - br.detach()).narrow(2, ctx.rank * cols, cols), kFp32Op);
+        (y2 * up.narrow(2, ctx.rank * cols, cols)).sum().backward();
+        EXPECT_TENSOR_CLOSE(x2.grad(), xr.grad().narrow(1, ctx.rank * rows, rows), kFp32Op);
       },
       kTimeout);
 }
