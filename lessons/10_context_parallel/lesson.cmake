@@ -76,3 +76,16 @@ if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
   set_tests_properties(lesson10.solution.bench_smoke PROPERTIES
     LABELS "lesson10;solution;lesson10-solution" TIMEOUT 240)
 endif()
+
+# Lesson 01's planner against this lesson's measured traffic (tests/lesson10/planner_agreement_test.cpp):
+# both reference solutions, where lesson 01 is built (the light path leaves it out).
+if(TARGET lesson01_solution_lib)
+  add_executable(lesson10_planner_tests tests/lesson10/planner_agreement_test.cpp
+                 $<TARGET_OBJECTS:lesson10_driver>)
+  target_link_libraries(lesson10_planner_tests PRIVATE lesson10_solution_lib lesson01_solution_lib
+                        dtc_test_support dtc_test_main)
+  set_target_properties(lesson10_planner_tests PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
+  dtc_discover_tests(lesson10_planner_tests PREFIX "course.planner_vs_lesson10."
+                     LABELS "lesson10;solution;lesson10-solution")
+endif()
