@@ -109,12 +109,7 @@ torch::Tensor block_scores(const torch::Tensor& q, const torch::Tensor& k,
   return s;
 }
 
-// The communicator travels to backward inside the autograd context, as a pointer stored in an
-// int64 IValue (as lesson 08's f and g do).
-int64_t comm_handle(Comm& comm) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm)); }
-Comm& comm_of(const AutogradContext* ctx) {
-  return *reinterpret_cast<Comm*>(static_cast<intptr_t>(ctx->saved_data.at("comm").toInt()));
-}
+Comm& comm_of(const AutogradContext* ctx) { return comm_from(ctx->saved_data.at("comm").toInt()); }
 
 }  // namespace
 
@@ -235,7 +230,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     ctx->saved_data["comm"] = comm;
     ctx->saved_data["zigzag"] = zigzag;
     ctx->saved_data["causal"] = causal;
-    Comm& cp = *reinterpret_cast<Comm*>(static_cast<intptr_t>(comm));
+    Comm& cp = comm_from(comm);
     const int rank = cp.getRank(), n = cp.getSize();
     const int64_t tl = q.size(2), seq = tl * n;
     auto sizes = q.sizes().vec();
@@ -289,6 +284,10 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
 // Part 3: Ulysses (all-to-all) attention
 // ---------------------------------------------------------------------------------------------
 
+int64_t comm_handle(Comm& comm) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm)); }
+
+Comm& comm_from(int64_t handle) { return *reinterpret_cast<Comm*>(static_cast<intptr_t>(handle)); }
+
 torch::Tensor all_to_all(const torch::Tensor& x, Comm& comm) {
   torch::Tensor input = x.contiguous();
   torch::Tensor output = torch::empty_like(input);
@@ -322,7 +321,7 @@ torch::Tensor heads_to_seq_impl(const torch::Tensor& x, Comm& cp) {
 struct SeqToHeadsFn : public torch::autograd::Function<SeqToHeadsFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    return seq_to_heads_impl(x, *reinterpret_cast<Comm*>(static_cast<intptr_t>(comm)));
+    return seq_to_heads_impl(x, comm_from(comm));
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     return {heads_to_seq_impl(g[0], comm_of(ctx)), torch::Tensor()};
@@ -332,7 +331,7 @@ struct SeqToHeadsFn : public torch::autograd::Function<SeqToHeadsFn> {
 struct HeadsToSeqFn : public torch::autograd::Function<HeadsToSeqFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    return heads_to_seq_impl(x, *reinterpret_cast<Comm*>(static_cast<intptr_t>(comm)));
+    return heads_to_seq_impl(x, comm_from(comm));
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     return {seq_to_heads_impl(g[0], comm_of(ctx)), torch::Tensor()};
@@ -374,7 +373,7 @@ namespace {
 struct GatherSequenceFn : public torch::autograd::Function<GatherSequenceFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    [[maybe_unused]] Comm& cp = *reinterpret_cast<Comm*>(static_cast<intptr_t>(comm));
+    [[maybe_unused]] Comm& cp = comm_from(comm);
     // TODO(L10): (B, H, Tl, D) -> (B, H, cp Tl, D), rank j's rows at [j Tl, (j+1) Tl), with
     //   one allgather (L10AllGather.*; README section 5 hints)
     DTC_TODO("L10", "(B, H, Tl, D) -> (B, H, cp Tl, D), rank j's rows at [j Tl, (j+1) Tl), with "
@@ -458,4 +457,4 @@ torch::Tensor CpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum c555ad2e7fb6c17d
+// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum d209f7e6c00b3d9b

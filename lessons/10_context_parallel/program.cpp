@@ -98,14 +98,7 @@ void check_config(const CpConfig& c, int dp, int cp, int tp) {
     throw UsageError("--sequence-parallel", "splits the LayerNorm regions over the TP ranks",
                      "add --tp 2 (or more), or drop --sequence-parallel");
   }
-  const int64_t tc = c.run.model.ctx / cp;
-  if (c.sequence_parallel && tc % tp != 0) {
-    throw UsageError("--seq",
-                     fmt::format("{} tokens a CP rank do not split over tp {} for sequence "
-                                 "parallelism",
-                                 tc, tp),
-                     fmt::format("choose --seq a multiple of cp x tp = {}", cp * tp));
-  }
+  if (c.sequence_parallel) validate_sequence_parallel(c.run.model.ctx, cp, tp);
 }
 
 void allreduce_sum(torch::Tensor& t, Comm& comm) {

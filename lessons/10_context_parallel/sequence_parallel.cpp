@@ -21,9 +21,7 @@ using torch::autograd::variable_list;
 
 namespace {
 
-int64_t handle(Comm& comm) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm)); }
-Comm& comm_at(int64_t h) { return *reinterpret_cast<Comm*>(static_cast<intptr_t>(h)); }
-Comm& comm_of(const AutogradContext* ctx) { return comm_at(ctx->saved_data.at("comm").toInt()); }
+Comm& comm_of(const AutogradContext* ctx) { return comm_from(ctx->saved_data.at("comm").toInt()); }
 
 // ---------------------------------------------------------------------------------------------
 // Part 5: sequence parallelism's two operators
@@ -49,7 +47,7 @@ torch::Tensor all_gather_rows(const torch::Tensor& x, Comm& tp) {
 struct ReduceScatterSequenceFn : public torch::autograd::Function<ReduceScatterSequenceFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    return reduce_scatter_rows(x, comm_at(comm));
+    return reduce_scatter_rows(x, comm_from(comm));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {all_gather_rows(grads[0], comm_of(ctx)), torch::Tensor()};
@@ -64,7 +62,7 @@ struct GatherLinearFn : public torch::autograd::Function<GatherLinearFn> {
     ctx->saved_data["comm"] = comm;
     const bool has_bias = bias.numel() > 0;  // no bias: an empty tensor (see gather_linear)
     ctx->saved_data["bias"] = has_bias;
-    [[maybe_unused]] Comm& tp = comm_at(comm);
+    [[maybe_unused]] Comm& tp = comm_from(comm);
     // TODO(L10): the Linear of every TP rank's rows gathered along the sequence; save only
     //   this rank's rows (and the weight) for backward (L10SeqPar.GatherLinear*; README section 9
     //   hints)
@@ -93,33 +91,34 @@ torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, Comm& tp) {
         fmt::format("reduce_scatter_sequence: {} rows do not split over tp {}",
                     x.dim() < 2 ? 0 : x.size(1), tp.getSize()));
   }
-  return ReduceScatterSequenceFn::apply(x, handle(tp));
+  return ReduceScatterSequenceFn::apply(x, comm_handle(tp));
 }
 
 torch::Tensor gather_linear(const torch::Tensor& x, const torch::Tensor& weight,
                             const torch::Tensor& bias, Comm& tp) {
   // An autograd function's inputs must be defined tensors: no bias travels as an empty one.
   return GatherLinearFn::apply(
-      x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()), handle(tp));
+      x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()), comm_handle(tp));
 }
 
 // ---------------------------------------------------------------------------------------------
 // The tp x cp GPT
 // ---------------------------------------------------------------------------------------------
 
+void validate_sequence_parallel(int64_t seq, int cp, int tp) {
+  const int64_t tc = seq / cp;
+  if (tc % tp == 0) return;
+  throw UsageError(
+      "--seq",
+      fmt::format("{} tokens a CP rank do not split over tp {} for sequence parallelism", tc, tp),
+      fmt::format("choose --seq a multiple of cp x tp = {}", cp * tp));
+}
+
 TpCpGptImpl::TpCpGptImpl(const Gpt& full, Comm& t, Comm& c, Attention k, bool zz, bool sp)
     : model(full, t), tp(&t), cp(&c), kind(k), zigzag(zz), sequence_parallel(sp) {
   const GptConfig& m = full->config();
   validate_cp(m.ctx, m.heads / t.getSize(), c.getSize(), kind, zigzag);
-  const int64_t tc = m.ctx / c.getSize();
-  if (sp && tc % t.getSize() != 0) {
-    throw UsageError(
-        "--seq",
-        fmt::format("{} tokens a CP rank do not split over tp {} for sequence "
-                    "parallelism",
-                    tc, t.getSize()),
-        fmt::format("choose --seq a multiple of cp x tp = {}", c.getSize() * t.getSize()));
-  }
+  if (sp) validate_sequence_parallel(m.ctx, c.getSize(), t.getSize());
   register_module("model", model);
   positions =
       local_positions(m.ctx, c.getRank(), c.getSize(), zigzag).to(full->wte->weight.device());
@@ -204,4 +203,4 @@ void TpCpGptImpl::reduce_replicated_gradients() {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/sequence_parallel.cpp by scripts/exercises.py; checksum 7d399036f52e138c
+// exercise generated from solutions/10_context_parallel/sequence_parallel.cpp by scripts/exercises.py; checksum ce4f30eb5ed87d71

@@ -61,6 +61,10 @@ torch::Tensor gather_linear(const torch::Tensor& x, const torch::Tensor& weight,
 // The tp x cp GPT (given)
 // ---------------------------------------------------------------------------------------------
 
+/// @brief Checks that sequence parallelism over @p tp ranks can split the seq / cp tokens of a
+///   CP rank. @throws UsageError("--seq") naming the multiple of cp x tp to use.
+void validate_sequence_parallel(int64_t seq, int cp, int tp);
+
 /// The course's GPT with its weights split over a TP group (lesson 08's TpGpt: heads, MLP and
 /// vocabulary), each sequence split over a CP group (this lesson's attention, over the TP rank's
 /// heads), and, with @p sequence_parallel, the LayerNorm and residual regions split along the
