@@ -9,6 +9,7 @@
 
 #include "dtc/compat.h"
 #include "dtc/errors.h"
+#include "dtc/trace.h"
 
 namespace dtc {
 
@@ -174,9 +175,14 @@ BlockImpl::BlockImpl(const GptConfig& c) {
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
-  if (!checkpoint) return forward_body(std::move(x));
-  return checkpoint([this](const std::vector<torch::Tensor>& in) { return forward_body(in[0]); },
-                    {x});
+  TraceSpan span("fwd block", index);
+  torch::Tensor y =
+      checkpoint
+          ? checkpoint([this](const std::vector<torch::Tensor>& in) { return forward_body(in[0]); },
+                       {x})
+          : forward_body(x);
+  trace_backward(x, y, "bwd block", index);
+  return y;
 }
 
 torch::Tensor BlockImpl::forward_body(torch::Tensor x) {
@@ -189,7 +195,11 @@ GptImpl::GptImpl(const GptConfig& c) : config_(c) {
   wte = register_module("wte", torch::nn::Embedding(c.vocab, c.hidden));
   wpe = register_module("wpe", torch::nn::Embedding(c.ctx, c.hidden));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.layers; ++i) h->push_back(Block(c));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    Block block(c);
+    block->index = i;
+    h->push_back(block);
+  }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
   if (!c.tied) {
     lm_head = register_module(
@@ -204,10 +214,12 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
   auto pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
   auto x = wte(tokens) + wpe(pos);  // (B, T, h) + (T, h)
   for (const auto& block : *h) x = block->as<Block>()->forward(x);
-  x = ln_f(x);
+  TraceSpan span("fwd head");
+  auto y = ln_f(x);
   // (B, T, h) @ (h, V) -> (B, T, V), in fp32 for the loss (a no-op in fp32)
-  auto logits = config_.tied ? torch::matmul(x, wte->weight.t()) : lm_head(x);
-  return logits.to(torch::kFloat);
+  auto logits = (config_.tied ? torch::matmul(y, wte->weight.t()) : lm_head(y)).to(torch::kFloat);
+  trace_backward(x, logits, "bwd head");
+  return logits;
 }
 
 void GptImpl::set_recompute(Recompute mode, CheckpointFn checkpoint) {

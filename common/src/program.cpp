@@ -10,6 +10,7 @@
 #include <ostream>
 
 #include "dtc/errors.h"
+#include "dtc/memory.h"
 #include "dtc/model_flags.h"
 
 namespace dtc {
@@ -43,6 +44,10 @@ TrainCli::TrainCli(std::string name, std::string description, int64_t default_st
   options_.train.steps = default_steps;
   add_train_flags(app_, options_.train);
   add_model_flags(app_, options_.model, options_.lr, untied_flag ? &options_.untied : nullptr);
+  app_.add_option("--trace", options_.trace,
+                  "write a timeline of every rank to DIR (rank<r>.json, and trace.json for the "
+                  "job: open it in ui.perfetto.dev, or draw it with scripts/trace_svg.py)")
+      ->type_name("DIR");
 }
 
 void TrainCli::add_timeout_flag() {
@@ -150,6 +155,7 @@ void Job::connect() {
     // One rank needs no store server: a HashStore in this process.
     store = c10::make_intrusive<c10d::HashStore>();
     comm = new_comm(store, 0, 1, backend, timeout);
+    if (!trace_dir.empty()) start_trace();
     return;
   }
   DistOptions options;
@@ -158,6 +164,21 @@ void Job::connect() {
   Distributed dist = init_distributed(env, options);
   store = dist.store;
   comm = dist.comm;
+  if (!trace_dir.empty()) start_trace();
+}
+
+void Job::start_trace() {
+  tracer = std::make_shared<Tracer>(rank(), device);
+  tracer->set_clock(sync_clock(*store, rank(), world()));
+  // Bytes in use on the memory track: the counting allocator (from here on) on the CPU.
+  if (!device.is_cuda()) install_counting_allocator();
+  comm = c10::make_intrusive<TracingComm>(comm, tracer, "world");
+  trace_scope_ = std::make_shared<TraceScope>(tracer.get());
+}
+
+c10::intrusive_ptr<Comm> Job::traced(c10::intrusive_ptr<Comm> sub, const std::string& group) const {
+  if (!tracer || !sub) return sub;
+  return c10::make_intrusive<TracingComm>(std::move(sub), tracer, group);
 }
 
 Job Job::start(const std::string& backend, std::chrono::milliseconds timeout) {
@@ -166,7 +187,10 @@ Job Job::start(const std::string& backend, std::chrono::milliseconds timeout) {
   return job;
 }
 
-void Job::finish() { comm->barrier()->wait(); }
+void Job::finish() {
+  comm->barrier()->wait();
+  if (tracer) write_trace(*tracer, store.get(), world(), trace_dir);
+}
 
 // ---------------------------------------------------------------------------------------------
 // 3. The loop
@@ -185,10 +209,17 @@ StepLog::StepLog(std::ostream& err, bool talk, int64_t first, int64_t steps,
       step_start_(start_),
       end_(start_) {}
 
-void StepLog::begin_step() { step_start_ = std::chrono::steady_clock::now(); }
+void StepLog::begin_step() {
+  if (Tracer* tracer = active_tracer()) trace_start_ = tracer->now();
+  step_start_ = std::chrono::steady_clock::now();
+}
 
 void StepLog::end_step(int64_t step, float loss) {
   const auto now = std::chrono::steady_clock::now();
+  if (Tracer* tracer = active_tracer()) {
+    tracer->span(fmt::format("step {}", step), "step", TraceTrack::kCompute, trace_start_,
+                 tracer->now());
+  }
   end_ = now;
   step_s_.push_back(std::chrono::duration<double>(now - step_start_).count());
   losses_.push_back(loss);

@@ -3,7 +3,7 @@
 # trains the course's GPT on several ranks.
 dtc_add_lesson(06 DIR 06_ddp SOURCES ddp.cpp DRIVER program.cpp
                TESTS tests/lesson06/ddp_test.cpp tests/lesson06/sampler_test.cpp
-                     tests/lesson06/program_test.cpp
+                     tests/lesson06/program_test.cpp tests/lesson06/timeline_test.cpp
                LIBS dtc::dist TORCH)
 
 # End-to-end: the program (the reference's and the learner's) on 2 ranks under real launchers, against lesson 02's

@@ -27,6 +27,7 @@
 #include "dtc/observe.h"
 #include "dtc/program.h"
 #include "dtc/todo.h"
+#include "dtc/trace.h"
 
 namespace dtc::l06 {
 
@@ -129,21 +130,35 @@ float DdpTrainer::step(const std::vector<Batch>& micro_batches) {
     const Batch batch = micro_batches[static_cast<size_t>(m)].to(device_);
     // Divide by the number of micro-steps: the accumulated gradient is then the mean over all
     // this rank's rows, as if they had been one batch.
-    auto loss = forward_loss(model_, batch) / static_cast<double>(n);
-    if (reducer_ && m + 1 < n) {
-      NoSync no_sync(*reducer_);  // inner micro-steps: accumulate locally, no communication
-      loss.backward();
-    } else {
-      loss.backward();  // bucketed: the hooks launch the allreduces while this runs
+    torch::Tensor loss;
+    {
+      TraceSpan span("forward", n > 1 ? m : -1);  // with --trace: a span on the timeline
+      loss = forward_loss(model_, batch) / static_cast<double>(n);
+    }
+    {
+      TraceSpan span("backward", n > 1 ? m : -1);
+      if (reducer_ && m + 1 < n) {
+        NoSync no_sync(*reducer_);  // inner micro-steps: accumulate locally, no communication
+        loss.backward();
+      } else {
+        loss.backward();  // bucketed: the hooks launch the allreduces while this runs
+      }
     }
     local_loss += loss.item<double>();
   }
-  switch (config_.sync) {
-    case SyncMode::kNaive: allreduce_gradients_naive(params_, *comm_); break;
-    case SyncMode::kFlat: allreduce_gradients_flat(params_, *comm_); break;
-    case SyncMode::kBucketed: reducer_->finish(); break;
+  {
+    // naive and flat: the allreduces themselves; bucketed: waiting for the last buckets
+    TraceSpan span("sync gradients");
+    switch (config_.sync) {
+      case SyncMode::kNaive: allreduce_gradients_naive(params_, *comm_); break;
+      case SyncMode::kFlat: allreduce_gradients_flat(params_, *comm_); break;
+      case SyncMode::kBucketed: reducer_->finish(); break;
+    }
   }
-  optimizer_->step();
+  {
+    TraceSpan span("optimizer");
+    optimizer_->step();
+  }
   // The global mean loss, for logs and --json only (training never reads it): one 4-byte
   // allreduce of this rank's mean loss, divided by the world size.
   std::vector<at::Tensor> loss{torch::full({1}, local_loss, torch::kFloat).to(device_)};
@@ -489,6 +504,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
   check_batch_split(c.batch, job.env.world_size, c.accum);
   if (o.pitfall == "device-from-rank") job.device = device_from_rank(job, err);
+  job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
   job.connect();
   const int rank = job.rank(), world = job.world();
 

@@ -475,6 +475,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     }
   }
   install_counting_allocator();
+  job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
   job.connect();
   const int world = job.world();
   const bool talk = job.rank0() && !t.train.json;

@@ -246,6 +246,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   }
 
   // 2. Build: the process group, then the TP and DP subgroups of the grid.
+  job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
   job.connect();
   const Groups groups =
       make_groups(job.store, grid, job.rank(), job.backend, job.timeout, job.env.master_addr);

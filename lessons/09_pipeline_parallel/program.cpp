@@ -386,6 +386,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
 
     // 2. Build: the counting allocator on the CPU (each stage's activation peak), the group.
     if (job.device.is_cpu()) install_counting_allocator();
+    job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
     job.connect();
     if (job.rank0() && !o.json) {
       print_banner(out,

@@ -457,6 +457,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   // 2. Build: the counting allocator (CPU: each rank's activations), the process group, then
   // this rank's TP, CP and replica groups.
   if (job.device.is_cpu()) install_counting_allocator();
+  job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
   job.connect();
   const Groups groups =
       make_groups(job.store, grid, job.rank(), job.backend, job.timeout, job.env.master_addr);

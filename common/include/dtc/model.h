@@ -173,6 +173,9 @@ class BlockImpl : public torch::nn::Module {
 
   /// Set by GptImpl::set_recompute: when defined, forward() runs inside it (full).
   CheckpointFn checkpoint;
+  /// The block's place in the GPT (h.<index>), for its spans on a trace: "fwd block <index>"
+  /// and "bwd block <index>" (dtc/trace.h; nothing happens when tracing is off).
+  int64_t index = -1;
   torch::nn::LayerNorm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::LayerNorm ln_2{nullptr};

@@ -32,6 +32,7 @@
 #include "dtc/format.h"
 #include "dtc/launch.h"
 #include "dtc/model.h"
+#include "dtc/trace.h"
 
 namespace dtc {
 
@@ -50,6 +51,9 @@ struct TrainOptions {
   Precision precision = Precision::kFp32;
   std::string grad_dtype = "working";
   Recompute recompute = Recompute::kNone;
+  /// --trace DIR: a Chrome trace of every rank (DIR/rank<r>.json, and DIR/trace.json merged),
+  /// for Perfetto or scripts/trace_svg.py; empty: off (dtc/trace.h)
+  std::string trace;
 
   /// The model the flags describe: tied unless --untied, checked (dtc::validate).
   /// @throws UsageError naming the flag when the shape does not make a model
@@ -107,6 +111,11 @@ struct Job {
   c10::intrusive_ptr<c10d::Store> store;  ///< the job's store (a HashStore for one rank)
   c10::intrusive_ptr<Comm> comm;          ///< all ranks
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  /// --trace DIR, set before connect(): connect() then puts this rank on rank 0's clock, makes
+  /// the tracer this thread's active one and wraps comm in a TracingComm ("world"); finish()
+  /// writes the trace
+  std::string trace_dir;
+  std::shared_ptr<Tracer> tracer;  ///< this rank's timeline with --trace, else null
 
   int rank() const { return comm ? comm->getRank() : env.rank; }
   int world() const { return comm ? comm->getSize() : env.world_size; }
@@ -131,8 +140,16 @@ struct Job {
   /// prepare(), then connect().
   static Job start(const std::string& backend, std::chrono::milliseconds timeout);
 
-  /// A last barrier: every rank has finished its collectives before any leaves.
+  /// @p comm (a subgroup), traced on this rank's timeline as @p group when tracing, else itself.
+  c10::intrusive_ptr<Comm> traced(c10::intrusive_ptr<Comm> comm, const std::string& group) const;
+
+  /// A last barrier: every rank has finished its collectives before any leaves; with --trace,
+  /// then writes the trace (dtc::write_trace).
   void finish();
+
+ private:
+  void start_trace();
+  std::shared_ptr<TraceScope> trace_scope_;
 };
 
 /// Checks that @p global_batch splits into @p world ranks x @p accum micro-batches of equal size
@@ -154,7 +171,7 @@ torch::Device rank_device(BackendKind backend, int index,
 // ---------------------------------------------------------------------------------------------
 
 /// Each step's loss and time, and a progress line every tenth of the run on rank 0; a long run
-/// (kLongRun steps or more) also says how long it has left:
+/// (kLongRun steps or more) also says how long it has left (and, when tracing, a "step N" span):
 ///   step  50/500  loss 3.2529      1.5k tokens/s  ETA 2:30
 ///   [rank 0] step  2/20  loss 4.8937      3.5k tokens/s
 class StepLog {
@@ -191,6 +208,7 @@ class StepLog {
   bool long_run_;
   std::string prefix_;
   std::chrono::steady_clock::time_point start_, step_start_, end_;
+  TraceTime trace_start_;
   std::vector<float> losses_;
   std::vector<double> step_s_;
 };

@@ -1,0 +1,257 @@
+// Timelines: what each rank did and when, as Chrome trace-event JSON (the format Perfetto,
+// ui.perfetto.dev, and chrome://tracing open), one file per rank and one merged for the job.
+//
+//   --trace DIR   (every training program, lesson 02 on) writes DIR/rank<r>.json on each rank
+//                 and DIR/trace.json, all ranks on one clock; scripts/trace_svg.py draws it.
+//
+// Each rank is a process in the trace (pid = rank) with three tracks (tid):
+//   0 compute  spans placed by the course's code: each step, forward and backward of each
+//              block (or micro-batch: F3, B3), the optimizer step; nested as they ran
+//   1 comm     every collective and point-to-point operation, from the call that issued it to
+//              its completion: op, group, bytes, peer, tag (TracingComm)
+//   2 memory   a counter: bytes of CPU tensor storage in use (the counting allocator), or of
+//              the CUDA caching allocator, read at the end of each compute span
+// Overlap is two tracks busy at once.
+//
+// Why hand-placed spans and not LibTorch's profiler: the profiler (Kineto, or 1.13's legacy
+// profiler) records every ATen operator, hundreds per block, named by kernel, not by what the
+// lesson talks about (block 3's backward, bucket 2, micro-batch 5); it has no notion of which
+// collective belongs to which group, and it costs far more than a few spans per block. The
+// spans here are few, named by the lesson, and cost one thread-local read when tracing is off.
+//
+// One clock: every rank measures the offset of its steady clock from rank 0's through the
+// job's store at start-up, by Cristian's algorithm: it writes a ping key, rank 0 answers with
+// its clock, and the offset is rank 0's time minus the midpoint of the round trip, from the
+// round with the shortest trip (sync_clock). The error is at most half that round trip, which
+// the trace records ("clock" in otherData). Times are microseconds since rank 0's start.
+//
+// On CUDA the compute spans are CUDA events on the current stream (read back when the trace
+// is written, so nothing synchronises during the run) and the memory counter is the caching
+// allocator's; comm spans end when a watcher thread sees the Work complete (isCompleted, which
+// on NCCL queries the operation's end event on NCCL's stream).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtc/compat.h"
+
+namespace dtc {
+
+/// The tracks of a rank, as trace "tid"s.
+enum class TraceTrack : int { kCompute = 0, kComm = 1, kMemory = 2 };
+
+/// A time on a rank's trace: the host's steady clock, and on CUDA an event on the stream that
+/// was current (its device time replaces the host's when the trace is written).
+struct TraceTime {
+  std::chrono::steady_clock::time_point host;
+  std::shared_ptr<void> event;  ///< a CUDA event (cudaEvent_t), or null
+};
+
+/// The offset of this rank's steady clock from rank 0's (sync_clock).
+struct ClockSync {
+  int64_t offset_ns = 0;  ///< add to this rank's steady clock to get rank 0's
+  int64_t rtt_ns = 0;     ///< the shortest round trip through the store (error <= rtt / 2)
+  int64_t origin_ns = 0;  ///< rank 0's steady clock at its start: time 0 of the trace
+  int rounds = 0;
+};
+
+/// One rank's timeline (thread-safe: backward hooks and communication threads record too).
+class Tracer {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// @param rank the process id in the trace
+  /// @param device where compute runs: CUDA spans come from events on its current stream
+  explicit Tracer(int rank = 0, torch::Device device = torch::kCPU);
+  ~Tracer();
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+
+  int rank() const { return rank_; }
+  const torch::Device& device() const { return device_; }
+  /// Puts this rank on rank 0's clock (sync_clock's result); the default: its own clock.
+  void set_clock(const ClockSync& clock);
+  const ClockSync& clock() const { return clock_; }
+
+  /// Now, on the host clock, and on CUDA an event recorded on the current stream.
+  TraceTime now() const;
+  /// Records a complete span [@p begin, @p end] on @p track.
+  void span(std::string name, const char* cat, TraceTrack track, const TraceTime& begin,
+            const TraceTime& end, nlohmann::json args = nlohmann::json::object());
+  /// Records a reading of the memory counter at @p t.
+  void memory(const TraceTime& t);
+  /// Records a comm span that ends when @p work completes (a watcher sees it, its future
+  /// completes, or a wait() on it returns, whichever is first). Returns the Work to hand out.
+  c10::intrusive_ptr<c10d::Work> comm(c10::intrusive_ptr<c10d::Work> work, nlohmann::json args,
+                                      const char* op, Clock::time_point issued);
+
+  /// The rank's Chrome trace: {"traceEvents": [...], "otherData": {...}}. Waits for the CUDA
+  /// events and for comm spans still open (they end "open" after a second).
+  nlohmann::json to_json() const;
+  /// How many spans and counter readings have been recorded.
+  size_t size() const;
+
+ private:
+  class CommWatch;
+  struct Record {
+    std::string name;
+    const char* cat;
+    TraceTrack track;
+    TraceTime begin, end;
+    nlohmann::json args;
+    int64_t counter = -1;  // >= 0: a memory reading at `begin`
+  };
+  double micros(const TraceTime& t) const;  // since the origin, on rank 0's clock, in us
+
+  int rank_;
+  torch::Device device_;
+  ClockSync clock_;
+  TraceTime base_;  // the clock's origin on this rank; on CUDA, the event that device times use
+  mutable std::mutex mu_;
+  std::vector<Record> records_;
+  std::unique_ptr<CommWatch> watch_;
+};
+
+/// This thread's tracer, or null when tracing is off (ranks as threads each set their own).
+Tracer* active_tracer();
+
+/// Makes @p tracer this thread's active tracer for its scope (null: none), then restores the
+/// previous one.
+class TraceScope {
+ public:
+  explicit TraceScope(Tracer* tracer);
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  Tracer* previous_;
+};
+
+/// A compute span for its scope on the active tracer: "<name>" or "<name> <index>" (index >= 0).
+/// Costs one thread-local read when tracing is off; builds its name only when on.
+class TraceSpan {
+ public:
+  explicit TraceSpan(const char* name, int64_t index = -1, const char* cat = "compute");
+  ~TraceSpan();
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+
+ private:
+  Tracer* tracer_;
+  const char* name_;
+  int64_t index_;
+  const char* cat_;
+  TraceTime begin_;
+};
+
+/// Traces the backward of the region that turned @p input into @p output: a span "<name>"
+/// ("<name> <index>") from when @p output's gradient arrives to when @p input's is complete,
+/// recorded by gradient hooks, so from outside whatever code runs the backward. Call it in the
+/// forward, after the region; nothing happens when tracing is off or no gradient will flow
+/// (an input without requires_grad, e.g. token ids, ends the span when the backward reaches
+/// the first tensor that has one: pass that one).
+void trace_backward(const torch::Tensor& input, const torch::Tensor& output, const char* name,
+                    int64_t index = -1);
+
+/// A Comm that forwards every call to @p inner and records it on a Tracer's comm track, from
+/// issue to completion, with the operation, the @p group's name, this rank's bytes, and the
+/// peer and tag of a send or receive.
+class TracingComm : public Comm {
+ public:
+  TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer> tracer, std::string group);
+
+  const c10::intrusive_ptr<Comm>& inner() const { return inner_; }
+  const std::string getBackendName() const override;
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+      std::vector<int64_t>& input_splits,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+#if TORCH_VERSION_MAJOR >= 2
+  bool supportsCoalescing() const override { return inner_->supportsCoalescing(); }
+  void startCoalescing() override { inner_->startCoalescing(); }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override { return inner_->endCoalescing(); }
+#else
+  void startCoalescing() override { inner_->startCoalescing(); }
+  void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override {
+    inner_->endCoalescing(reqs);
+  }
+#endif
+
+ private:
+  c10::intrusive_ptr<c10d::Work> traced(
+      const char* op, int64_t bytes, int peer, int tag,
+      const std::function<c10::intrusive_ptr<c10d::Work>()>& call);
+  c10::intrusive_ptr<Comm> inner_;
+  std::shared_ptr<Tracer> tracer_;
+  std::string group_;
+};
+
+/// Measures this rank's clock offset from rank 0's through @p store (see the top of this
+/// file): every rank calls it at once, rank 0 answers each other rank's @p rounds pings.
+/// @param now this rank's clock (tests pass a shifted one)
+ClockSync sync_clock(c10d::Store& store, int rank, int world, int rounds = 8,
+                     const std::function<Tracer::Clock::time_point()>& now = Tracer::Clock::now);
+
+/// Writes @p tracer's trace to DIR/rank<r>.json and, on rank 0, the merged DIR/trace.json with
+/// every rank's events (they travel through @p store, so DIR need not be shared between nodes;
+/// store null: one rank). Every rank calls it. Returns the merged file's path on rank 0, else "".
+std::string write_trace(const Tracer& tracer, c10d::Store* store, int world,
+                        const std::string& dir);
+
+// ---------------------------------------------------------------------------------------------
+// Reading a trace (tests, and the checks the lessons' pictures make)
+// ---------------------------------------------------------------------------------------------
+
+/// One complete span of a trace.
+struct TracedSpan {
+  std::string name, cat;
+  int rank = 0;
+  TraceTrack track = TraceTrack::kCompute;
+  double begin_us = 0, end_us = 0;
+  nlohmann::json args;
+};
+
+/// The complete spans of a Chrome trace (one rank's or a merged one), sorted by begin time.
+std::vector<TracedSpan> traced_spans(const nlohmann::json& trace);
+/// The spans of @p rank on @p track whose name starts with @p prefix (any rank: -1).
+std::vector<TracedSpan> select_spans(const std::vector<TracedSpan>& spans, int rank,
+                                     TraceTrack track, const std::string& prefix = "");
+
+}  // namespace dtc

@@ -1,0 +1,623 @@
+#include "dtc/trace.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+
+#include "dtc/memory.h"
+#include "dtc/observe.h"
+
+#if defined(DTC_HAVE_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace dtc {
+
+namespace {
+
+thread_local Tracer* g_active = nullptr;
+
+int64_t ns_of(Tracer::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// A CUDA event recorded on the current stream of @p device, or null off CUDA.
+std::shared_ptr<void> record_event(const torch::Device& device) {
+#if defined(DTC_HAVE_CUDA)
+  if (device.is_cuda()) {
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreate(&event) != cudaSuccess) return nullptr;
+    cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+    return std::shared_ptr<void>(event,
+                                 [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+  }
+#endif
+  (void)device;
+  return nullptr;
+}
+
+// Milliseconds from @p base to @p event, both recorded on the device (waits for @p event).
+double event_ms(const std::shared_ptr<void>& base, const std::shared_ptr<void>& event) {
+#if defined(DTC_HAVE_CUDA)
+  float ms = 0;
+  cudaEventSynchronize(static_cast<cudaEvent_t>(event.get()));
+  if (cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(base.get()),
+                           static_cast<cudaEvent_t>(event.get())) == cudaSuccess) {
+    return ms;
+  }
+#endif
+  (void)base;
+  (void)event;
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Comm spans: open at issue, closed once by whichever sees the completion first
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct OpenComm {
+  std::mutex mu;
+  bool done = false;
+  Tracer* tracer;
+  std::string op;
+  nlohmann::json args;
+  Tracer::Clock::time_point issued;
+  c10::intrusive_ptr<c10d::Work> work;  // watched works only
+
+  void finish(const char* how) {
+    const auto t = Tracer::Clock::now();
+    std::lock_guard<std::mutex> lock(mu);
+    if (done) return;
+    done = true;
+    args["end"] = how;
+    tracer->span(op, "comm", TraceTrack::kComm, TraceTime{issued, nullptr}, TraceTime{t, nullptr},
+                 std::move(args));
+    work.reset();
+  }
+};
+
+// A Work that closes its span when wait() returns, and forwards everything.
+class TracedWork : public c10d::Work {
+ public:
+  TracedWork(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<OpenComm> open)
+      : inner_(std::move(inner)), open_(std::move(open)) {}
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  void synchronize() override { inner_->synchronize(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    const bool ok = inner_->wait(timeout);
+    open_->finish("wait");
+    return ok;
+  }
+  void abort() override { inner_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::shared_ptr<OpenComm> open_;
+};
+
+}  // namespace
+
+// On CUDA: a thread that polls the open works' isCompleted() (NCCL's end event) every 50 us.
+class Tracer::CommWatch {
+ public:
+  CommWatch() : thread_([this] { loop(); }) {}
+  ~CommWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void add(std::shared_ptr<OpenComm> open) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_.push_back(std::move(open));
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      if (open_.empty()) {
+        cv_.wait(lock, [this] { return stop_ || !open_.empty(); });
+        continue;
+      }
+      std::vector<std::shared_ptr<OpenComm>> open = open_;
+      lock.unlock();
+      std::vector<OpenComm*> finished;
+      for (const auto& o : open) {
+        c10::intrusive_ptr<c10d::Work> work;
+        {
+          std::lock_guard<std::mutex> l(o->mu);
+          work = o->done ? nullptr : o->work;
+        }
+        if (!work || work->isCompleted()) {
+          o->finish("watch");
+          finished.push_back(o.get());
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      lock.lock();
+      open_.erase(std::remove_if(open_.begin(), open_.end(),
+                                 [&](const std::shared_ptr<OpenComm>& o) {
+                                   return std::find(finished.begin(), finished.end(), o.get()) !=
+                                          finished.end();
+                                 }),
+                  open_.end());
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::shared_ptr<OpenComm>> open_;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The tracer
+// ---------------------------------------------------------------------------------------------
+
+Tracer::Tracer(int rank, torch::Device device) : rank_(rank), device_(device) {
+#if defined(DTC_HAVE_CUDA)
+  if (device_.is_cuda()) {
+    // The device clock's origin: an event recorded on an idle device, at a known host time.
+    cudaDeviceSynchronize();
+    base_.event = record_event(device_);
+    cudaEventSynchronize(static_cast<cudaEvent_t>(base_.event.get()));
+    watch_ = std::make_unique<CommWatch>();
+  }
+#endif
+  base_.host = Clock::now();
+  clock_.origin_ns = ns_of(base_.host);
+}
+
+Tracer::~Tracer() = default;
+
+void Tracer::set_clock(const ClockSync& clock) { clock_ = clock; }
+
+TraceTime Tracer::now() const {
+  TraceTime t;
+  t.event = base_.event ? record_event(device_) : nullptr;
+  t.host = Clock::now();
+  return t;
+}
+
+void Tracer::span(std::string name, const char* cat, TraceTrack track, const TraceTime& begin,
+                  const TraceTime& end, nlohmann::json args) {
+  std::lock_guard<std::mutex> lock(mu_);
+  records_.push_back({std::move(name), cat, track, begin, end, std::move(args)});
+}
+
+void Tracer::memory(const TraceTime& t) {
+  int64_t bytes = -1;
+  if (device_.is_cuda()) {
+    bytes = cuda_memory_stats(device_.index()).allocated;
+  } else if (counting_allocator_installed()) {
+    bytes = cpu_memory().current;
+  }
+  if (bytes < 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  records_.push_back({"bytes in use", "memory", TraceTrack::kMemory, t, t, {}, bytes});
+}
+
+c10::intrusive_ptr<c10d::Work> Tracer::comm(c10::intrusive_ptr<c10d::Work> work,
+                                            nlohmann::json args, const char* op,
+                                            Clock::time_point issued) {
+  if (!work) return work;  // an operation inside an NCCL group: the group's Work has it
+  auto open = std::make_shared<OpenComm>();
+  open->tracer = this;
+  open->op = op;
+  open->args = std::move(args);
+  open->issued = issued;
+  if (watch_) {
+    open->work = work;
+    watch_->add(open);
+  } else {
+    // gloo's collectives complete a future on gloo's thread when they are done; its send and
+    // receive have none (they end when wait() returns).
+    try {
+      work->getFuture()->addCallback([open](c10::ivalue::Future&) { open->finish("done"); });
+    } catch (const std::exception&) {
+    }
+  }
+  return c10::make_intrusive<TracedWork>(std::move(work), std::move(open));
+}
+
+double Tracer::micros(const TraceTime& t) const {
+  int64_t ns = ns_of(t.host);
+  if (t.event && base_.event) {
+    const double ms = event_ms(base_.event, t.event);
+    if (ms == ms) ns = ns_of(base_.host) + static_cast<int64_t>(ms * 1e6);
+  }
+  return static_cast<double>(ns + clock_.offset_ns - clock_.origin_ns) / 1e3;
+}
+
+size_t Tracer::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return records_.size();
+}
+
+nlohmann::json Tracer::to_json() const {
+  std::vector<Record> records;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    records = records_;
+  }
+  auto events = nlohmann::json::array();
+  auto meta = [&](const char* what, int tid, nlohmann::json args) {
+    nlohmann::json e = {{"name", what}, {"ph", "M"}, {"pid", rank_}, {"args", std::move(args)}};
+    if (tid >= 0) e["tid"] = tid;
+    events.push_back(std::move(e));
+  };
+  meta("process_name", -1, {{"name", fmt::format("rank {}", rank_)}});
+  meta("process_sort_index", -1, {{"sort_index", rank_}});
+  meta("thread_name", 0, {{"name", "compute"}});
+  meta("thread_sort_index", 0, {{"sort_index", 0}});
+  // Comm spans that overlap go to separate lanes (tids 1, 3, 4, ...), so that each lane nests.
+  std::vector<std::pair<double, size_t>> comm;  // (begin, index)
+  std::vector<double> begin(records.size()), end(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    begin[i] = micros(records[i].begin);
+    end[i] = records[i].counter >= 0 ? begin[i] : micros(records[i].end);
+    if (records[i].track == TraceTrack::kComm) comm.emplace_back(begin[i], i);
+  }
+  // Compute spans nest. Two backward hooks on one tensor (the end of block i+1's backward, the
+  // start of block i's) fire in the order they were registered, microseconds apart: a span that
+  // starts inside another and ends after it starts where that one ends.
+  std::vector<size_t> compute;
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (records[i].track == TraceTrack::kCompute && records[i].counter < 0) compute.push_back(i);
+  }
+  std::sort(compute.begin(), compute.end(), [&](size_t a, size_t b) {
+    return begin[a] != begin[b] ? begin[a] < begin[b] : end[a] > end[b];
+  });
+  std::vector<size_t> open;
+  for (size_t i : compute) {
+    while (!open.empty() && end[open.back()] <= begin[i]) open.pop_back();
+    while (!open.empty() && end[i] > end[open.back()]) {
+      begin[i] = std::max(begin[i], end[open.back()]);
+      open.pop_back();
+    }
+    open.push_back(i);
+  }
+  std::sort(comm.begin(), comm.end());
+  std::vector<double> lane_free;  // when each lane's last span ended
+  std::vector<int> lane_of(records.size(), 1);
+  for (const auto& [b, i] : comm) {
+    size_t lane = 0;
+    while (lane < lane_free.size() && lane_free[lane] > b) ++lane;
+    if (lane == lane_free.size()) lane_free.push_back(0);
+    lane_free[lane] = end[i];
+    lane_of[i] = lane == 0 ? 1 : static_cast<int>(lane) + 2;
+  }
+  for (size_t lane = 0; lane < std::max<size_t>(1, lane_free.size()); ++lane) {
+    const int tid = lane == 0 ? 1 : static_cast<int>(lane) + 2;
+    meta("thread_name", tid,
+         {{"name", lane == 0 ? std::string("comm") : fmt::format("comm {}", lane + 1)}});
+    meta("thread_sort_index", tid, {{"sort_index", tid == 1 ? 1 : tid}});
+  }
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record& r = records[i];
+    if (r.counter >= 0) {
+      events.push_back({{"name", r.name},
+                        {"ph", "C"},
+                        {"ts", begin[i]},
+                        {"pid", rank_},
+                        {"args", {{"bytes", r.counter}}}});
+      continue;
+    }
+    nlohmann::json e = {{"name", r.name},
+                        {"cat", r.cat},
+                        {"ph", "X"},
+                        {"ts", begin[i]},
+                        {"dur", std::max(0.0, end[i] - begin[i])},
+                        {"pid", rank_},
+                        {"tid", r.track == TraceTrack::kComm ? lane_of[i] : 0}};
+    if (!r.args.empty()) e["args"] = r.args;
+    events.push_back(std::move(e));
+  }
+  nlohmann::json other = {
+      {"rank", rank_},
+      {"device", device_.str()},
+      {"libtorch", torch_version()},
+      {"clock",
+       {{"method",
+         "steady clock; offset from rank 0's by Cristian's algorithm through the store (the "
+         "round with the shortest trip); error <= rtt / 2"},
+        {"offset_us", static_cast<double>(clock_.offset_ns) / 1e3},
+        {"rtt_us", static_cast<double>(clock_.rtt_ns) / 1e3},
+        {"rounds", clock_.rounds}}},
+      {"compute_clock", base_.event ? "CUDA events on the current stream" : "host"},
+  };
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Spans from the course's code
+// ---------------------------------------------------------------------------------------------
+
+Tracer* active_tracer() { return g_active; }
+
+TraceScope::TraceScope(Tracer* tracer) : previous_(g_active) { g_active = tracer; }
+TraceScope::~TraceScope() { g_active = previous_; }
+
+TraceSpan::TraceSpan(const char* name, int64_t index, const char* cat)
+    : tracer_(g_active), name_(name), index_(index), cat_(cat) {
+  if (tracer_) begin_ = tracer_->now();
+}
+
+TraceSpan::~TraceSpan() {
+  if (!tracer_) return;
+  const TraceTime end = tracer_->now();
+  tracer_->span(index_ >= 0 ? fmt::format("{} {}", name_, index_) : std::string(name_), cat_,
+                TraceTrack::kCompute, begin_, end);
+  tracer_->memory(end);
+}
+
+void trace_backward(const torch::Tensor& input, const torch::Tensor& output, const char* name,
+                    int64_t index) {
+  Tracer* tracer = g_active;
+  if (!tracer || !torch::GradMode::is_enabled() || !output.requires_grad() ||
+      !input.requires_grad()) {
+    return;
+  }
+  struct State {
+    Tracer* tracer;
+    std::string name;
+    std::mutex mu;
+    TraceTime begin;
+    bool begun = false;
+  };
+  auto state = std::make_shared<State>();
+  state->tracer = tracer;
+  state->name = index >= 0 ? fmt::format("{} {}", name, index) : std::string(name);
+  // The output's gradient has arrived: the region's backward starts.
+  auto out = output;
+  out.register_hook([state](const torch::Tensor&) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->begin = state->tracer->now();
+    state->begun = true;
+  });
+  // The input's gradient is complete (every use of it inside the region has run backward).
+  auto in = input;
+  in.register_hook([state](const torch::Tensor&) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    if (!state->begun) return;
+    const TraceTime end = state->tracer->now();
+    state->tracer->span(state->name, "compute", TraceTrack::kCompute, state->begin, end);
+    state->tracer->memory(end);
+    state->begun = false;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// TracingComm
+// ---------------------------------------------------------------------------------------------
+
+TracingComm::TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer> tracer,
+                         std::string group)
+    : Comm(inner->getRank(), inner->getSize()),
+      inner_(std::move(inner)),
+      tracer_(std::move(tracer)),
+      group_(std::move(group)) {}
+
+const std::string TracingComm::getBackendName() const { return inner_->getBackendName(); }
+
+c10::intrusive_ptr<c10d::Work> TracingComm::traced(
+    const char* op, int64_t bytes, int peer, int tag,
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& call) {
+  const auto issued = Tracer::Clock::now();
+  auto work = call();
+  nlohmann::json args = {{"group", group_}, {"bytes", bytes}};
+  if (peer >= 0) args["peer"] = peer;
+  if (tag >= 0) args["tag"] = tag;
+  return tracer_->comm(std::move(work), std::move(args), op, issued);
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::broadcast(std::vector<at::Tensor>& tensors,
+                                                      const c10d::BroadcastOptions& opts) {
+  return traced("broadcast", tensor_bytes(tensors), static_cast<int>(opts.rootRank), -1,
+                [&] { return inner_->broadcast(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::allreduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::AllreduceOptions& opts) {
+  return traced("allreduce", tensor_bytes(tensors), -1, -1,
+                [&] { return inner_->allreduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::reduce(std::vector<at::Tensor>& tensors,
+                                                   const c10d::ReduceOptions& opts) {
+  return traced("reduce", tensor_bytes(tensors), static_cast<int>(opts.rootRank), -1,
+                [&] { return inner_->reduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllgatherOptions& opts) {
+  return traced("allgather", tensor_bytes(inputs), -1, -1,
+                [&] { return inner_->allgather(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                            const c10d::AllgatherOptions& opts) {
+  return traced("allgather", tensor_bytes({input}), -1, -1,
+                [&] { return inner_->_allgather_base(output, input, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  int64_t n = 0;
+  for (const auto& list : inputs) n += tensor_bytes(list);
+  return traced("reduce_scatter", n, -1, -1,
+                [&] { return inner_->reduce_scatter(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return traced("reduce_scatter", tensor_bytes({input}), -1, -1,
+                [&] { return inner_->_reduce_scatter_base(output, input, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                          std::vector<int64_t>& output_splits,
+                                                          std::vector<int64_t>& input_splits,
+                                                          const c10d::AllToAllOptions& opts) {
+  return traced("alltoall", tensor_bytes({input}), -1, -1, [&] {
+    return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::send(std::vector<at::Tensor>& tensors, int dst,
+                                                 int tag) {
+  return traced("send", tensor_bytes(tensors), dst, tag,
+                [&] { return inner_->send(tensors, dst, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::recv(std::vector<at::Tensor>& tensors, int src,
+                                                 int tag) {
+  return traced("recv", tensor_bytes(tensors), src, tag,
+                [&] { return inner_->recv(tensors, src, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::barrier(const c10d::BarrierOptions& opts) {
+  return traced("barrier", 0, -1, -1, [&] { return inner_->barrier(opts); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// One clock, and the files
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+void set_number(c10d::Store& store, const std::string& key, int64_t value) {
+  const std::string s = std::to_string(value);
+  store.set(key, std::vector<uint8_t>(s.begin(), s.end()));
+}
+
+int64_t get_number(c10d::Store& store, const std::string& key) {
+  const auto v = store.get(key);
+  return std::stoll(std::string(v.begin(), v.end()));
+}
+
+}  // namespace
+
+ClockSync sync_clock(c10d::Store& store, int rank, int world, int rounds,
+                     const std::function<Tracer::Clock::time_point()>& now) {
+  ClockSync out;
+  out.rounds = rounds;
+  const std::string key = "dtc/trace/clock/";
+  if (rank == 0) {
+    out.origin_ns = ns_of(now());
+    set_number(store, key + "origin", out.origin_ns);
+    for (int r = 1; r < world; ++r) {
+      for (int k = 0; k < rounds; ++k) {
+        store.get(fmt::format("{}{}/{}/ping", key, r, k));  // blocks until rank r pings
+        set_number(store, fmt::format("{}{}/{}/pong", key, r, k), ns_of(now()));
+      }
+    }
+    return out;
+  }
+  out.origin_ns = get_number(store, key + "origin");
+  out.rtt_ns = std::numeric_limits<int64_t>::max();
+  for (int k = 0; k < rounds; ++k) {
+    const int64_t t1 = ns_of(now());
+    set_number(store, fmt::format("{}{}/{}/ping", key, rank, k), t1);
+    const int64_t t0 = get_number(store, fmt::format("{}{}/{}/pong", key, rank, k));
+    const int64_t t2 = ns_of(now());
+    if (t2 - t1 < out.rtt_ns) {
+      out.rtt_ns = t2 - t1;
+      out.offset_ns = t0 - (t1 + (t2 - t1) / 2);
+    }
+  }
+  return out;
+}
+
+std::string write_trace(const Tracer& tracer, c10d::Store* store, int world,
+                        const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  const nlohmann::json mine = tracer.to_json();
+  const int rank = tracer.rank();
+  {
+    std::ofstream f(fs::path(dir) / fmt::format("rank{}.json", rank));
+    f << mine.dump();
+    if (!f)
+      throw std::runtime_error(fmt::format("--trace: cannot write {}/rank{}.json", dir, rank));
+  }
+  if (store && world > 1 && rank != 0) {
+    const std::string s = mine.dump();
+    store->set(fmt::format("dtc/trace/rank/{}", rank), std::vector<uint8_t>(s.begin(), s.end()));
+    return "";
+  }
+  if (rank != 0) return "";
+  nlohmann::json merged = {{"traceEvents", mine["traceEvents"]},
+                           {"displayTimeUnit", "ms"},
+                           {"otherData", {{"ranks", nlohmann::json::array({mine["otherData"]})}}}};
+  for (int r = 1; store && r < world; ++r) {
+    const auto v = store->get(fmt::format("dtc/trace/rank/{}", r));
+    const auto theirs = nlohmann::json::parse(std::string(v.begin(), v.end()));
+    for (const auto& e : theirs["traceEvents"]) merged["traceEvents"].push_back(e);
+    merged["otherData"]["ranks"].push_back(theirs["otherData"]);
+  }
+  const fs::path path = fs::path(dir) / "trace.json";
+  std::ofstream f(path);
+  f << merged.dump();
+  if (!f) throw std::runtime_error(fmt::format("--trace: cannot write {}", path.string()));
+  return path.string();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+// ---------------------------------------------------------------------------------------------
+
+std::vector<TracedSpan> traced_spans(const nlohmann::json& trace) {
+  std::vector<TracedSpan> out;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.value("ph", "") != "X") continue;
+    TracedSpan s;
+    s.name = e.value("name", "");
+    s.cat = e.value("cat", "");
+    s.rank = e.value("pid", 0);
+    s.track = s.cat == "comm" ? TraceTrack::kComm : TraceTrack::kCompute;
+    s.begin_us = e.value("ts", 0.0);
+    s.end_us = s.begin_us + e.value("dur", 0.0);
+    if (e.contains("args")) s.args = e["args"];
+    out.push_back(std::move(s));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const TracedSpan& a, const TracedSpan& b) {
+    return a.begin_us < b.begin_us;
+  });
+  return out;
+}
+
+std::vector<TracedSpan> select_spans(const std::vector<TracedSpan>& spans, int rank,
+                                     TraceTrack track, const std::string& prefix) {
+  std::vector<TracedSpan> out;
+  for (const auto& s : spans) {
+    if ((rank < 0 || s.rank == rank) && s.track == track && s.name.rfind(prefix, 0) == 0) {
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+}  // namespace dtc

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Draws a course trace (a program's --trace DIR/trace.json) as an SVG timeline.
+
+    scripts/trace_svg.py TRACE.json OUT.svg [--step N] [--title TEXT] [--textbook]
+
+One lane per rank for compute (nested spans stacked: step, forward/backward, blocks) and one
+per comm lane (operations in flight at once get a lane each), on one time axis in ms. Compute
+is blue (forward) and green (backward), the optimizer purple; communication is orange and red.
+Overlap is a comm bar under a compute bar.
+
+  --step N      only step N (from the earliest start of any rank's "step N" to the latest end)
+  --textbook    below the measured lanes, the same per-rank order of pipeline micro-batches
+                (spans F<i>, B<i>) on the papers' idealised clock: a forward takes one unit, a
+                backward two, messages nothing; each op starts when its stage is free and its
+                input has arrived (F<i> after stage s-1's F<i>, B<i> after stage s+1's B<i>)
+  --ranks 0,1   only these ranks
+
+The module is also used by scripts/charts.py (the decks) and scripts/timelines.py (READMEs).
+Plain SVG, no dependencies beyond Python 3.
+"""
+import argparse
+import html
+import json
+import pathlib
+import re
+import sys
+
+WIDTH = 1000
+LEFT = 90
+RIGHT = 20
+ROW = 18
+GAP = 8
+
+COMPUTE = [(r"^(F\d|fwd|forward)", "#4c72b0"), (r"^(B\d|bwd|backward)", "#55a868"),
+           (r"^(optimizer)", "#8172b2"), (r"^(step)", "#e5e5e5"), (r"^(sync|wait)", "#b0b0b0"),
+           (r"^(R\d|recompute)", "#64b5cd")]
+COMM = [("allreduce", "#dd8452"), ("allgather", "#c44e52"), ("reduce_scatter", "#937860"),
+        ("send", "#da8bc3"), ("recv", "#a05d56"), ("alltoall", "#8c613c"),
+        ("broadcast", "#ccb974"), ("barrier", "#bbbbbb")]
+
+
+def colour(span):
+    if span["cat"] == "comm":
+        return dict(COMM).get(span["name"], "#999999")
+    for pattern, c in COMPUTE:
+        if re.match(pattern, span["name"]):
+            return c
+    return "#a0a0a0"
+
+
+def spans_of(trace):
+    """The complete spans of a trace: dicts with name, cat, rank, tid, b, e (us), args."""
+    out = []
+    for e in trace["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        b = float(e["ts"])
+        out.append({"name": e["name"], "cat": e.get("cat", ""), "rank": e["pid"],
+                    "tid": e.get("tid", 0), "b": b, "e": b + float(e.get("dur", 0)),
+                    "args": e.get("args", {})})
+    out.sort(key=lambda s: (s["b"], -s["e"]))
+    return out
+
+
+def depths(spans):
+    """Nesting depth of each compute span of one rank (a span inside another is one deeper)."""
+    stack, out = [], []
+    for s in spans:
+        while stack and not (stack[-1]["b"] <= s["b"] and s["e"] <= stack[-1]["e"] + 1e-3):
+            stack.pop()
+        out.append(len(stack))
+        stack.append(s)
+    return out
+
+
+def textbook(order_by_rank):
+    """Idealised times of each rank's F<i>/B<i> sequence: F = 1 unit, B = 2, no transfer time."""
+    ranks = sorted(order_by_rank)
+    p = len(ranks)
+    done = {}  # (kind, micro, stage) -> end time
+    free = {s: 0.0 for s in range(p)}
+    pos = {s: 0 for s in range(p)}
+    out = {s: [] for s in range(p)}
+    total = sum(len(v) for v in order_by_rank.values())
+    placed = 0
+    while placed < total:
+        progressed = False
+        for s in range(p):
+            ops = order_by_rank[ranks[s]]
+            if pos[s] >= len(ops):
+                continue
+            kind, i = ops[pos[s]]
+            dep = (kind, i, s - 1) if kind == "F" else (kind, i, s + 1)
+            if (kind == "F" and s == 0) or (kind == "B" and s == p - 1):
+                ready = 0.0 if kind == "F" else done.get(("F", i, s))
+            else:
+                ready = done.get(dep)
+            if ready is None:
+                continue
+            start = max(free[s], ready)
+            end = start + (1.0 if kind == "F" else 2.0)
+            done[(kind, i, s)] = end
+            free[s] = end
+            out[s].append((f"{kind}{i}", start, end))
+            pos[s] += 1
+            placed += 1
+            progressed = True
+        if not progressed:
+            raise ValueError("the per-rank F/B orders deadlock on the idealised clock")
+    return out
+
+
+def render(trace, step=None, title="", with_textbook=False, ranks=None):
+    spans = spans_of(trace)
+    if ranks is not None:
+        spans = [s for s in spans if s["rank"] in ranks]
+    if step is not None:
+        marks = [s for s in spans if s["cat"] == "step" and s["name"] == f"step {step}"]
+        if not marks:
+            raise ValueError(f"the trace has no 'step {step}' span")
+        lo, hi = min(s["b"] for s in marks), max(s["e"] for s in marks)
+        spans = [s for s in spans if s["e"] > lo and s["b"] < hi]
+    else:
+        lo = min(s["b"] for s in spans)
+        hi = max(s["e"] for s in spans)
+    hi = max(hi, lo + 1)
+    scale = (WIDTH - LEFT - RIGHT) / (hi - lo)
+
+    def x(t):
+        return LEFT + (min(max(t, lo), hi) - lo) * scale
+
+    rows = []  # (label, y, [(x0, x1, colour, text, tooltip)])
+    y = 40 if title else 16
+    for rank in sorted({s["rank"] for s in spans}):
+        mine = [s for s in spans if s["rank"] == rank]
+        compute = [s for s in mine if s["cat"] != "comm"]
+        comm = [s for s in mine if s["cat"] == "comm"]
+        d = depths(compute)
+        levels = max(d) + 1 if d else 1
+        for level in range(levels):
+            bars = [(s, colour(s)) for s, k in zip(compute, d) if k == level]
+            rows.append((f"rank {rank}" if level == 0 else "", y, bars, level == 0))
+            y += ROW
+        lanes = sorted({s["tid"] for s in comm})
+        for k, lane in enumerate(lanes):
+            bars = [(s, colour(s)) for s in comm if s["tid"] == lane]
+            rows.append(("  comm" if k == 0 else "", y, bars, False))
+            y += ROW
+        y += GAP
+    book_rows = []
+    if with_textbook:
+        order = {}
+        for s in spans:
+            m = re.match(r"^([FB])(\d+)$", s["name"])
+            if m and s["cat"] != "comm":
+                order.setdefault(s["rank"], []).append((m.group(1), int(m.group(2))))
+        if order:
+            ideal = textbook(order)
+            units = max(e for ops in ideal.values() for _, _, e in ops)
+            uscale = (WIDTH - LEFT - RIGHT) / units
+            y += 14
+            book_title_y = y
+            y += 6
+            for s, ops in sorted(ideal.items()):
+                book_rows.append((f"stage {s}", y, ops, uscale))
+                y += ROW
+    height = y + 30
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+           f'viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif" '
+           f'font-size="10">', f'<rect width="{WIDTH}" height="{height}" fill="white"/>']
+    if title:
+        out.append(f'<text x="{LEFT}" y="20" font-size="13">{html.escape(title)}</text>')
+    for label, ry, bars, first in rows:
+        if label:
+            out.append(f'<text x="6" y="{ry + 12}">{html.escape(label)}</text>')
+        for s, c in bars:
+            x0, x1 = x(s["b"]), x(s["e"])
+            w = max(x1 - x0, 0.6)
+            tip = f'{s["name"]}: {s["e"] - s["b"]:.0f} us'
+            if s["args"]:
+                tip += " " + ", ".join(f"{k}={v}" for k, v in s["args"].items())
+            out.append(f'<rect x="{x0:.1f}" y="{ry + 1}" width="{w:.1f}" height="{ROW - 3}" '
+                       f'fill="{c}" stroke="white" stroke-width="0.5"><title>{html.escape(tip)}'
+                       f'</title></rect>')
+            name = s["name"]
+            if w > 6.2 * len(name) + 4:
+                out.append(f'<text x="{x0 + 3:.1f}" y="{ry + 12}" fill="#222">'
+                           f'{html.escape(name)}</text>')
+    # the time axis
+    axis_y = (rows[-1][1] + ROW + 4) if rows else 20
+    out.append(f'<line x1="{LEFT}" y1="{axis_y}" x2="{WIDTH - RIGHT}" y2="{axis_y}" '
+               f'stroke="#444"/>')
+    span_ms = (hi - lo) / 1e3
+    tick = next(t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
+                            1e4, 1e5) if span_ms / t <= 10)
+    t = 0.0
+    while t <= span_ms + 1e-9:
+        tx = LEFT + t * 1e3 * scale
+        out.append(f'<line x1="{tx:.1f}" y1="{axis_y}" x2="{tx:.1f}" y2="{axis_y + 4}" '
+                   f'stroke="#444"/><text x="{tx:.1f}" y="{axis_y + 14}" '
+                   f'text-anchor="middle">{t:g} ms</text>')
+        t += tick
+    if book_rows:
+        out.append(f'<text x="{LEFT}" y="{book_title_y}" font-size="11">the same order on the '
+                   f'papers\' clock (forward 1 unit, backward 2, messages free)</text>')
+        for label, ry, ops, uscale in book_rows:
+            out.append(f'<text x="6" y="{ry + 12}">{html.escape(label)}</text>')
+            for name, b, e in ops:
+                x0 = LEFT + b * uscale
+                w = (e - b) * uscale
+                c = "#4c72b0" if name[0] == "F" else "#55a868"
+                out.append(f'<rect x="{x0:.1f}" y="{ry + 1}" width="{w:.1f}" '
+                           f'height="{ROW - 3}" fill="{c}" stroke="white"/>')
+                if w > 6.2 * len(name) + 2:
+                    out.append(f'<text x="{x0 + 2:.1f}" y="{ry + 12}" fill="#fff">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", type=pathlib.Path)
+    ap.add_argument("out", type=pathlib.Path)
+    ap.add_argument("--step", type=int)
+    ap.add_argument("--title", default="")
+    ap.add_argument("--textbook", action="store_true")
+    ap.add_argument("--ranks")
+    a = ap.parse_args()
+    try:
+        trace = json.loads(a.trace.read_text())
+    except (OSError, ValueError) as e:
+        print(f"trace_svg.py: cannot read {a.trace}: {e}\nHINT: pass the trace.json that a "
+              "program's --trace DIR wrote", file=sys.stderr)
+        return 2
+    ranks = [int(r) for r in a.ranks.split(",")] if a.ranks else None
+    try:
+        svg = render(trace, a.step, a.title, a.textbook, ranks)
+    except ValueError as e:
+        print(f"trace_svg.py: {e}", file=sys.stderr)
+        return 2
+    a.out.write_text(svg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
