@@ -21,6 +21,13 @@ namespace {
 
 thread_local Tracer* g_active = nullptr;
 
+// "<name> <index>", or "<name><index>" for a one-letter name (F3, B3: the papers' labels).
+std::string span_name(const char* name, int64_t index) {
+  if (index < 0) return name;
+  const bool letter = name[0] != '\0' && name[1] == '\0';
+  return letter ? fmt::format("{}{}", name, index) : fmt::format("{} {}", name, index);
+}
+
 int64_t ns_of(Tracer::Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
@@ -366,8 +373,7 @@ TraceSpan::TraceSpan(const char* name, int64_t index, const char* cat)
 TraceSpan::~TraceSpan() {
   if (!tracer_) return;
   const TraceTime end = tracer_->now();
-  tracer_->span(index_ >= 0 ? fmt::format("{} {}", name_, index_) : std::string(name_), cat_,
-                TraceTrack::kCompute, begin_, end);
+  tracer_->span(span_name(name_, index_), cat_, TraceTrack::kCompute, begin_, end);
   tracer_->memory(end);
 }
 
@@ -387,7 +393,7 @@ void trace_backward(const torch::Tensor& input, const torch::Tensor& output, con
   };
   auto state = std::make_shared<State>();
   state->tracer = tracer;
-  state->name = index >= 0 ? fmt::format("{} {}", name, index) : std::string(name);
+  state->name = span_name(name, index);
   // The output's gradient has arrived: the region's backward starts.
   auto out = output;
   out.register_hook([state](const torch::Tensor&) {

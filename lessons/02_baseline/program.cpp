@@ -20,6 +20,7 @@
 #include "dtc/errors.h"
 #include "dtc/memory.h"
 #include "dtc/program.h"
+#include "dtc/trace.h"
 
 namespace dtc::l02 {
 
@@ -347,6 +348,15 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   const int64_t params = count_parameters(*model);
   if (!t.train.json) print_run_header(out, c, o, data, params, first, steps, device);
 
+  // --trace DIR: a timeline of the run (each step, each block's forward and backward, bytes in
+  // use), one rank on its own clock.
+  std::unique_ptr<Tracer> tracer;
+  std::unique_ptr<TraceScope> tracing;
+  if (!t.trace.empty()) {
+    tracer = std::make_unique<Tracer>(0, device);
+    tracing = std::make_unique<TraceScope>(tracer.get());
+  }
+
   // 3. the loop: the first step of a fresh run is measured, byte by byte.
   StepLog log(err, /*talk=*/true, first, steps, tokens_per_step);
   MeasuredMemory measured;
@@ -375,6 +385,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   }
   if (!measure) from_tensors = mixed ? mixed_state(model, *master) : fp32_state(model, *optimizer);
   if (!o.save.empty()) save_checkpoint(o.save, model, *optimizer, steps);
+  if (tracer) write_trace(*tracer, nullptr, 1, t.trace);
 
   // 4. the report.
   const LedgerPrediction predicted =

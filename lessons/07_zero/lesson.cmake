@@ -1,7 +1,7 @@
 # Lesson 07: ZeRO stages 1-3 (and stage 0, DDP). Links dtc::dist (LibTorch's c10d, gloo).
 dtc_add_lesson(07 DIR 07_zero SOURCES zero.cpp DRIVER program.cpp
                TESTS tests/lesson07/zero_test.cpp tests/lesson07/engine_test.cpp
-                     tests/lesson07/program_test.cpp
+                     tests/lesson07/program_test.cpp tests/lesson07/timeline_test.cpp
                LIBS dtc::dist TORCH)
 
 # End-to-end: the program (the reference's and the learner's) on real processes through torchrun: memory

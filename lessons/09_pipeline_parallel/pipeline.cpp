@@ -16,6 +16,7 @@
 
 #include "dtc/errors.h"
 #include "dtc/todo.h"
+#include "dtc/trace.h"
 
 namespace dtc::l09 {
 
@@ -73,7 +74,22 @@ std::vector<torch::Tensor> Stage::parameters() const {
   return params;
 }
 
+void Stage::begin_step() {
+  traced_forwards = 0;
+  traced_recomputes = 0;
+  traced_without_graph = false;
+}
+
 torch::Tensor Stage::forward(const torch::Tensor& input) {
+  // On a trace (--trace): the k-th call of a step is micro-batch k's span "F<k>" (forward and
+  // backward both run micro-batches in order 0 .. m-1 in GPipe and 1F1B), and its backward
+  // "B<k>" is timed by gradient hooks. Once a call of the step ran without a graph (recompute),
+  // the calls with one are the recomputations in backward: "R<k>", and their backward "B<k>".
+  const bool graph = torch::GradMode::is_enabled();
+  if (!graph) traced_without_graph = true;
+  const bool recomputing = graph && traced_without_graph;
+  const int64_t micro = recomputing ? traced_recomputes++ : traced_forwards++;
+  TraceSpan span(recomputing ? "R" : "F", micro);
   torch::Tensor x = input;
   if (!layers.embed) x = x.to(working_dtype(precision));  // no-op in fp32
   if (layers.embed) {
@@ -81,9 +97,12 @@ torch::Tensor Stage::forward(const torch::Tensor& input) {
     auto pos = torch::arange(input.size(1), torch::dtype(torch::kLong).device(input.device()));
     x = wte->forward(input) + wpe->forward(pos);
   }
-  for (auto& b : blocks) x = b->forward(x);                 // (b, T, h)
+  const torch::Tensor first = x;             // the first tensor of the stage with a gradient
+  for (auto& b : blocks) x = b->forward(x);  // (b, T, h)
   if (layers.head) x = lm_head->forward(ln_f->forward(x));  // (b, T, V)
-  return x.to(torch::kFloat);  // the loss, or the next stage's message, in fp32 (no-op in fp32)
+  x = x.to(torch::kFloat);  // the loss, or the next stage's message, in fp32 (no-op in fp32)
+  trace_backward(first, x, "B", micro);
+  return x;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -243,4 +262,4 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum adce739c831caa92
+// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum 9c28775fbe871270

@@ -76,6 +76,13 @@ struct Stage {
   /// executor's fp32 messages carry them unchanged, at 4 bytes an element instead of 2), and the
   /// logits are fp32 for the loss.
   torch::Tensor forward(const torch::Tensor& input);
+
+  /// A trace's micro-batch labels (F<k>, R<k>, B<k>; see forward()) start again from 0: the
+  /// program calls it before each run_schedule.
+  void begin_step();
+  int64_t traced_forwards = 0;        ///< forward calls with a graph, or without (recompute)
+  int64_t traced_recomputes = 0;      ///< calls with a graph after one without, this step
+  bool traced_without_graph = false;  ///< a call of this step ran without a graph
 };
 
 /// Stage @p stage of @p stages, cut out of @p full: the same module objects (not copies), so

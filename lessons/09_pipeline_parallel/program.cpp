@@ -114,6 +114,7 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog*
     if (log) log->begin_step();
     const Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
     optimizer.zero_grad();
+    stage.begin_step();  // a trace's labels F0, B0, ... start again
     const StepStats stats = run_schedule(stage, comm, ops, batch, o.micro_batches,
                                          o.deallocate_outputs, o.recompute == Recompute::kFull);
     optimizer.step();
@@ -171,6 +172,7 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
         // stage 0 finishes last, the last stage first, so only stage 0 would see the formula.
         comm.barrier()->wait();
         const auto t0 = std::chrono::steady_clock::now();
+        stage.begin_step();
         const StepStats st = run_schedule(stage, comm, ops, batch, m, o.deallocate_outputs,
                                           o.recompute == Recompute::kFull);
         comm.barrier()->wait();

@@ -22,6 +22,11 @@ Checks, each printed as "ok" or "FAIL":
   --digest-rtol R       that parameter tolerance instead of 1e-3: bf16 runs round differently
                         from their baseline (their weights are held to the noise-floor policy
                         by the lessons' unit tests; here each tensor is a sanity check)
+  --trace-check NAMES   also pass --trace DIR (a fresh directory) and check what it wrote:
+                        DIR/rank<r>.json for every rank and DIR/trace.json with every rank's
+                        events, each comma-separated compute span NAME (a prefix: "bwd block")
+                        on every rank, a comm span on every rank of a multi-rank job, and
+                        scripts/trace_svg.py drawing step 1 of it (the SVG has a bar per span)
 --launcher mpirun      start the N ranks with OpenMPI's mpirun instead of torchrun (the
                         programs read OMPI_COMM_WORLD_*, lesson 04), MASTER_ADDR/PORT passed on
 --nproc 0 runs the program alone, without torchrun. Each torchrun takes its own free port (c10d
@@ -36,6 +41,8 @@ import pathlib
 import shlex
 import subprocess
 import sys
+import tempfile
+import xml.etree.ElementTree as ET
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from e2e_common import digest_ratios, free_port  # noqa: E402
@@ -63,6 +70,39 @@ def dotted(obj, key):
     return obj
 
 
+def check_trace(trace_dir: pathlib.Path, ranks: int, names, check):
+    """What --trace DIR wrote: the files, the spans, and the drawing of step 1."""
+    for r in range(ranks):
+        check((trace_dir / f"rank{r}.json").is_file(), f"--trace wrote rank{r}.json")
+    merged = trace_dir / "trace.json"
+    try:
+        trace = json.loads(merged.read_text())
+    except (OSError, ValueError) as e:
+        check(False, f"--trace wrote a readable trace.json ({e})")
+        return
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    pids = {e["pid"] for e in spans}
+    check(pids == set(range(ranks)), f"trace.json has spans of ranks {sorted(pids)} "
+                                     f"(expected 0..{ranks - 1})")
+    for r in range(ranks):
+        mine = [e for e in spans if e["pid"] == r]
+        for name in names:
+            n = sum(1 for e in mine if e["name"].startswith(name) and e.get("cat") != "comm")
+            check(n > 0, f"rank {r}: {n} compute span(s) '{name}...'")
+        if ranks > 1:
+            n = sum(1 for e in mine if e.get("cat") == "comm")
+            check(n > 0, f"rank {r}: {n} comm span(s)")
+        check(all(e["dur"] >= 0 for e in mine), f"rank {r}: no span ends before it begins")
+    svg = trace_dir / "step1.svg"
+    tool = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "trace_svg.py"
+    p = subprocess.run([sys.executable, str(tool), str(merged), str(svg), "--step", "1"],
+                       capture_output=True, text=True, timeout=TIMEOUT_S)
+    check(p.returncode == 0, f"trace_svg.py drew step 1 (exit {p.returncode}) {p.stderr[-300:]}")
+    if p.returncode == 0:
+        rects = ET.parse(svg).getroot().findall("{http://www.w3.org/2000/svg}rect")
+        check(len(rects) > ranks, f"the drawing has {len(rects)} bars")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--torchrun", default="")
@@ -78,9 +118,14 @@ def main() -> int:
     ap.add_argument("--losses-like-args", default="")
     ap.add_argument("--digest-rtol", type=float, default=RTOL)
     ap.add_argument("--launcher", choices=["torchrun", "mpirun"], default="torchrun")
+    ap.add_argument("--trace-check")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     prog_args = a.args[1:] if a.args[:1] == ["--"] else a.args
+    trace_dir = None
+    if a.trace_check:
+        trace_dir = pathlib.Path(tempfile.mkdtemp(prefix="dtc-e2e-trace-"))
+        prog_args = [*prog_args, "--trace", str(trace_dir)]
     failures = []
 
     def check(ok, what):
@@ -153,6 +198,8 @@ def main() -> int:
                                  f"sumsq {g['sumsq']:.6g} vs the baseline's sum {w['sum']:.6g}, "
                                  f"sumsq {w['sumsq']:.6g}")
             print(f"     param_digest compared over {len(dw or [])} parameters", flush=True)
+    if trace_dir is not None:
+        check_trace(trace_dir, max(a.nproc, 1), a.trace_check.split(","), check)
     if failures:
         print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
         print(f"FAILED: {len(failures)} check(s)")

@@ -139,7 +139,8 @@ class TraceScope {
   Tracer* previous_;
 };
 
-/// A compute span for its scope on the active tracer: "<name>" or "<name> <index>" (index >= 0).
+/// A compute span for its scope on the active tracer: "<name>", or "<name> <index>" for an
+/// index >= 0 ("<name><index>" when the name is one letter: F3, B3, the papers' labels).
 /// Costs one thread-local read when tracing is off; builds its name only when on.
 class TraceSpan {
  public:
