@@ -6,14 +6,19 @@
 One lane per rank for compute (nested spans stacked: step, forward/backward, blocks) and one
 per comm lane (operations in flight at once get a lane each), on one time axis in ms. Compute
 is blue (forward) and green (backward), the optimizer purple; communication is orange and red.
-Overlap is a comm bar under a compute bar.
+Overlap is a comm bar under a compute bar. A send drawn faint is one whose completion gloo does
+not report: its bar ends where the sender waited for it, not where the data arrived.
 
   --step N      only step N (from the earliest start of any rank's "step N" to the latest end)
   --textbook    below the measured lanes, the same per-rank order of pipeline micro-batches
                 (spans F<i>, B<i>) on the papers' idealised clock: a forward takes one unit, a
                 backward two, messages nothing; each op starts when its stage is free and its
                 input has arrived (F<i> after stage s-1's F<i>, B<i> after stage s+1's B<i>)
+  --zoom NAME   with --step: only from the start to the end of each rank's first span NAME in
+                that step (e.g. "fwd block 1")
   --ranks 0,1   only these ranks
+  --lanes N     at most N comm lanes per rank (default 3; more operations in flight at once
+                share the last lane)
 
 The module is also used by scripts/charts.py (the decks) and scripts/timelines.py (READMEs).
 Plain SVG, no dependencies beyond Python 3.
@@ -110,7 +115,7 @@ def textbook(order_by_rank):
     return out
 
 
-def render(trace, step=None, title="", with_textbook=False, ranks=None):
+def render(trace, step=None, title="", with_textbook=False, ranks=None, max_lanes=3, zoom=None):
     spans = spans_of(trace)
     if ranks is not None:
         spans = [s for s in spans if s["rank"] in ranks]
@@ -119,6 +124,16 @@ def render(trace, step=None, title="", with_textbook=False, ranks=None):
         if not marks:
             raise ValueError(f"the trace has no 'step {step}' span")
         lo, hi = min(s["b"] for s in marks), max(s["e"] for s in marks)
+        if zoom:
+            # every rank's first span named `zoom` inside the step
+            first = {}
+            for s in spans:
+                if s["name"] == zoom and lo <= s["b"] < hi and s["rank"] not in first:
+                    first[s["rank"]] = s
+            if not first:
+                raise ValueError(f"step {step} has no span '{zoom}'")
+            lo = min(s["b"] for s in first.values())
+            hi = max(s["e"] for s in first.values())
         spans = [s for s in spans if s["e"] > lo and s["b"] < hi]
     else:
         lo = min(s["b"] for s in spans)
@@ -141,30 +156,37 @@ def render(trace, step=None, title="", with_textbook=False, ranks=None):
             bars = [(s, colour(s)) for s, k in zip(compute, d) if k == level]
             rows.append((f"rank {rank}" if level == 0 else "", y, bars, level == 0))
             y += ROW
+        # Operations in flight at once get a lane each; past max_lanes, they share the last.
         lanes = sorted({s["tid"] for s in comm})
-        for k, lane in enumerate(lanes):
-            bars = [(s, colour(s)) for s in comm if s["tid"] == lane]
+        shown = lanes[:max_lanes]
+        for k, lane in enumerate(shown):
+            last = k == len(shown) - 1
+            bars = [(s, colour(s)) for s in comm
+                    if s["tid"] == lane or (last and s["tid"] in lanes[max_lanes:])]
             rows.append(("  comm" if k == 0 else "", y, bars, False))
             y += ROW
         y += GAP
     book_rows = []
     if with_textbook:
         order = {}
+        bounds = {s["rank"]: (s["b"], s["e"]) for s in spans
+                  if step is not None and s["cat"] == "step" and s["name"] == f"step {step}"}
         for s in spans:
             m = re.match(r"^([FB])(\d+)$", s["name"])
-            if m and s["cat"] != "comm":
+            b, e = bounds.get(s["rank"], (float("-inf"), float("inf")))
+            if m and s["cat"] != "comm" and b <= s["b"] and s["e"] <= e:  # this rank's step only
                 order.setdefault(s["rank"], []).append((m.group(1), int(m.group(2))))
         if order:
             ideal = textbook(order)
             units = max(e for ops in ideal.values() for _, _, e in ops)
             uscale = (WIDTH - LEFT - RIGHT) / units
-            y += 14
+            y += 52
             book_title_y = y
             y += 6
             for s, ops in sorted(ideal.items()):
                 book_rows.append((f"stage {s}", y, ops, uscale))
                 y += ROW
-    height = y + 30
+    height = y + 46
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
            f'viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif" '
            f'font-size="10">', f'<rect width="{WIDTH}" height="{height}" fill="white"/>']
@@ -179,9 +201,11 @@ def render(trace, step=None, title="", with_textbook=False, ranks=None):
             tip = f'{s["name"]}: {s["e"] - s["b"]:.0f} us'
             if s["args"]:
                 tip += " " + ", ".join(f"{k}={v}" for k, v in s["args"].items())
+            # A gloo send has no completion of its own: its bar ends where the sender waited.
+            faint = s["cat"] == "comm" and s["args"].get("end") == "wait" and s["name"] == "send"
             out.append(f'<rect x="{x0:.1f}" y="{ry + 1}" width="{w:.1f}" height="{ROW - 3}" '
-                       f'fill="{c}" stroke="white" stroke-width="0.5"><title>{html.escape(tip)}'
-                       f'</title></rect>')
+                       f'fill="{c}" fill-opacity="{0.3 if faint else 1}" stroke="white" '
+                       f'stroke-width="0.5"><title>{html.escape(tip)}</title></rect>')
             name = s["name"]
             if w > 6.2 * len(name) + 4:
                 out.append(f'<text x="{x0 + 3:.1f}" y="{ry + 12}" fill="#222">'
@@ -200,6 +224,19 @@ def render(trace, step=None, title="", with_textbook=False, ranks=None):
                    f'stroke="#444"/><text x="{tx:.1f}" y="{axis_y + 14}" '
                    f'text-anchor="middle">{t:g} ms</text>')
         t += tick
+    # the legend: the colours this picture uses
+    used, seen = [], set()
+    for _, _, bars, _ in rows:
+        for sp, c in bars:
+            key = sp["name"] if sp["cat"] == "comm" else re.sub(r"[ \d].*$", "", sp["name"])
+            if c not in seen and not sp["name"].startswith("step"):
+                seen.add(c)
+                used.append((key, c))
+    lx = LEFT
+    for key, c in used:
+        out.append(f'<rect x="{lx}" y="{axis_y + 22}" width="10" height="10" fill="{c}"/>'
+                   f'<text x="{lx + 13}" y="{axis_y + 31}">{html.escape(key)}</text>')
+        lx += 13 + 6.2 * len(key) + 14
     if book_rows:
         out.append(f'<text x="{LEFT}" y="{book_title_y}" font-size="11">the same order on the '
                    f'papers\' clock (forward 1 unit, backward 2, messages free)</text>')
@@ -225,6 +262,8 @@ def main():
     ap.add_argument("--title", default="")
     ap.add_argument("--textbook", action="store_true")
     ap.add_argument("--ranks")
+    ap.add_argument("--lanes", type=int, default=3)
+    ap.add_argument("--zoom")
     a = ap.parse_args()
     try:
         trace = json.loads(a.trace.read_text())
@@ -234,7 +273,7 @@ def main():
         return 2
     ranks = [int(r) for r in a.ranks.split(",")] if a.ranks else None
     try:
-        svg = render(trace, a.step, a.title, a.textbook, ranks)
+        svg = render(trace, a.step, a.title, a.textbook, ranks, max(1, a.lanes), a.zoom)
     except ValueError as e:
         print(f"trace_svg.py: {e}", file=sys.stderr)
         return 2

@@ -285,9 +285,11 @@ nlohmann::json Tracer::to_json() const {
     end[i] = records[i].counter >= 0 ? begin[i] : micros(records[i].end);
     if (records[i].track == TraceTrack::kComm) comm.emplace_back(begin[i], i);
   }
-  // Compute spans nest. Two backward hooks on one tensor (the end of block i+1's backward, the
-  // start of block i's) fire in the order they were registered, microseconds apart: a span that
-  // starts inside another and ends after it starts where that one ends.
+  // Compute spans nest. Backward hooks on one tensor fire in the order they were registered,
+  // microseconds apart, so a span can start inside another and end after it: where it started
+  // near the other's end (block i+1's backward ends, block i's starts), it starts where that one
+  // ends; where it started near the other's start (a micro-batch's backward around its blocks',
+  // whose hooks came first), it starts there too, and holds the other.
   std::vector<size_t> compute;
   for (size_t i = 0; i < records.size(); ++i) {
     if (records[i].track == TraceTrack::kCompute && records[i].counter < 0) compute.push_back(i);
@@ -299,7 +301,9 @@ nlohmann::json Tracer::to_json() const {
   for (size_t i : compute) {
     while (!open.empty() && end[open.back()] <= begin[i]) open.pop_back();
     while (!open.empty() && end[i] > end[open.back()]) {
-      begin[i] = std::max(begin[i], end[open.back()]);
+      const size_t top = open.back();
+      const bool holds = begin[i] - begin[top] < end[top] - begin[i];
+      begin[i] = holds ? begin[top] : std::max(begin[i], end[top]);
       open.pop_back();
     }
     open.push_back(i);

@@ -21,6 +21,14 @@ foreach(mode torchrun mpirun srun resume uneven-steps)
   dtc_add_e2e(06 NAME ${mode} TIMEOUT 300 RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
               COMMAND ${l06_e2e} ${mode} ${l06_args})
 endforeach()
+# --trace DIR on 2 ranks: the per-rank and merged traces with the spans the README's timeline
+# shows, drawn by scripts/trace_svg.py, and training unchanged (lesson 02's losses and digest).
+if(DTC_TORCHRUN)
+  dtc_add_e2e(06 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ --trace-check "step,forward,backward,bwd block,sync gradients,optimizer"
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=--steps 3"
+    -- --steps 3 --json)
+endif()
 
 # The benchmark against PyTorch's DistributedDataParallel, at a smoke size (a few seconds);
 # run it at its default size by hand: bench/lesson06_vs_pytorch.py --help. On the primary path

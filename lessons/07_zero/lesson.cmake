@@ -19,6 +19,11 @@ if(DTC_TORCHRUN)
     COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson07/e2e.py"
             --program @PROGRAM@ --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${l07_flags}"
             ${l07_bf16})
+  # --trace DIR, stage 3 with prefetch on 2 ranks: traces, spans, drawing; lesson 02's losses.
+  dtc_add_e2e(07 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ --trace-check "step,fwd block,bwd block"
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=--steps 3"
+    -- --stage 3 --prefetch --steps 3 --json)
   # A smoke run of the benchmark against PyTorch (primary path only: it needs the venv's torch).
   get_filename_component(l07_bin "${DTC_TORCHRUN}" DIRECTORY)
   if(NOT DTC_TORCHRUN_FLAGS AND EXISTS "${l07_bin}/python")

@@ -248,8 +248,10 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   // 2. Build: the process group, then the TP and DP subgroups of the grid.
   job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
   job.connect();
-  const Groups groups =
+  Groups groups =
       make_groups(job.store, grid, job.rank(), job.backend, job.timeout, job.env.master_addr);
+  groups.tp = job.traced(groups.tp, "tp");  // with --trace, on the timeline by group
+  groups.dp = job.traced(groups.dp, "dp");
   const bool talk = job.rank0() && !t.train.json;
   if (talk) {
     print_banner(

@@ -16,6 +16,7 @@
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/todo.h"
+#include "dtc/trace.h"
 
 namespace dtc::l10 {
 
@@ -125,6 +126,7 @@ torch::Tensor masked_attention(const torch::Tensor& q, const torch::Tensor& k,
 BlockOut block_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                          const torch::Tensor& q_pos, const torch::Tensor& k_pos, bool causal) {
   observe(q, k, /*backward=*/false);
+  TraceSpan span("attn");  // with --trace: one span per block on the timeline
   torch::NoGradGuard no_grad;
   const torch::Tensor s = block_scores(q, k, q_pos, k_pos, causal);  // (B, H, Tq, Tk)
   torch::Tensor m = std::get<0>(s.max(-1, /*keepdim=*/true));        // -inf: a row sees nothing
@@ -143,6 +145,7 @@ BlockGrads block_attention_backward(const torch::Tensor& q, const torch::Tensor&
                                     const torch::Tensor& out, const torch::Tensor& lse,
                                     const torch::Tensor& dout) {
   observe(q, k, /*backward=*/true);
+  TraceSpan span("attn bwd");
   torch::NoGradGuard no_grad;
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   const torch::Tensor s = block_scores(q, k, q_pos, k_pos, causal);
@@ -434,6 +437,8 @@ torch::Tensor CpGptImpl::forward(const torch::Tensor& tokens) {
   torch::Tensor x = gpt->wte(tokens) + gpt->wpe(positions);  // (B, Tl, h) at their positions
   for (const auto& module : *gpt->h) {
     auto block = module->as<Block>();
+    TraceSpan span("fwd block", block->index);  // with --trace (dtc/trace.h)
+    const torch::Tensor input = x;
     auto qkv = block->attn->c_attn(block->ln_1(x)).split(C, /*dim=*/2);
     auto q = qkv[0].view({B, tl, H, D}).transpose(1, 2);  // (B, H, Tl, D)
     auto k = qkv[1].view({B, tl, H, D}).transpose(1, 2);
@@ -441,6 +446,7 @@ torch::Tensor CpGptImpl::forward(const torch::Tensor& tokens) {
     auto y = context_attention(kind, q, k, v, *cp, zigzag);
     x = x + block->attn->c_proj(y.transpose(1, 2).contiguous().view({B, tl, C}));
     x = x + block->mlp(block->ln_2(x));
+    trace_backward(input, x, "bwd block", block->index);
   }
   x = gpt->ln_f(x);
   auto logits = c.tied ? torch::matmul(x, gpt->wte->weight.t()) : gpt->lm_head(x);
@@ -457,4 +463,4 @@ torch::Tensor CpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum d209f7e6c00b3d9b
+// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum 66416e67cb1dec06

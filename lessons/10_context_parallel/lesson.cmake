@@ -4,6 +4,7 @@ dtc_add_lesson(10 DIR 10_context_parallel SOURCES context_parallel.cpp sequence_
                DRIVER program.cpp
                TESTS tests/lesson10/attention_test.cpp tests/lesson10/training_test.cpp
                      tests/lesson10/memory_test.cpp tests/lesson10/sequence_parallel_test.cpp
+                     tests/lesson10/timeline_test.cpp
                LIBS dtc::dist lesson08_solution_lib TORCH)
 
 # End-to-end: the real program on real processes, each on a free port of its own, against the
@@ -18,6 +19,11 @@ if(DTC_TORCHRUN)
     -- ${l10_model} --json)
   dtc_add_e2e(10 NAME torchrun_ring_zigzag_cp4 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
     --program @PROGRAM@ --json-equals cp=4 --json-equals zigzag=true
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
+    -- ${l10_model} --zigzag --json)
+  # --trace DIR, ring zig-zag cp 2: attention blocks and the ring's sends and receives traced.
+  dtc_add_e2e(10 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ --trace-check "step,fwd block,bwd block,attn"
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --zigzag --json)
   dtc_add_e2e(10 NAME torchrun_ulysses_cp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2

@@ -168,4 +168,65 @@ AttentionVolume attention_volume(Attention kind, int64_t b, int64_t s, int64_t h
 /// @return the exit code: 0, 2 for bad input, 3 while a TODO(L10) is unfinished.
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 
+/// --no-overlap: a communicator that completes every receive before returning it (on NCCL, every
+/// group of sends and receives), so that the ring's next block has arrived before the current one
+/// is computed. The same code, the same messages, no overlap: what the overlap is worth.
+class WaitingComm : public Comm {
+  // What a completed receive returns: waiting on it again is a no-op.
+  class DoneWork : public c10d::Work {
+   public:
+    bool isCompleted() override { return true; }
+    bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
+  };
+
+ public:
+  explicit WaitingComm(c10::intrusive_ptr<Comm> inner)
+      : Comm(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
+  const std::string getBackendName() const override { return inner_->getBackendName(); }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t,
+                                           const c10d::AllreduceOptions& o) override {
+    return inner_->allreduce(t, o);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out,
+                                           std::vector<at::Tensor>& in,
+                                           const c10d::AllgatherOptions& o) override {
+    return inner_->allgather(out, in, o);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
+                                               std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& o) override {
+    return inner_->alltoall_base(out, in, out_splits, in_splits, o);
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+    return inner_->barrier(o);
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& t, int dst, int tag) override {
+    return inner_->send(t, dst, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& t, int src, int tag) override {
+    auto work = inner_->recv(t, src, tag);
+    if (grouped_) return work;  // in a group (NCCL) the whole group is waited at its end
+    work->wait();
+    return c10::make_intrusive<DoneWork>();  // a gloo receive must not be waited twice
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  bool supportsCoalescing() const override { return inner_->supportsCoalescing(); }
+  void startCoalescing() override {
+    grouped_ = true;
+    inner_->startCoalescing();
+  }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    grouped_ = false;
+    auto work = inner_->endCoalescing();
+    if (work) work->wait();
+    return work;
+  }
+#endif
+
+ private:
+  c10::intrusive_ptr<Comm> inner_;
+  bool grouped_ = false;
+};
+
 }  // namespace dtc::l10

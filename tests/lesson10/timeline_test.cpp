@@ -1,0 +1,94 @@
+// Lesson 10's timeline (README section 4's picture of the ring), read back from a trace: while
+// a rank computes one block of attention, the next block's K/V is on the wire. Checked on
+// timestamps, from outside the learner's ring: each thread-rank records its own trace
+// (dtc/trace.h), the given block_attention's "attn" spans and every send and receive from issue
+// to completion (a TracingComm under the ring).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "context_parallel.h"
+#include "dtc/ranks.h"
+#include "dtc/trace.h"
+#include "dtc_test.h"
+#include "program.h"
+
+namespace dtc::l10 {
+namespace {
+
+// One traced ring forward on cp thread-ranks (zig-zag: no step is skipped).
+std::vector<std::vector<TracedSpan>> traced_ring_forward(int cp, bool overlap) {
+  const int64_t B = 2, H = 2, T = 64 * cp, D = 16;
+  std::vector<std::vector<TracedSpan>> spans(static_cast<size_t>(cp));
+  run_ranks(
+      cp,
+      [&](RankContext& ctx) {
+        torch::manual_seed(7);
+        auto q = torch::randn({B, H, T, D}), k = torch::randn({B, H, T, D}),
+             v = torch::randn({B, H, T, D});
+        auto shard = [&](const torch::Tensor& t) {
+          return shard_sequence(t, ctx.rank, cp, /*zigzag=*/true, /*dim=*/2);
+        };
+        auto tracer = std::make_shared<Tracer>(ctx.rank);
+        tracer->set_clock(sync_clock(*ctx.store, ctx.rank, ctx.world));
+        c10::intrusive_ptr<Comm> comm = c10::make_intrusive<TracingComm>(ctx.comm, tracer, "cp");
+        if (!overlap) comm = c10::make_intrusive<WaitingComm>(comm);
+        {
+          TraceScope scope(tracer.get());
+          torch::NoGradGuard no_grad;
+          ring_attention(shard(q), shard(k), shard(v), *comm, /*zigzag=*/true);
+        }
+        spans[static_cast<size_t>(ctx.rank)] = traced_spans(tracer->to_json());
+      },
+      test::kTimeout);
+  return spans;
+}
+
+// How many of a rank's attention blocks, but the last, ran while a receive was in flight.
+int blocks_beside_a_receive(const std::vector<TracedSpan>& spans, int* blocks) {
+  const auto attn = select_spans(spans, -1, TraceTrack::kCompute, "attn");
+  const auto recv = select_spans(spans, -1, TraceTrack::kComm, "recv");
+  *blocks = static_cast<int>(attn.size());
+  int beside = 0;
+  for (size_t i = 0; i + 1 < attn.size(); ++i) {
+    for (const auto& r : recv) {
+      if (r.begin_us < attn[i].begin_us && r.end_us > attn[i].begin_us) {
+        ++beside;
+        break;
+      }
+    }
+  }
+  return beside;
+}
+
+TEST(L10Timeline, RingReceivesTheNextBlockWhileComputingThisOne) {
+  const int cp = 4;
+  const auto spans = traced_ring_forward(cp, /*overlap=*/true);
+  for (int r = 0; r < cp; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    int blocks = 0;
+    const int beside = blocks_beside_a_receive(spans[static_cast<size_t>(r)], &blocks);
+    EXPECT_EQ(blocks, cp) << "one attention block per ring step (zig-zag skips none)";
+    EXPECT_EQ(beside, cp - 1)
+        << "blocks computed while the next K/V was still arriving (the last has none to wait for)";
+  }
+}
+
+TEST(L10Timeline, WithoutOverlapNoBlockRunsBesideAReceive) {
+  // --no-overlap's picture: each hop is waited for as soon as it is posted (WaitingComm), so the
+  // comm and compute tracks take turns.
+  const int cp = 4;
+  const auto spans = traced_ring_forward(cp, /*overlap=*/false);
+  for (int r = 0; r < cp; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    int blocks = 0;
+    EXPECT_EQ(blocks_beside_a_receive(spans[static_cast<size_t>(r)], &blocks), 0);
+    EXPECT_EQ(blocks, cp);
+  }
+}
+
+}  // namespace
+}  // namespace dtc::l10
