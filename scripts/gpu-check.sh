@@ -223,10 +223,23 @@ for prog in "${nccl_lessons[@]}"; do
   extra=()
   [ "$name" = lesson09 ] && extra=(--no-sweep)
   [ "$name" = lesson10 ] && extra=(--zigzag)
+  # --trace: every rank's timeline (CUDA events on the compute stream, NCCL completions seen by
+  # the tracer's watcher), drawn below
   run_step "$name" 150 "$name.log" "${torchrun[@]}" "$bin/$prog" --backend "$backend" --steps 10 \
-    --json "${extra[@]}"
+    --json --trace "$OUT/traces/$name" "${extra[@]}"
 done
 unset NCCL_DEBUG NCCL_DEBUG_SUBSYS
+# --- 5a. the timelines of those runs, step 1 of each (scripts/trace_svg.py) --------------------
+for prog in "${nccl_lessons[@]}"; do
+  name=${prog%_solution}
+  if [ "$mode" != dry ] && [ ! -f "$OUT/traces/$name/trace.json" ]; then
+    skip_step "$name-timeline" "no trace (see $name.log)"
+    continue
+  fi
+  run_step "$name-timeline" 60 "$name-timeline.log" python3 scripts/trace_svg.py \
+    "$OUT/traces/$name/trace.json" "$OUT/traces/$name.svg" --step 1 \
+    --title "$name, --backend $backend, step 1 (gpu-check)"
+done
 
 # --- 5b. lesson 10 beside PyTorch's context_parallel (ring attention under SDPA), on the GPUs ----
 # (on the CPU PyTorch 2.15's context_parallel does not run: the script says so and times ours)

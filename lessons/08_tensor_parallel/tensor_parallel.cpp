@@ -14,6 +14,7 @@
 
 #include "dtc/errors.h"
 #include "dtc/todo.h"
+#include "dtc/trace.h"
 
 namespace dtc::l08 {
 
@@ -343,7 +344,13 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   auto pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
   auto x = wte(tokens) + wpe(pos);  // (B, T, h), replicated
-  for (const auto& block : *h) x = block->as<TpBlock>()->forward(x);
+  for (size_t i = 0; i < h->size(); ++i) {
+    const auto index = static_cast<int64_t>(i);
+    TraceSpan span("fwd block", index);  // with --trace (dtc/trace.h)
+    const torch::Tensor input = x;
+    x = h[i]->as<TpBlock>()->forward(x);
+    trace_backward(input, x, "bwd block", index);
+  }
   x = ln_f(x);
   // TODO(L08): this rank's logits (B, T, V/tp) from the tied wte->weight or the untied
   //   lm_head, with the full gradient flowing back into ln_f (L08Modules.WholeModelLogitsMatch,
@@ -361,4 +368,4 @@ torch::Tensor TpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l08
-// exercise generated from solutions/08_tensor_parallel/tensor_parallel.cpp by scripts/exercises.py; checksum 777f12e0e48c1254
+// exercise generated from solutions/08_tensor_parallel/tensor_parallel.cpp by scripts/exercises.py; checksum efaeff1df43acd11

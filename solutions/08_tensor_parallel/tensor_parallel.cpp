@@ -14,6 +14,7 @@
 
 #include "dtc/errors.h"
 #include "dtc/todo.h"
+#include "dtc/trace.h"
 
 namespace dtc::l08 {
 
@@ -386,7 +387,13 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   auto pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
   auto x = wte(tokens) + wpe(pos);  // (B, T, h), replicated
-  for (const auto& block : *h) x = block->as<TpBlock>()->forward(x);
+  for (size_t i = 0; i < h->size(); ++i) {
+    const auto index = static_cast<int64_t>(i);
+    TraceSpan span("fwd block", index);  // with --trace (dtc/trace.h)
+    const torch::Tensor input = x;
+    x = h[i]->as<TpBlock>()->forward(x);
+    trace_backward(input, x, "bwd block", index);
+  }
   x = ln_f(x);
   // BEGIN SOLUTION: this rank's logits (B, T, V/tp) from the tied wte->weight or the untied
   //   lm_head, with the full gradient flowing back into ln_f (L08Modules.WholeModelLogitsMatch,

@@ -13,11 +13,14 @@
 //              the CUDA caching allocator, read at the end of each compute span
 // Overlap is two tracks busy at once.
 //
-// Why hand-placed spans and not LibTorch's profiler: the profiler (Kineto, or 1.13's legacy
-// profiler) records every ATen operator, hundreds per block, named by kernel, not by what the
-// lesson talks about (block 3's backward, bucket 2, micro-batch 5); it has no notion of which
-// collective belongs to which group, and it costs far more than a few spans per block. The
-// spans here are few, named by the lesson, and cost one thread-local read when tracing is off.
+// Why hand-placed spans and not LibTorch's profiler: its Kineto profiler, the one that exports a
+// Chrome trace from C++ (ProfilerResult::save), is in the PyPI 2.x build but not in Debian's
+// 1.13 (built without Kineto: torch.autograd.kineto_available() is False there; it keeps only
+// the legacy profiler), so it cannot serve both paths. And where it runs, it records every ATen
+// operator, hundreds per block, named by kernel, not by what the lesson talks about (block 3's
+// backward, bucket 2, micro-batch 5), knows nothing of groups, and costs far more than a few
+// spans per block. The spans here are few, named by the lesson, the same on both paths, and
+// cost one thread-local read when tracing is off.
 //
 // One clock: every rank measures the offset of its steady clock from rank 0's through the
 // job's store at start-up, by Cristian's algorithm: it writes a ping key, rank 0 answers with
