@@ -17,6 +17,7 @@ not report: its bar ends where the sender waited for it, not where the data arri
   --zoom NAME   with --step: only from the start to the end of each rank's first span NAME in
                 that step (e.g. "fwd block 1")
   --ranks 0,1   only these ranks
+  --selftest    check the idealised clock against closed forms, and draw a made-up trace
   --lanes N     at most N comm lanes per rank (default 3; more operations in flight at once
                 share the last lane)
 
@@ -254,7 +255,58 @@ def render(trace, step=None, title="", with_textbook=False, ranks=None, max_lane
     return "\n".join(out) + "\n"
 
 
+def one_f_one_b(p, m, s):
+    """Stage s's 1F1B order (PipeDream-Flush, Narayanan et al. 2021, Figure 4)."""
+    warm = min(p - s - 1, m)
+    ops = [("F", i) for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        ops += [("F", f), ("B", b)]
+        f, b = f + 1, b + 1
+    return ops + [("B", i) for i in range(b, m)]
+
+
+def selftest():
+    """The idealised clock against closed forms, and a drawing of a made-up trace."""
+    import xml.etree.ElementTree as ET
+    for p, m in ((4, 8), (2, 4), (4, 4), (3, 1)):
+        for name, order in (("gpipe", lambda s: [("F", i) for i in range(m)] +
+                             [("B", i) for i in range(m)]),
+                            ("1f1b", lambda s: one_f_one_b(p, m, s))):
+            ideal = textbook({s: order(s) for s in range(p)})
+            makespan = max(e for ops in ideal.values() for _, _, e in ops)
+            # a step lasts (m + p - 1) slots of F + B = 3 units; each stage idles (p - 1) of them
+            assert makespan == 3 * (m + p - 1), (name, p, m, makespan)
+            for s, ops in ideal.items():
+                busy = sum(e - b for _, b, e in ops)
+                assert busy == 3 * m, (name, p, m, s, busy)
+            # 1F1B: stage 0's first backward starts once stage p-1 has done F0 and B0 came back
+            if name == "1f1b":
+                b0 = next(b for n, b, _ in ideal[0] if n == "B0")
+                assert b0 == (p - 1) + 1 + 2 * (p - 1), (p, m, b0)
+    trace = {"traceEvents": [
+        {"name": "step 1", "cat": "step", "ph": "X", "ts": 0, "dur": 100, "pid": 0, "tid": 0},
+        {"name": "backward", "cat": "compute", "ph": "X", "ts": 10, "dur": 80, "pid": 0, "tid": 0},
+        {"name": "bwd block 1", "cat": "compute", "ph": "X", "ts": 10, "dur": 40, "pid": 0,
+         "tid": 0},
+        {"name": "allreduce", "cat": "comm", "ph": "X", "ts": 30, "dur": 50, "pid": 0, "tid": 1,
+         "args": {"bytes": 1024, "end": "done"}},
+        {"name": "send", "cat": "comm", "ph": "X", "ts": 40, "dur": 10, "pid": 0, "tid": 3,
+         "args": {"end": "wait"}}]}
+    assert [d for d in depths([x for x in spans_of(trace) if x["cat"] != "comm"])] == [0, 1, 2]
+    root = ET.fromstring(render(trace, step=1, title="selftest"))
+    rects = root.findall("{http://www.w3.org/2000/svg}rect")
+    assert len(rects) >= 1 + 5, len(rects)  # the background, one bar per span, the legend
+    faint = [r for r in rects if r.get("fill-opacity") == "0.3"]
+    assert len(faint) == 1, "the send that ended at its wait is drawn faint"
+    print("trace_svg.py: selftest ok (the idealised clock: 3 (m + p - 1) units for GPipe and 1F1B, "
+          "3m busy per stage; a drawing)")
+    return 0
+
+
 def main():
+    if sys.argv[1:] == ["--selftest"]:
+        return selftest()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=pathlib.Path)
     ap.add_argument("out", type=pathlib.Path)

@@ -152,7 +152,7 @@ class Tracer::CommWatch {
         c10::intrusive_ptr<c10d::Work> work;
         {
           std::lock_guard<std::mutex> l(o->mu);
-          work = o->done ? nullptr : o->work;
+          if (!o->done) work = o->work;
         }
         if (!work || work->isCompleted()) {
           o->finish("watch");

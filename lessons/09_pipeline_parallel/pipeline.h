@@ -77,7 +77,7 @@ struct Stage {
   /// logits are fp32 for the loss.
   torch::Tensor forward(const torch::Tensor& input);
 
-  /// A trace's micro-batch labels (F<k>, R<k>, B<k>; see forward()) start again from 0: the
+  /// A trace's micro-batch labels (F{k}, R{k}, B{k}; see forward()) start again from 0: the
   /// program calls it before each run_schedule.
   void begin_step();
   int64_t traced_forwards = 0;        ///< forward calls with a graph, or without (recompute)

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "dtc/memory.h"
 #include "dtc/model.h"
 #include "dtc/ranks.h"
 #include "dtc/trace.h"
@@ -88,6 +89,29 @@ TEST(Trace, SpanLastsWhatItsScopeLasted) {
   EXPECT_EQ(spans[0].name, "sleep 3");
   EXPECT_GE(spans[0].end_us - spans[0].begin_us, 20e3);
   EXPECT_LT(spans[0].end_us - spans[0].begin_us, 20e3 + 50e3);
+}
+
+TEST(Trace, MemoryTrackReadsTheCountingAllocatorAtEachSpansEnd) {
+  // Between two spans' ends the test keeps one more 4 MiB tensor: the counter rises by exactly
+  // its bytes (the counting allocator sees tensor storage only; the spans allocate none).
+  install_counting_allocator();
+  // Earlier tests' gloo threads may still drop buffers for a few ms (lesson 10's 20 ms settle).
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  Tracer tracer;
+  torch::Tensor kept;
+  {
+    TraceScope scope(&tracer);
+    { TraceSpan a("before"); }
+    kept = torch::empty({1 << 20}, torch::kFloat);
+    { TraceSpan b("after"); }
+  }
+  std::vector<int64_t> readings;
+  const nlohmann::json trace = tracer.to_json();
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") == "C") readings.push_back(e["args"]["bytes"].get<int64_t>());
+  }
+  ASSERT_EQ(readings.size(), 2u) << "one reading at the end of each span";
+  EXPECT_EQ(readings[1] - readings[0], int64_t{4} << 20);
 }
 
 TEST(Trace, ClockOffsetIsMeasuredThroughTheStore) {

@@ -173,8 +173,8 @@ class BlockImpl : public torch::nn::Module {
 
   /// Set by GptImpl::set_recompute: when defined, forward() runs inside it (full).
   CheckpointFn checkpoint;
-  /// The block's place in the GPT (h.<index>), for its spans on a trace: "fwd block <index>"
-  /// and "bwd block <index>" (dtc/trace.h; nothing happens when tracing is off).
+  /// The block's place in the GPT (h.{index}), for its spans on a trace: "fwd block {index}"
+  /// and "bwd block {index}" (dtc/trace.h; nothing happens when tracing is off).
   int64_t index = -1;
   torch::nn::LayerNorm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -184,7 +184,7 @@ class BlockImpl : public torch::nn::Module {
 TORCH_MODULE(Block);
 
 /// The GPT. Parameter names (named_parameters(), in this order): wte.weight, wpe.weight,
-/// `h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias}`,
+/// `h.{i}.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias}`,
 /// ln_f.{weight, bias}, and lm_head.weight when untied.
 class GptImpl : public torch::nn::Module {
  public:

@@ -51,7 +51,7 @@ struct TrainOptions {
   Precision precision = Precision::kFp32;
   std::string grad_dtype = "working";
   Recompute recompute = Recompute::kNone;
-  /// --trace DIR: a Chrome trace of every rank (DIR/rank<r>.json, and DIR/trace.json merged),
+  /// --trace DIR: a Chrome trace of every rank (DIR/rank{r}.json, and DIR/trace.json merged),
   /// for Perfetto or scripts/trace_svg.py; empty: off (dtc/trace.h)
   std::string trace;
 

@@ -142,8 +142,8 @@ class TraceScope {
   Tracer* previous_;
 };
 
-/// A compute span for its scope on the active tracer: "<name>", or "<name> <index>" for an
-/// index >= 0 ("<name><index>" when the name is one letter: F3, B3, the papers' labels).
+/// A compute span for its scope on the active tracer: "{name}", or "{name} {index}" for an
+/// index >= 0 ("{name}{index}" when the name is one letter: F3, B3, the papers' labels).
 /// Costs one thread-local read when tracing is off; builds its name only when on.
 class TraceSpan {
  public:
@@ -160,8 +160,8 @@ class TraceSpan {
   TraceTime begin_;
 };
 
-/// Traces the backward of the region that turned @p input into @p output: a span "<name>"
-/// ("<name> <index>") from when @p output's gradient arrives to when @p input's is complete,
+/// Traces the backward of the region that turned @p input into @p output: a span "{name}"
+/// ("{name} {index}") from when @p output's gradient arrives to when @p input's is complete,
 /// recorded by gradient hooks, so from outside whatever code runs the backward. Call it in the
 /// forward, after the region; nothing happens when tracing is off or no gradient will flow
 /// (an input without requires_grad, e.g. token ids, ends the span when the backward reaches
@@ -233,7 +233,7 @@ class TracingComm : public Comm {
 ClockSync sync_clock(c10d::Store& store, int rank, int world, int rounds = 8,
                      const std::function<Tracer::Clock::time_point()>& now = Tracer::Clock::now);
 
-/// Writes @p tracer's trace to DIR/rank<r>.json and, on rank 0, the merged DIR/trace.json with
+/// Writes @p tracer's trace to DIR/rank{r}.json and, on rank 0, the merged DIR/trace.json with
 /// every rank's events (they travel through @p store, so DIR need not be shared between nodes;
 /// store null: one rank). Every rank calls it. Returns the merged file's path on rank 0, else "".
 std::string write_trace(const Tracer& tracer, c10d::Store* store, int world,
