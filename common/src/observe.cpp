@@ -10,8 +10,90 @@ int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
   return n;
 }
 
-RecordingComm::RecordingComm(c10::intrusive_ptr<Comm> inner)
+ForwardingComm::ForwardingComm(c10::intrusive_ptr<Comm> inner)
     : Comm(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::call(
+    const char* /*op*/, int64_t /*bytes*/, int /*peer*/, int /*tag*/,
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
+  return issue();
+}
+
+const std::string ForwardingComm::getBackendName() const { return inner_->getBackendName(); }
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::broadcast(std::vector<at::Tensor>& tensors,
+                                                         const c10d::BroadcastOptions& opts) {
+  return call("broadcast", tensor_bytes(tensors), static_cast<int>(opts.rootRank), -1,
+              [&] { return inner_->broadcast(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::allreduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::AllreduceOptions& opts) {
+  return call("allreduce", tensor_bytes(tensors), -1, -1,
+              [&] { return inner_->allreduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::reduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::ReduceOptions& opts) {
+  return call("reduce", tensor_bytes(tensors), static_cast<int>(opts.rootRank), -1,
+              [&] { return inner_->reduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return call("allgather", tensor_bytes(inputs), -1, -1,
+              [&] { return inner_->allgather(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::_allgather_base(at::Tensor& output,
+                                                               at::Tensor& input,
+                                                               const c10d::AllgatherOptions& opts) {
+  return call("allgather", tensor_bytes({input}), -1, -1,
+              [&] { return inner_->_allgather_base(output, input, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  int64_t n = 0;
+  for (const auto& list : inputs) n += tensor_bytes(list);
+  return call("reduce_scatter", n, -1, -1,
+              [&] { return inner_->reduce_scatter(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return call("reduce_scatter", tensor_bytes({input}), -1, -1,
+              [&] { return inner_->_reduce_scatter_base(output, input, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                             std::vector<int64_t>& output_splits,
+                                                             std::vector<int64_t>& input_splits,
+                                                             const c10d::AllToAllOptions& opts) {
+  return call("alltoall", tensor_bytes({input}), -1, -1, [&] {
+    return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::send(std::vector<at::Tensor>& tensors, int dst,
+                                                    int tag) {
+  return call("send", tensor_bytes(tensors), dst, tag,
+              [&] { return inner_->send(tensors, dst, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::recv(std::vector<at::Tensor>& tensors, int src,
+                                                    int tag) {
+  return call("recv", tensor_bytes(tensors), src, tag,
+              [&] { return inner_->recv(tensors, src, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> ForwardingComm::barrier(const c10d::BarrierOptions& opts) {
+  return call("barrier", 0, -1, -1, [&] { return inner_->barrier(opts); });
+}
+
+RecordingComm::RecordingComm(c10::intrusive_ptr<Comm> inner) : ForwardingComm(std::move(inner)) {}
 
 int64_t RecordingComm::record(const char* op, int64_t bytes, int peer, const std::string& label,
                               int64_t id, int tag) {
@@ -32,26 +114,16 @@ int64_t RecordingComm::record(const char* op, int64_t bytes, int peer, const std
 }
 
 // A Work that records its wait() in the RecordingComm that made it, and forwards everything.
-class RecordingComm::RecordedWork : public c10d::Work {
+class RecordingComm::RecordedWork : public ForwardingWork {
  public:
   RecordedWork(c10::intrusive_ptr<c10d::Work> inner, RecordingComm* comm, int64_t call,
                const char* op)
-      : inner_(std::move(inner)), comm_(comm), call_(call), op_(op) {}
-  bool isCompleted() override { return inner_->isCompleted(); }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  int sourceRank() const override { return inner_->sourceRank(); }
-  std::vector<at::Tensor> result() override { return inner_->result(); }
-  void synchronize() override { inner_->synchronize(); }
-  bool wait(std::chrono::milliseconds timeout) override {
-    comm_->record("wait", 0, -1, op_, call_);
-    return inner_->wait(timeout);
-  }
-  void abort() override { inner_->abort(); }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+      : ForwardingWork(std::move(inner)), comm_(comm), call_(call), op_(op) {}
+
+ protected:
+  void before_wait() override { comm_->record("wait", 0, -1, op_, call_); }
 
  private:
-  c10::intrusive_ptr<c10d::Work> inner_;
   RecordingComm* comm_;  // outlives its Works in a test (the test owns both)
   int64_t call_;
   const char* op_;
@@ -90,73 +162,11 @@ void RecordingComm::clear() {
   events_.clear();
 }
 
-const std::string RecordingComm::getBackendName() const { return inner_->getBackendName(); }
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::broadcast(std::vector<at::Tensor>& tensors,
-                                                        const c10d::BroadcastOptions& opts) {
-  const int64_t call = record("broadcast", tensor_bytes(tensors), static_cast<int>(opts.rootRank));
-  return wrap(inner_->broadcast(tensors, opts), call, "broadcast");
-}
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::allreduce(std::vector<at::Tensor>& tensors,
-                                                        const c10d::AllreduceOptions& opts) {
-  const int64_t call = record("allreduce", tensor_bytes(tensors), -1);
-  return wrap(inner_->allreduce(tensors, opts), call, "allreduce");
-}
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::reduce(std::vector<at::Tensor>& tensors,
-                                                     const c10d::ReduceOptions& opts) {
-  const int64_t call = record("reduce", tensor_bytes(tensors), static_cast<int>(opts.rootRank));
-  return wrap(inner_->reduce(tensors, opts), call, "reduce");
-}
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::allgather(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  const int64_t call = record("allgather", tensor_bytes(inputs), -1);
-  return wrap(inner_->allgather(outputs, inputs, opts), call, "allgather");
-}
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                              const c10d::AllgatherOptions& opts) {
-  const int64_t call = record("allgather", tensor_bytes({input}), -1);
-  return wrap(inner_->_allgather_base(output, input, opts), call, "allgather");
-}
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::reduce_scatter(
-    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  int64_t n = 0;
-  for (const auto& list : inputs) n += tensor_bytes(list);
-  const int64_t call = record("reduce_scatter", n, -1);
-  return wrap(inner_->reduce_scatter(outputs, inputs, opts), call, "reduce_scatter");
-}
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::_reduce_scatter_base(
-    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  const int64_t call = record("reduce_scatter", tensor_bytes({input}), -1);
-  return wrap(inner_->_reduce_scatter_base(output, input, opts), call, "reduce_scatter");
-}
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                            std::vector<int64_t>& output_splits,
-                                                            std::vector<int64_t>& input_splits,
-                                                            const c10d::AllToAllOptions& opts) {
-  const int64_t call = record("alltoall", tensor_bytes({input}), -1);
-  return wrap(inner_->alltoall_base(output, input, output_splits, input_splits, opts), call,
-              "alltoall");
-}
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::send(std::vector<at::Tensor>& tensors, int dst,
-                                                   int tag) {
-  const int64_t call = record("send", tensor_bytes(tensors), dst, "", -1, tag);
-  return wrap(inner_->send(tensors, dst, tag), call, "send");
-}
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::recv(std::vector<at::Tensor>& tensors, int src,
-                                                   int tag) {
-  const int64_t call = record("recv", tensor_bytes(tensors), src, "", -1, tag);
-  return wrap(inner_->recv(tensors, src, tag), call, "recv");
+c10::intrusive_ptr<c10d::Work> RecordingComm::call(
+    const char* op, int64_t bytes, int peer, int tag,
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
+  const int64_t id = record(op, bytes, peer, "", -1, tag);
+  return wrap(issue(), id, op);
 }
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -181,10 +191,5 @@ void RecordingComm::endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& r
   inner_->endCoalescing(reqs);
 }
 #endif
-
-c10::intrusive_ptr<c10d::Work> RecordingComm::barrier(const c10d::BarrierOptions& opts) {
-  const int64_t call = record("barrier", 0, -1);
-  return wrap(inner_->barrier(opts), call, "barrier");
-}
 
 }  // namespace dtc

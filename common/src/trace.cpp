@@ -92,26 +92,15 @@ struct OpenComm {
 };
 
 // A Work that closes its span when wait() returns, and forwards everything.
-class TracedWork : public c10d::Work {
+class TracedWork : public ForwardingWork {
  public:
   TracedWork(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<OpenComm> open)
-      : inner_(std::move(inner)), open_(std::move(open)) {}
-  bool isCompleted() override { return inner_->isCompleted(); }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  int sourceRank() const override { return inner_->sourceRank(); }
-  std::vector<at::Tensor> result() override { return inner_->result(); }
-  void synchronize() override { inner_->synchronize(); }
-  bool wait(std::chrono::milliseconds timeout) override {
-    const bool ok = inner_->wait(timeout);
-    open_->finish("wait");
-    return ok;
-  }
-  void abort() override { inner_->abort(); }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+      : ForwardingWork(std::move(inner)), open_(std::move(open)) {}
+
+ protected:
+  void after_wait() override { open_->finish("wait"); }
 
  private:
-  c10::intrusive_ptr<c10d::Work> inner_;
   std::shared_ptr<OpenComm> open_;
 };
 
@@ -423,93 +412,17 @@ void trace_backward(const torch::Tensor& input, const torch::Tensor& output, con
 
 TracingComm::TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer> tracer,
                          std::string group)
-    : Comm(inner->getRank(), inner->getSize()),
-      inner_(std::move(inner)),
-      tracer_(std::move(tracer)),
-      group_(std::move(group)) {}
+    : ForwardingComm(std::move(inner)), tracer_(std::move(tracer)), group_(std::move(group)) {}
 
-const std::string TracingComm::getBackendName() const { return inner_->getBackendName(); }
-
-c10::intrusive_ptr<c10d::Work> TracingComm::traced(
+c10::intrusive_ptr<c10d::Work> TracingComm::call(
     const char* op, int64_t bytes, int peer, int tag,
-    const std::function<c10::intrusive_ptr<c10d::Work>()>& call) {
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
   const auto issued = Tracer::Clock::now();
-  auto work = call();
+  auto work = issue();
   nlohmann::json args = {{"group", group_}, {"bytes", bytes}};
   if (peer >= 0) args["peer"] = peer;
   if (tag >= 0) args["tag"] = tag;
   return tracer_->comm(std::move(work), std::move(args), op, issued);
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::broadcast(std::vector<at::Tensor>& tensors,
-                                                      const c10d::BroadcastOptions& opts) {
-  return traced("broadcast", tensor_bytes(tensors), static_cast<int>(opts.rootRank), -1,
-                [&] { return inner_->broadcast(tensors, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::allreduce(std::vector<at::Tensor>& tensors,
-                                                      const c10d::AllreduceOptions& opts) {
-  return traced("allreduce", tensor_bytes(tensors), -1, -1,
-                [&] { return inner_->allreduce(tensors, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::reduce(std::vector<at::Tensor>& tensors,
-                                                   const c10d::ReduceOptions& opts) {
-  return traced("reduce", tensor_bytes(tensors), static_cast<int>(opts.rootRank), -1,
-                [&] { return inner_->reduce(tensors, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                      std::vector<at::Tensor>& inputs,
-                                                      const c10d::AllgatherOptions& opts) {
-  return traced("allgather", tensor_bytes(inputs), -1, -1,
-                [&] { return inner_->allgather(outputs, inputs, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                            const c10d::AllgatherOptions& opts) {
-  return traced("allgather", tensor_bytes({input}), -1, -1,
-                [&] { return inner_->_allgather_base(output, input, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::reduce_scatter(
-    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  int64_t n = 0;
-  for (const auto& list : inputs) n += tensor_bytes(list);
-  return traced("reduce_scatter", n, -1, -1,
-                [&] { return inner_->reduce_scatter(outputs, inputs, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::_reduce_scatter_base(
-    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  return traced("reduce_scatter", tensor_bytes({input}), -1, -1,
-                [&] { return inner_->_reduce_scatter_base(output, input, opts); });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                          std::vector<int64_t>& output_splits,
-                                                          std::vector<int64_t>& input_splits,
-                                                          const c10d::AllToAllOptions& opts) {
-  return traced("alltoall", tensor_bytes({input}), -1, -1, [&] {
-    return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::send(std::vector<at::Tensor>& tensors, int dst,
-                                                 int tag) {
-  return traced("send", tensor_bytes(tensors), dst, tag,
-                [&] { return inner_->send(tensors, dst, tag); });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::recv(std::vector<at::Tensor>& tensors, int src,
-                                                 int tag) {
-  return traced("recv", tensor_bytes(tensors), src, tag,
-                [&] { return inner_->recv(tensors, src, tag); });
-}
-
-c10::intrusive_ptr<c10d::Work> TracingComm::barrier(const c10d::BarrierOptions& opts) {
-  return traced("barrier", 0, -1, -1, [&] { return inner_->barrier(opts); });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include "context_parallel.h"
 #include "dtc/compat.h"
 #include "dtc/dist.h"
+#include "dtc/observe.h"
 #include "sequence_parallel.h"
 
 namespace dtc::l10 {
@@ -171,7 +172,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
 /// --no-overlap: a communicator that completes every receive before returning it (on NCCL, every
 /// group of sends and receives), so that the ring's next block has arrived before the current one
 /// is computed. The same code, the same messages, no overlap: what the overlap is worth.
-class WaitingComm : public Comm {
+class WaitingComm : public ForwardingComm {
   // What a completed receive returns: waiting on it again is a no-op.
   class DoneWork : public c10d::Work {
    public:
@@ -180,38 +181,8 @@ class WaitingComm : public Comm {
   };
 
  public:
-  explicit WaitingComm(c10::intrusive_ptr<Comm> inner)
-      : Comm(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
-  const std::string getBackendName() const override { return inner_->getBackendName(); }
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t,
-                                           const c10d::AllreduceOptions& o) override {
-    return inner_->allreduce(t, o);
-  }
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out,
-                                           std::vector<at::Tensor>& in,
-                                           const c10d::AllgatherOptions& o) override {
-    return inner_->allgather(out, in, o);
-  }
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
-                                               std::vector<int64_t>& out_splits,
-                                               std::vector<int64_t>& in_splits,
-                                               const c10d::AllToAllOptions& o) override {
-    return inner_->alltoall_base(out, in, out_splits, in_splits, o);
-  }
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
-    return inner_->barrier(o);
-  }
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& t, int dst, int tag) override {
-    return inner_->send(t, dst, tag);
-  }
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& t, int src, int tag) override {
-    auto work = inner_->recv(t, src, tag);
-    if (grouped_) return work;  // in a group (NCCL) the whole group is waited at its end
-    work->wait();
-    return c10::make_intrusive<DoneWork>();  // a gloo receive must not be waited twice
-  }
+  explicit WaitingComm(c10::intrusive_ptr<Comm> inner) : ForwardingComm(std::move(inner)) {}
 #if TORCH_VERSION_MAJOR >= 2
-  bool supportsCoalescing() const override { return inner_->supportsCoalescing(); }
   void startCoalescing() override {
     grouped_ = true;
     inner_->startCoalescing();
@@ -224,8 +195,18 @@ class WaitingComm : public Comm {
   }
 #endif
 
+ protected:
+  c10::intrusive_ptr<c10d::Work> call(
+      const char* op, int64_t /*bytes*/, int /*peer*/, int /*tag*/,
+      const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) override {
+    auto work = issue();
+    // in a group (NCCL) the whole group is waited at its end
+    if (std::string(op) != "recv" || grouped_) return work;
+    work->wait();
+    return c10::make_intrusive<DoneWork>();  // a gloo receive must not be waited twice
+  }
+
  private:
-  c10::intrusive_ptr<Comm> inner_;
   bool grouped_ = false;
 };
 

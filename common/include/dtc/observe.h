@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -40,22 +41,12 @@ struct CommEvent {
   std::chrono::steady_clock::time_point t;  ///< when the call was made (not when it finished)
 };
 
-/// A Comm that forwards every call to @p inner and records it (thread-safe). Use it where the
-/// learner's code takes a Comm; read events() after.
-class RecordingComm : public Comm {
+/// A Comm that forwards every operation to @p inner, each through call(), which a subclass
+/// overrides to see it: the base of RecordingComm (below) and TracingComm (dtc/trace.h).
+class ForwardingComm : public Comm {
  public:
-  explicit RecordingComm(c10::intrusive_ptr<Comm> inner);
+  explicit ForwardingComm(c10::intrusive_ptr<Comm> inner);
 
-  /// Records a mark of the test's own in the same order as the calls.
-  void mark(const std::string& label);
-  /// Every event so far, in order.
-  std::vector<CommEvent> events() const;
-  /// The events of one operation, in order.
-  std::vector<CommEvent> events(const std::string& op) const;
-  /// The total bytes of one operation's calls.
-  int64_t bytes(const std::string& op) const;
-  /// Forgets every event.
-  void clear();
   /// The wrapped communicator.
   const c10::intrusive_ptr<Comm>& inner() const { return inner_; }
 
@@ -89,6 +80,73 @@ class RecordingComm : public Comm {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  // Groups (start/endCoalescing) are passed on as they are.
+#if TORCH_VERSION_MAJOR >= 2
+  bool supportsCoalescing() const override { return inner_->supportsCoalescing(); }
+  void startCoalescing() override { inner_->startCoalescing(); }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override { return inner_->endCoalescing(); }
+#else
+  void startCoalescing() override { inner_->startCoalescing(); }
+  void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override {
+    inner_->endCoalescing(reqs);
+  }
+#endif
+
+ protected:
+  /// One operation: its name ("allreduce", "send", ...), this rank's bytes (recv: the bytes
+  /// received; allgather: sent), the peer of a send or receive or the root of a broadcast or
+  /// reduce (-1: none), the tag of a send or receive (-1), and @p issue, which makes the call on
+  /// inner(). Returns the Work to hand out; the default just issues it.
+  virtual c10::intrusive_ptr<c10d::Work> call(
+      const char* op, int64_t bytes, int peer, int tag,
+      const std::function<c10::intrusive_ptr<c10d::Work>()>& issue);
+
+  c10::intrusive_ptr<Comm> inner_;
+};
+
+/// A Work that forwards everything to @p inner; a subclass sees each wait() through
+/// before_wait() and after_wait().
+class ForwardingWork : public c10d::Work {
+ public:
+  explicit ForwardingWork(c10::intrusive_ptr<c10d::Work> inner) : inner_(std::move(inner)) {}
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  void synchronize() override { inner_->synchronize(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    before_wait();
+    const bool ok = inner_->wait(timeout);
+    after_wait();
+    return ok;
+  }
+  void abort() override { inner_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+
+ protected:
+  virtual void before_wait() {}
+  virtual void after_wait() {}
+  c10::intrusive_ptr<c10d::Work> inner_;
+};
+
+/// A Comm that forwards every call to @p inner and records it (thread-safe). Use it where the
+/// learner's code takes a Comm; read events() after.
+class RecordingComm : public ForwardingComm {
+ public:
+  explicit RecordingComm(c10::intrusive_ptr<Comm> inner);
+
+  /// Records a mark of the test's own in the same order as the calls.
+  void mark(const std::string& label);
+  /// Every event so far, in order.
+  std::vector<CommEvent> events() const;
+  /// The events of one operation, in order.
+  std::vector<CommEvent> events(const std::string& op) const;
+  /// The total bytes of one operation's calls.
+  int64_t bytes(const std::string& op) const;
+  /// Forgets every event.
+  void clear();
+
   // Groups are recorded on every backend, and passed on where the wrapped one has them.
 #if TORCH_VERSION_MAJOR >= 2
   bool supportsCoalescing() const override { return true; }
@@ -99,6 +157,11 @@ class RecordingComm : public Comm {
   void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
 #endif
 
+ protected:
+  c10::intrusive_ptr<c10d::Work> call(
+      const char* op, int64_t bytes, int peer, int tag,
+      const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) override;
+
  private:
   int64_t record(const char* op, int64_t bytes, int peer, const std::string& label = "",
                  int64_t id = -1, int tag = -1);
@@ -106,7 +169,6 @@ class RecordingComm : public Comm {
                                       const char* op);
   class RecordedWork;
 
-  c10::intrusive_ptr<Comm> inner_;
   mutable std::mutex mu_;
   std::vector<CommEvent> events_;
 };

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "dtc/compat.h"
+#include "dtc/observe.h"
 
 namespace dtc {
 
@@ -172,57 +173,16 @@ void trace_backward(const torch::Tensor& input, const torch::Tensor& output, con
 /// A Comm that forwards every call to @p inner and records it on a Tracer's comm track, from
 /// issue to completion, with the operation, the @p group's name, this rank's bytes, and the
 /// peer and tag of a send or receive.
-class TracingComm : public Comm {
+class TracingComm : public ForwardingComm {
  public:
   TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer> tracer, std::string group);
 
-  const c10::intrusive_ptr<Comm>& inner() const { return inner_; }
-  const std::string getBackendName() const override;
-  c10::intrusive_ptr<c10d::Work> broadcast(
-      std::vector<at::Tensor>& tensors,
-      const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
-  c10::intrusive_ptr<c10d::Work> allreduce(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
-  c10::intrusive_ptr<c10d::Work> reduce(
-      std::vector<at::Tensor>& tensors,
-      const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
-  c10::intrusive_ptr<c10d::Work> allgather(
-      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(
-      at::Tensor& output, at::Tensor& input,
-      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(
-      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input,
-      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
-  c10::intrusive_ptr<c10d::Work> alltoall_base(
-      at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
-      std::vector<int64_t>& input_splits,
-      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
-  c10::intrusive_ptr<c10d::Work> barrier(
-      const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
-#if TORCH_VERSION_MAJOR >= 2
-  bool supportsCoalescing() const override { return inner_->supportsCoalescing(); }
-  void startCoalescing() override { inner_->startCoalescing(); }
-  c10::intrusive_ptr<c10d::Work> endCoalescing() override { return inner_->endCoalescing(); }
-#else
-  void startCoalescing() override { inner_->startCoalescing(); }
-  void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override {
-    inner_->endCoalescing(reqs);
-  }
-#endif
+ protected:
+  c10::intrusive_ptr<c10d::Work> call(
+      const char* op, int64_t bytes, int peer, int tag,
+      const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) override;
 
  private:
-  c10::intrusive_ptr<c10d::Work> traced(
-      const char* op, int64_t bytes, int peer, int tag,
-      const std::function<c10::intrusive_ptr<c10d::Work>()>& call);
-  c10::intrusive_ptr<Comm> inner_;
   std::shared_ptr<Tracer> tracer_;
   std::string group_;
 };
