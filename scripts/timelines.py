@@ -4,7 +4,7 @@
     scripts/timelines.py [--build build] [--only NAME ...] [--list]
 
 Each figure runs a reference program under the venv's torchrun with --trace (OMP_NUM_THREADS=1),
-checks on the trace the claim its README makes (the same checks as the lessons' timeline tests,
+checks on the trace the claim its README makes (a lighter form of the lessons' timeline tests,
 tests/lessonNN/timeline_test.cpp), and only then writes lessons/NN_topic/timelines/NAME.svg
 (scripts/trace_svg.py). A figure whose claim does not hold is not written: the script says
 which, and exits 1. The timestamps are this machine's, measured now; the README says where it

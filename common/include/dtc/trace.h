@@ -13,14 +13,14 @@
 //              the CUDA caching allocator, read at the end of each compute span
 // Overlap is two tracks busy at once.
 //
-// Why hand-placed spans and not LibTorch's profiler: its Kineto profiler, the one that exports a
-// Chrome trace from C++ (ProfilerResult::save), is in the PyPI 2.x build but not in Debian's
-// 1.13 (built without Kineto: torch.autograd.kineto_available() is False there; it keeps only
-// the legacy profiler), so it cannot serve both paths. And where it runs, it records every ATen
-// operator, hundreds per block, named by kernel, not by what the lesson talks about (block 3's
-// backward, bucket 2, micro-batch 5), knows nothing of groups, and costs far more than a few
-// spans per block. The spans here are few, named by the lesson, the same on both paths, and
-// cost one thread-local read when tracing is off.
+// Why hand-placed spans and not LibTorch's profiler: Kineto (ProfilerResult::save, and on CUDA
+// the kernels' device times) is in the PyPI 2.x build but not in Debian's 1.13 (built without
+// it: torch.autograd.kineto_available() is False there). Both paths have the legacy profiler
+// (RecordProfile writes a Chrome trace, and RecordFunction ranges can carry the lesson's
+// names), but it records every ATen operator beside them and has no place for a collective's
+// group, bytes, peer or completion. The spans here are few, named by the lesson, the same on
+// both paths, and cost one thread-local read when tracing is off. (Merging Kineto's CUDA
+// activity on the 2.x path is not done.)
 //
 // One clock: every rank measures the offset of its steady clock from rank 0's through the
 // job's store at start-up, by Cristian's algorithm: it writes a ping key, rank 0 answers with
@@ -30,8 +30,11 @@
 //
 // On CUDA the compute spans are CUDA events on the current stream (read back when the trace
 // is written, so nothing synchronises during the run) and the memory counter is the caching
-// allocator's; comm spans end when a watcher thread sees the Work complete (isCompleted, which
-// on NCCL queries the operation's end event on NCCL's stream).
+// allocator's. Comm spans stay on the host clock: they start at the call and end at the first
+// of a watcher thread seeing the Work complete (isCompleted, which on NCCL queries the
+// operation's end event) and wait() returning, which on NCCL does not block the host. So on
+// NCCL a comm span is the host's view, not the collective's run on its stream, and operations
+// inside a group (batch_isend_irecv) are not traced: not yet run on a GPU.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -101,7 +104,7 @@ class Tracer {
                                       const char* op, Clock::time_point issued);
 
   /// The rank's Chrome trace: {"traceEvents": [...], "otherData": {...}}. Waits for the CUDA
-  /// events and for comm spans still open (they end "open" after a second).
+  /// events; a comm span still open (its Work neither completed nor waited for) is left out.
   nlohmann::json to_json() const;
   /// How many spans and counter readings have been recorded.
   size_t size() const;
