@@ -73,32 +73,54 @@ namespace {
 struct OpenComm {
   std::mutex mu;
   bool done = false;
-  Tracer* tracer;
+  std::weak_ptr<Tracer> tracer;  // a span outliving its tracer is dropped
   std::string op;
   nlohmann::json args;
-  Tracer::Clock::time_point issued;
-  c10::intrusive_ptr<c10d::Work> work;  // watched works only
+  TraceTime issued;
+  bool watched = false;                 // CUDA: only the watcher ends the span
+  c10::intrusive_ptr<c10d::Work> work;  // the watched Work, until it has ended
+  size_t index = 0;                     // the span's record, once done
+  bool waited = false;
+  Tracer::Clock::time_point wait{};
+
+  // wait() was called on the Work: the first call is recorded, on the span if it has ended.
+  void waiting() {
+    const auto t = Tracer::Clock::now();
+    std::lock_guard<std::mutex> lock(mu);
+    if (waited) return;
+    waited = true;
+    wait = t;
+    if (done) {
+      if (auto tr = tracer.lock()) tr->set_wait(index, t);
+    }
+  }
 
   void finish(const char* how) {
     const auto t = Tracer::Clock::now();
     std::lock_guard<std::mutex> lock(mu);
     if (done) return;
     done = true;
-    args["end"] = how;
-    tracer->span(op, "comm", TraceTrack::kComm, TraceTime{issued, nullptr}, TraceTime{t, nullptr},
-                 std::move(args));
     work.reset();
+    auto tr = tracer.lock();
+    if (!tr) return;
+    args["end"] = how;
+    index = tr->span(op, "comm", TraceTrack::kComm, issued, TraceTime{t, nullptr}, std::move(args));
+    if (waited) tr->set_wait(index, wait);
   }
 };
 
-// A Work that closes its span when wait() returns, and forwards everything.
+// A Work that records its first wait(), closes its span when wait() returns (unless a watcher
+// ends it: on NCCL wait() does not block the host), and forwards everything.
 class TracedWork : public ForwardingWork {
  public:
   TracedWork(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<OpenComm> open)
       : ForwardingWork(std::move(inner)), open_(std::move(open)) {}
 
  protected:
-  void after_wait() override { open_->finish("wait"); }
+  void before_wait() override { open_->waiting(); }
+  void after_wait() override {
+    if (!open_->watched) open_->finish("wait");
+  }
 
  private:
   std::shared_ptr<OpenComm> open_;
@@ -106,10 +128,11 @@ class TracedWork : public ForwardingWork {
 
 }  // namespace
 
-// On CUDA: a thread that polls the open works' isCompleted() (NCCL's end event) every 50 us.
+// On CUDA: a thread that polls the open works' isCompleted() (NCCL's end event) every 50 us
+// while any is open, and sleeps while none is.
 class Tracer::CommWatch {
  public:
-  CommWatch() : thread_([this] { loop(); }) {}
+  explicit CommWatch(int device) : device_(device), thread_([this] { loop(); }) {}
   ~CommWatch() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -128,6 +151,9 @@ class Tracer::CommWatch {
 
  private:
   void loop() {
+#if defined(DTC_HAVE_CUDA)
+    cudaSetDevice(device_);  // isCompleted queries events of this device
+#endif
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       if (open_.empty()) {
@@ -143,8 +169,18 @@ class Tracer::CommWatch {
           std::lock_guard<std::mutex> l(o->mu);
           if (!o->done) work = o->work;
         }
-        if (!work || work->isCompleted()) {
-          o->finish("watch");
+        const char* how = "watch";
+        bool ended = !work;
+        if (work) {
+          try {
+            ended = work->isCompleted();
+          } catch (const std::exception&) {  // a failed or aborted operation: it has ended
+            ended = true;
+            how = "error";
+          }
+        }
+        if (ended) {
+          o->finish(how);
           finished.push_back(o.get());
         }
       }
@@ -159,6 +195,7 @@ class Tracer::CommWatch {
     }
   }
 
+  int device_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -177,16 +214,25 @@ Tracer::Tracer(int rank, torch::Device device) : rank_(rank), device_(device) {
     cudaDeviceSynchronize();
     base_.event = record_event(device_);
     cudaEventSynchronize(static_cast<cudaEvent_t>(base_.event.get()));
-    watch_ = std::make_unique<CommWatch>();
+    watch_ = std::make_unique<CommWatch>(device_.index());
   }
 #endif
   base_.host = Clock::now();
   clock_.origin_ns = ns_of(base_.host);
+  clock_.local_ns = clock_.origin_ns;
 }
 
 Tracer::~Tracer() = default;
 
-void Tracer::set_clock(const ClockSync& clock) { clock_ = clock; }
+void Tracer::set_clock(const ClockSync& clock) {
+  clock_ = clock;
+  has_end_clock_ = false;
+}
+
+void Tracer::set_end_clock(const ClockSync& clock) {
+  end_clock_ = clock;
+  has_end_clock_ = clock.local_ns > clock_.local_ns;
+}
 
 TraceTime Tracer::now() const {
   TraceTime t;
@@ -195,10 +241,18 @@ TraceTime Tracer::now() const {
   return t;
 }
 
-void Tracer::span(std::string name, const char* cat, TraceTrack track, const TraceTime& begin,
-                  const TraceTime& end, nlohmann::json args) {
+size_t Tracer::span(std::string name, const char* cat, TraceTrack track, const TraceTime& begin,
+                    const TraceTime& end, nlohmann::json args) {
   std::lock_guard<std::mutex> lock(mu_);
   records_.push_back({std::move(name), cat, track, begin, end, std::move(args)});
+  return records_.size() - 1;
+}
+
+void Tracer::set_wait(size_t index, Clock::time_point t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index >= records_.size() || records_[index].waited) return;
+  records_[index].waited = true;
+  records_[index].wait = t;
 }
 
 void Tracer::memory(const TraceTime& t) {
@@ -213,18 +267,20 @@ void Tracer::memory(const TraceTime& t) {
   records_.push_back({"bytes in use", "memory", TraceTrack::kMemory, t, t, {}, bytes});
 }
 
-c10::intrusive_ptr<c10d::Work> Tracer::comm(c10::intrusive_ptr<c10d::Work> work,
+c10::intrusive_ptr<c10d::Work> Tracer::comm(const std::shared_ptr<Tracer>& tracer,
+                                            c10::intrusive_ptr<c10d::Work> work,
                                             nlohmann::json args, const char* op,
-                                            Clock::time_point issued) {
-  if (!work) return work;  // an operation inside an NCCL group: the group's Work has it
+                                            const TraceTime& issued) {
+  if (!work || !tracer) return work;  // an op inside an NCCL group: the group's span has it
   auto open = std::make_shared<OpenComm>();
-  open->tracer = this;
+  open->tracer = tracer;
   open->op = op;
   open->args = std::move(args);
   open->issued = issued;
-  if (watch_) {
+  if (tracer->watch_) {
+    open->watched = true;
     open->work = work;
-    watch_->add(open);
+    tracer->watch_->add(open);
   } else {
     // gloo's collectives complete a future on gloo's thread when they are done; its send and
     // receive have none (they end when wait() returns).
@@ -236,13 +292,25 @@ c10::intrusive_ptr<c10d::Work> Tracer::comm(c10::intrusive_ptr<c10d::Work> work,
   return c10::make_intrusive<TracedWork>(std::move(work), std::move(open));
 }
 
+double Tracer::host_micros(int64_t ns) const {
+  // The offset at ns: measured at clock_.local_ns, and at end_clock_.local_ns if measured again,
+  // linear in between (and beyond, the nearer one's).
+  double offset = static_cast<double>(clock_.offset_ns);
+  if (has_end_clock_) {
+    const double span = static_cast<double>(end_clock_.local_ns - clock_.local_ns);
+    const double f = std::clamp(static_cast<double>(ns - clock_.local_ns) / span, 0.0, 1.0);
+    offset += f * static_cast<double>(end_clock_.offset_ns - clock_.offset_ns);
+  }
+  return (static_cast<double>(ns - clock_.origin_ns) + offset) / 1e3;
+}
+
 double Tracer::micros(const TraceTime& t) const {
   int64_t ns = ns_of(t.host);
   if (t.event && base_.event) {
     const double ms = event_ms(base_.event, t.event);
     if (ms == ms) ns = ns_of(base_.host) + static_cast<int64_t>(ms * 1e6);
   }
-  return static_cast<double>(ns + clock_.offset_ns - clock_.origin_ns) / 1e3;
+  return host_micros(ns);
 }
 
 size_t Tracer::size() const {
@@ -272,7 +340,12 @@ nlohmann::json Tracer::to_json() const {
   for (size_t i = 0; i < records.size(); ++i) {
     begin[i] = micros(records[i].begin);
     end[i] = records[i].counter >= 0 ? begin[i] : micros(records[i].end);
-    if (records[i].track == TraceTrack::kComm) comm.emplace_back(begin[i], i);
+    if (records[i].track == TraceTrack::kComm) {
+      // On CUDA a comm span starts at a device event and ends on the host: a start after the
+      // host saw the end is the two clocks' alignment error (microseconds), not a negative span.
+      if (records[i].begin.event) begin[i] = std::min(begin[i], end[i]);
+      comm.emplace_back(begin[i], i);
+    }
   }
   // Compute spans nest. Backward hooks on one tensor fire in the order they were registered,
   // microseconds apart, so a span can start inside another and end after it: where it started
@@ -327,10 +400,11 @@ nlohmann::json Tracer::to_json() const {
                         {"cat", r.cat},
                         {"ph", "X"},
                         {"ts", begin[i]},
-                        {"dur", std::max(0.0, end[i] - begin[i])},
+                        {"dur", end[i] - begin[i]},
                         {"pid", rank_},
                         {"tid", r.track == TraceTrack::kComm ? lane_of[i] : 0}};
     if (!r.args.empty()) e["args"] = r.args;
+    if (r.waited) e["args"]["wait_us"] = host_micros(ns_of(r.wait));
     events.push_back(std::move(e));
   }
   nlohmann::json other = {
@@ -343,7 +417,12 @@ nlohmann::json Tracer::to_json() const {
          "round with the shortest trip); error <= rtt / 2"},
         {"offset_us", static_cast<double>(clock_.offset_ns) / 1e3},
         {"rtt_us", static_cast<double>(clock_.rtt_ns) / 1e3},
-        {"rounds", clock_.rounds}}},
+        {"rounds", clock_.rounds},
+        {"end_offset_us", has_end_clock_
+                              ? nlohmann::json(static_cast<double>(end_clock_.offset_ns) / 1e3)
+                              : nlohmann::json()},
+        {"end_rtt_us", has_end_clock_ ? nlohmann::json(static_cast<double>(end_clock_.rtt_ns) / 1e3)
+                                      : nlohmann::json()}}},
       {"compute_clock", base_.event ? "CUDA events on the current stream" : "host"},
   };
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
@@ -406,6 +485,15 @@ void trace_backward(const torch::Tensor& input, const torch::Tensor& output, con
   });
 }
 
+void save_tracer(torch::autograd::AutogradContext* ctx) {
+  ctx->saved_data["dtc_tracer"] = reinterpret_cast<int64_t>(g_active);
+}
+
+Tracer* saved_tracer(torch::autograd::AutogradContext* ctx) {
+  const auto it = ctx->saved_data.find("dtc_tracer");
+  return it == ctx->saved_data.end() ? nullptr : reinterpret_cast<Tracer*>(it->second.toInt());
+}
+
 // ---------------------------------------------------------------------------------------------
 // TracingComm
 // ---------------------------------------------------------------------------------------------
@@ -417,13 +505,39 @@ TracingComm::TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer>
 c10::intrusive_ptr<c10d::Work> TracingComm::call(
     const char* op, int64_t bytes, int peer, int tag,
     const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
-  const auto issued = Tracer::Clock::now();
+  const TraceTime issued = tracer_->now();
   auto work = issue();
   nlohmann::json args = {{"group", group_}, {"bytes", bytes}};
   if (peer >= 0) args["peer"] = peer;
   if (tag >= 0) args["tag"] = tag;
-  return tracer_->comm(std::move(work), std::move(args), op, issued);
+  if (!work && grouping_) {  // an op inside a group that has no Work of its own: the group's
+    args.erase("group");
+    args["op"] = op;
+    group_ops_.push_back(std::move(args));
+    group_bytes_ += bytes;
+    return work;
+  }
+  return Tracer::comm(tracer_, std::move(work), std::move(args), op, issued);
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+void TracingComm::startCoalescing() {
+  group_issued_ = tracer_->now();
+  inner_->startCoalescing();
+  grouping_ = true;
+  group_ops_ = nlohmann::json::array();
+  group_bytes_ = 0;
+}
+
+c10::intrusive_ptr<c10d::Work> TracingComm::endCoalescing() {
+  auto work = inner_->endCoalescing();
+  grouping_ = false;
+  if (group_ops_.empty()) return work;  // every op had a Work of its own, traced as itself
+  nlohmann::json args = {{"group", group_}, {"bytes", group_bytes_}, {"ops", group_ops_}};
+  group_ops_ = nlohmann::json::array();
+  return Tracer::comm(tracer_, std::move(work), std::move(args), "group", group_issued_);
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // One clock, and the files
@@ -444,13 +558,16 @@ int64_t get_number(c10d::Store& store, const std::string& key) {
 }  // namespace
 
 ClockSync sync_clock(c10d::Store& store, int rank, int world, int rounds,
-                     const std::function<Tracer::Clock::time_point()>& now) {
+                     const std::function<Tracer::Clock::time_point()>& now,
+                     const std::string& round) {
   ClockSync out;
   out.rounds = rounds;
-  const std::string key = "dtc/trace/clock/";
+  const bool start = round == "start";
+  const std::string key = fmt::format("dtc/trace/clock/{}/", round);
   if (rank == 0) {
-    out.origin_ns = ns_of(now());
-    set_number(store, key + "origin", out.origin_ns);
+    out.local_ns = ns_of(now());
+    out.origin_ns = out.local_ns;
+    if (start) set_number(store, key + "origin", out.origin_ns);
     for (int r = 1; r < world; ++r) {
       for (int k = 0; k < rounds; ++k) {
         store.get(fmt::format("{}{}/{}/ping", key, r, k));  // blocks until rank r pings
@@ -459,7 +576,7 @@ ClockSync sync_clock(c10d::Store& store, int rank, int world, int rounds,
     }
     return out;
   }
-  out.origin_ns = get_number(store, key + "origin");
+  if (start) out.origin_ns = get_number(store, key + "origin");
   out.rtt_ns = std::numeric_limits<int64_t>::max();
   for (int k = 0; k < rounds; ++k) {
     const int64_t t1 = ns_of(now());
@@ -468,15 +585,21 @@ ClockSync sync_clock(c10d::Store& store, int rank, int world, int rounds,
     const int64_t t2 = ns_of(now());
     if (t2 - t1 < out.rtt_ns) {
       out.rtt_ns = t2 - t1;
-      out.offset_ns = t0 - (t1 + (t2 - t1) / 2);
+      out.local_ns = t1 + (t2 - t1) / 2;
+      out.offset_ns = t0 - out.local_ns;
     }
   }
   return out;
 }
 
-std::string write_trace(const Tracer& tracer, c10d::Store* store, int world,
-                        const std::string& dir) {
+std::string write_trace(Tracer& tracer, c10d::Store* store, int world, const std::string& dir) {
   namespace fs = std::filesystem;
+  if (store && world > 1) {
+    ClockSync end = sync_clock(*store, tracer.rank(), world,
+                               tracer.clock().rounds > 0 ? tracer.clock().rounds : 8,
+                               Tracer::Clock::now, "end");
+    tracer.set_end_clock(end);
+  }
   fs::create_directories(dir);
   const nlohmann::json mine = tracer.to_json();
   const int rank = tracer.rank();

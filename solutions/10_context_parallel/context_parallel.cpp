@@ -255,6 +255,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     ctx->saved_data["comm"] = comm;
     ctx->saved_data["zigzag"] = zigzag;
     ctx->saved_data["causal"] = causal;
+    save_tracer(ctx);  // backward runs on autograd's device thread on CUDA: its spans need it
     Comm& cp = comm_from(comm);
     const int rank = cp.getRank(), n = cp.getSize();
     const int64_t tl = q.size(2), seq = tl * n;
@@ -294,6 +295,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    TraceScope trace(saved_tracer(ctx));  // the "attn bwd" spans, on whichever thread runs this
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     [[maybe_unused]] const torch::Tensor& out = saved[3];  // the merged forward, float32

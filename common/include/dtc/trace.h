@@ -30,11 +30,17 @@
 //
 // On CUDA the compute spans are CUDA events on the current stream (read back when the trace
 // is written, so nothing synchronises during the run) and the memory counter is the caching
-// allocator's. Comm spans stay on the host clock: they start at the call and end at the first
-// of a watcher thread seeing the Work complete (isCompleted, which on NCCL queries the
-// operation's end event) and wait() returning, which on NCCL does not block the host. So on
-// NCCL a comm span is the host's view, not the collective's run on its stream, and operations
-// inside a group (batch_isend_irecv) are not traced: not yet run on a GPU.
+// allocator's. A comm span starts at an event recorded on the current stream when the call is
+// made (NCCL's stream waits for it: the collective starts no earlier) and ends when a watcher
+// thread sees the Work complete (isCompleted, which on NCCL queries the operation's end event;
+// wait() returns at once on NCCL, so it does not end the span). The ops of a group
+// (startCoalescing .. endCoalescing, dtc::batch_isend_irecv), which on NCCL have no Work of their
+// own, are one "group" span with the ops in its args. On gloo a collective ends when its future
+// completes; a send or receive, which has none, when wait() returns.
+//
+// Each comm span also records when wait() was first called on its Work ("wait_us", on the
+// trace's clock), so a test can tell a collective that ran beside the compute from one that was
+// waited for as soon as it was issued.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -70,6 +76,7 @@ struct ClockSync {
   int64_t offset_ns = 0;  ///< add to this rank's steady clock to get rank 0's
   int64_t rtt_ns = 0;     ///< the shortest round trip through the store (error <= rtt / 2)
   int64_t origin_ns = 0;  ///< rank 0's steady clock at its start: time 0 of the trace
+  int64_t local_ns = 0;   ///< this rank's steady clock when it was measured
   int rounds = 0;
 };
 
@@ -89,19 +96,28 @@ class Tracer {
   const torch::Device& device() const { return device_; }
   /// Puts this rank on rank 0's clock (sync_clock's result); the default: its own clock.
   void set_clock(const ClockSync& clock);
+  /// A second measurement, later (write_trace makes one): between the two, the offset is
+  /// interpolated linearly, so that clocks that drift apart (two nodes' oscillators, some
+  /// parts per million) stay aligned over a long run.
+  void set_end_clock(const ClockSync& clock);
   const ClockSync& clock() const { return clock_; }
 
   /// Now, on the host clock, and on CUDA an event recorded on the current stream.
   TraceTime now() const;
-  /// Records a complete span [@p begin, @p end] on @p track.
-  void span(std::string name, const char* cat, TraceTrack track, const TraceTime& begin,
-            const TraceTime& end, nlohmann::json args = nlohmann::json::object());
+  /// Records a complete span [@p begin, @p end] on @p track; returns its index.
+  size_t span(std::string name, const char* cat, TraceTrack track, const TraceTime& begin,
+              const TraceTime& end, nlohmann::json args = nlohmann::json::object());
+  /// Records that wait() was first called, at @p t, on the Work of the comm span @p index.
+  void set_wait(size_t index, Clock::time_point t);
   /// Records a reading of the memory counter at @p t.
   void memory(const TraceTime& t);
-  /// Records a comm span that ends when @p work completes (a watcher sees it, its future
-  /// completes, or a wait() on it returns, whichever is first). Returns the Work to hand out.
-  c10::intrusive_ptr<c10d::Work> comm(c10::intrusive_ptr<c10d::Work> work, nlohmann::json args,
-                                      const char* op, Clock::time_point issued);
+  /// Records on @p tracer a comm span from @p issued to when @p work completes (on CUDA: the
+  /// watcher sees it; on gloo: its future completes, or a wait() on it returns). Returns the
+  /// Work to hand out, which also records the first wait(). The span holds the tracer weakly.
+  static c10::intrusive_ptr<c10d::Work> comm(const std::shared_ptr<Tracer>& tracer,
+                                             c10::intrusive_ptr<c10d::Work> work,
+                                             nlohmann::json args, const char* op,
+                                             const TraceTime& issued);
 
   /// The rank's Chrome trace: {"traceEvents": [...], "otherData": {...}}. Waits for the CUDA
   /// events; a comm span still open (its Work neither completed nor waited for) is left out.
@@ -118,12 +134,16 @@ class Tracer {
     TraceTime begin, end;
     nlohmann::json args;
     int64_t counter = -1;  // >= 0: a memory reading at `begin`
+    bool waited = false;   // comm: wait() was called, at `wait`
+    Clock::time_point wait{};
   };
   double micros(const TraceTime& t) const;  // since the origin, on rank 0's clock, in us
+  double host_micros(int64_t ns) const;     // a host time, ns, likewise
 
   int rank_;
   torch::Device device_;
-  ClockSync clock_;
+  ClockSync clock_, end_clock_;
+  bool has_end_clock_ = false;
   TraceTime base_;  // the clock's origin on this rank; on CUDA, the event that device times use
   mutable std::mutex mu_;
   std::vector<Record> records_;
@@ -173,12 +193,27 @@ class TraceSpan {
 void trace_backward(const torch::Tensor& input, const torch::Tensor& output, const char* name,
                     int64_t index = -1);
 
+/// Custom autograd Functions: their backward runs on autograd's threads (one per device on
+/// CUDA), where this thread's tracer is not active. Call save_tracer(ctx) in forward and open
+/// a TraceScope(saved_tracer(ctx)) in backward, so that spans placed in backward are recorded.
+void save_tracer(torch::autograd::AutogradContext* ctx);
+/// The tracer that was active when save_tracer(@p ctx) was called (null: none).
+Tracer* saved_tracer(torch::autograd::AutogradContext* ctx);
+
 /// A Comm that forwards every call to @p inner and records it on a Tracer's comm track, from
 /// issue to completion, with the operation, the @p group's name, this rank's bytes, and the
-/// peer and tag of a send or receive.
+/// peer and tag of a send or receive. The operations of a group (start/endCoalescing) whose
+/// calls return no Work (NCCL on 2.x) are one span "group" from startCoalescing to the group's
+/// completion, with "ops" (each op, bytes, peer, tag) and their bytes in its args. One thread
+/// issues a group at a time, as c10d requires.
 class TracingComm : public ForwardingComm {
  public:
   TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer> tracer, std::string group);
+
+#if TORCH_VERSION_MAJOR >= 2
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+#endif
 
  protected:
   c10::intrusive_ptr<c10d::Work> call(
@@ -188,19 +223,26 @@ class TracingComm : public ForwardingComm {
  private:
   std::shared_ptr<Tracer> tracer_;
   std::string group_;
+  bool grouping_ = false;  // between startCoalescing and endCoalescing
+  TraceTime group_issued_;
+  nlohmann::json group_ops_ = nlohmann::json::array();
+  int64_t group_bytes_ = 0;
 };
 
 /// Measures this rank's clock offset from rank 0's through @p store (see the top of this
 /// file): every rank calls it at once, rank 0 answers each other rank's @p rounds pings.
 /// @param now this rank's clock (tests pass a shifted one)
+/// @param round names the measurement, so that a job can measure again ("start": the first,
+///        which also shares rank 0's origin; write_trace measures "end")
 ClockSync sync_clock(c10d::Store& store, int rank, int world, int rounds = 8,
-                     const std::function<Tracer::Clock::time_point()>& now = Tracer::Clock::now);
+                     const std::function<Tracer::Clock::time_point()>& now = Tracer::Clock::now,
+                     const std::string& round = "start");
 
 /// Writes @p tracer's trace to DIR/rank{r}.json and, on rank 0, the merged DIR/trace.json with
 /// every rank's events (they travel through @p store, so DIR need not be shared between nodes;
-/// store null: one rank). Every rank calls it. Returns the merged file's path on rank 0, else "".
-std::string write_trace(const Tracer& tracer, c10d::Store* store, int world,
-                        const std::string& dir);
+/// store null: one rank). Every rank calls it; with a store it first measures the clocks again
+/// (Tracer::set_end_clock). Returns the merged file's path on rank 0, else "".
+std::string write_trace(Tracer& tracer, c10d::Store* store, int world, const std::string& dir);
 
 // ---------------------------------------------------------------------------------------------
 // Reading a trace (tests, and the checks the lessons' pictures make)
