@@ -233,6 +233,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     ctx->saved_data["comm"] = comm;
     ctx->saved_data["zigzag"] = zigzag;
     ctx->saved_data["causal"] = causal;
+    save_tracer(ctx);  // backward runs on autograd's device thread on CUDA: its spans need it
     Comm& cp = comm_from(comm);
     const int rank = cp.getRank(), n = cp.getSize();
     const int64_t tl = q.size(2), seq = tl * n;
@@ -252,6 +253,7 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    TraceScope trace(saved_tracer(ctx));  // the "attn bwd" spans, on whichever thread runs this
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     [[maybe_unused]] const torch::Tensor& out = saved[3];  // the merged forward, float32
@@ -463,4 +465,4 @@ torch::Tensor CpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum 66416e67cb1dec06
+// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum 4aec3b318af25e3e

@@ -106,6 +106,18 @@ TEST(L06Timeline, FirstBucketsAllreduceStartsBeforeBackwardEnds) {
       return g.begin_us < backward.end_us;
     });
     EXPECT_GE(before, static_cast<long>(grads.size()) - 1);
+    // And it is not waited for at once: a block's backward starts between the first bucket's
+    // issue and the first wait() on it (a Reducer that waits in its hook overlaps nothing).
+    ASSERT_TRUE(grads.front().args.contains("wait_us"))
+        << "no wait() on the first bucket's Work: finish() must wait for every bucket's Work";
+    const double waited = grads.front().args["wait_us"].get<double>();
+    const bool ran_before_the_wait =
+        std::any_of(blocks.begin(), blocks.end(), [&](const TracedSpan& b) {
+          return b.begin_us > grads.front().begin_us && b.begin_us < waited;
+        });
+    EXPECT_TRUE(ran_before_the_wait)
+        << "the first bucket was waited for " << waited - grads.front().begin_us
+        << " us after it was issued, before any later block's backward began: the hook waited";
   }
 }
 

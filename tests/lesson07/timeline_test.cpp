@@ -91,6 +91,18 @@ void expect_gather_order(bool prefetch) {
       if (prefetch) {
         EXPECT_LT(issued, ended) << "block " << i + 1 << "'s all-gather was issued after block "
                                  << i << "'s forward ended: no prefetch";
+        // on the wire while block i computes: waited for only after block i's forward ...
+        const auto& args = gathers[static_cast<size_t>(i + 2)].args;
+        ASSERT_TRUE(args.contains("wait_us")) << "no wait() on block " << i + 1 << "'s gather";
+        EXPECT_GE(args["wait_us"].get<double>(), ended)
+            << "block " << i + 1 << "'s all-gather was waited for before block " << i
+            << "'s forward ended: it did not run beside it";
+        // ... and one block ahead, not more: issued after block i - 1's forward ended
+        if (i > 0) {
+          EXPECT_GE(issued, blocks[static_cast<size_t>(i - 1)].end_us)
+              << "block " << i + 1 << "'s all-gather was issued before block " << i - 1
+              << "'s forward ended: more than one block's parameters gathered at once";
+        }
       } else {
         EXPECT_GE(issued, ended) << "block " << i + 1;
       }

@@ -25,8 +25,9 @@ Checks, each printed as "ok" or "FAIL":
   --trace-check NAMES   also pass --trace DIR (a fresh directory) and check what it wrote:
                         DIR/rank<r>.json for every rank and DIR/trace.json with every rank's
                         events, each comma-separated compute span NAME (a prefix: "bwd block")
-                        on every rank, a comm span on every rank of a multi-rank job, and
-                        scripts/trace_svg.py drawing step 1 of it (the SVG has a bar per span)
+                        on every rank, a comm span on every rank of a multi-rank job, the
+                        ranks on one clock (cross_rank_order), and scripts/trace_svg.py
+                        drawing step 1 of it (the SVG has a bar per span)
 --launcher mpirun      start the N ranks with OpenMPI's mpirun instead of torchrun (the
                         programs read OMPI_COMM_WORLD_*, lesson 04), MASTER_ADDR/PORT passed on
 --nproc 0 runs the program alone, without torchrun. Each torchrun takes its own free port (c10d
@@ -70,6 +71,56 @@ def dotted(obj, key):
     return obj
 
 
+def cross_rank_order(trace, ranks: int, check):
+    """The ranks' clocks agree with causality, within the error the trace states.
+
+    On the "world" group, the k-th collective of every rank is the same collective (c10d's
+    rule): no rank can see it complete before every rank has issued it, so the latest issue is
+    before the earliest completion. The k-th receive of rank b from rank a with tag t cannot
+    complete before the k-th send of a to b with tag t was issued. Clock error: half the longest
+    round trip any rank measured (otherData's clock), plus 50 us.
+    """
+    rtts = [0.0]
+    for other in trace.get("otherData", {}).get("ranks", []):
+        clock = other.get("clock", {})
+        rtts += [clock.get("rtt_us") or 0.0, clock.get("end_rtt_us") or 0.0]
+    tol = max(rtts) / 2 + 50.0
+    world = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "comm"
+             and e.get("args", {}).get("group") == "world"]
+    world.sort(key=lambda e: e["ts"])
+    collectives = {r: [e for e in world if e["pid"] == r and e["name"] not in ("send", "recv")]
+                   for r in range(ranks)}
+    n = min(len(c) for c in collectives.values())
+    bad = []
+    for k in range(n):
+        kth = [collectives[r][k] for r in range(ranks)]
+        if len({e["name"] for e in kth}) != 1:
+            bad.append(f"collective {k} is {sorted({e['name'] for e in kth})} on different ranks")
+            break
+        latest = max(e["ts"] for e in kth)
+        earliest = min(e["ts"] + e["dur"] for e in kth)
+        if latest > earliest + tol:
+            bad.append(f"{kth[0]['name']} {k}: issued at {latest:.0f} us on some rank, complete "
+                       f"at {earliest:.0f} us on another")
+    sends, recvs = {}, {}
+    for e in world:
+        a = e.get("args", {})
+        if e["name"] == "send":
+            sends.setdefault((e["pid"], a.get("peer"), a.get("tag")), []).append(e)
+        elif e["name"] == "recv":
+            recvs.setdefault((a.get("peer"), e["pid"], a.get("tag")), []).append(e)
+    pairs = 0
+    for key, rs in recvs.items():
+        for send, recv in zip(sends.get(key, []), rs):
+            pairs += 1
+            if recv["ts"] + recv["dur"] < send["ts"] - tol:
+                bad.append(f"recv on rank {key[1]} from {key[0]} (tag {key[2]}) complete at "
+                           f"{recv['ts'] + recv['dur']:.0f} us, before its send at "
+                           f"{send['ts']:.0f} us")
+    check(not bad, f"one clock: {n} world collective(s) and {pairs} send/recv pair(s) in "
+                   f"causal order within {tol:.0f} us {'; '.join(bad[:3])}")
+
+
 def check_trace(trace_dir: pathlib.Path, ranks: int, names, check):
     """What --trace DIR wrote: the files, the spans, and the drawing of step 1."""
     for r in range(ranks):
@@ -93,6 +144,8 @@ def check_trace(trace_dir: pathlib.Path, ranks: int, names, check):
             n = sum(1 for e in mine if e.get("cat") == "comm")
             check(n > 0, f"rank {r}: {n} comm span(s)")
         check(all(e["dur"] >= 0 for e in mine), f"rank {r}: no span ends before it begins")
+    if ranks > 1:
+        cross_rank_order(trace, ranks, check)
     svg = trace_dir / "step1.svg"
     tool = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "trace_svg.py"
     p = subprocess.run([sys.executable, str(tool), str(merged), str(svg), "--step", "1"],
