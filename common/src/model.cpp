@@ -104,7 +104,13 @@ void MasterAdamW::zero_grad() {
   for (auto& p : params_) p.mutable_grad().reset();
 }
 
+torch::Tensor TracedAdamW::step(LossClosure closure) {
+  TraceSpan span("optimizer");
+  return torch::optim::AdamW::step(std::move(closure));
+}
+
 void MasterAdamW::step(double clip_norm) {
+  TraceSpan span("optimizer");
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < master_.size(); ++i) {
     const torch::Tensor& g = params_[i].grad();

@@ -23,7 +23,8 @@ Gpt make_model(const TrainConfig& config, const torch::Device& device) {
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {
-  return std::make_unique<torch::optim::AdamW>(model->parameters(), adamw_options(config));
+  // TracedAdamW: AdamW, with its step on the timeline under --trace
+  return std::make_unique<TracedAdamW>(model->parameters(), adamw_options(config));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -85,4 +86,4 @@ int64_t load_checkpoint(const std::string& path, Gpt& model, torch::optim::AdamW
 }
 
 }  // namespace dtc::l02
-// exercise generated from solutions/02_baseline/baseline.cpp by scripts/exercises.py; checksum bc9de8ab8af29367
+// exercise generated from solutions/02_baseline/baseline.cpp by scripts/exercises.py; checksum d730c8b88efb3ca6

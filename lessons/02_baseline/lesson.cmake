@@ -17,6 +17,6 @@ set_tests_properties(lesson02.solution.bench_smoke PROPERTIES
 # --trace DIR on one process: the trace, its spans and the drawing, and training unchanged (the
 # losses and digest of the same run without --trace).
 dtc_add_e2e(02 NAME trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 0 --program @PROGRAM@
-  --trace-check "step,fwd block,bwd block,fwd head,bwd head"
+  --trace-check "step,fwd block,bwd block,fwd head,bwd head,optimizer"
   --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=--steps 3"
   -- --steps 3 --json)

@@ -138,7 +138,7 @@ MasterWeights::MasterWeights(Gpt& model, const TrainConfig& config,
   model->to(working_dtype(config.precision));
   params_ = model->parameters();
   for (auto& m : master_) m.requires_grad_(true);
-  optimizer_ = std::make_unique<torch::optim::AdamW>(master_, adamw_options(config));
+  optimizer_ = std::make_unique<TracedAdamW>(master_, adamw_options(config));
   if (config.fp32_grads) {
     hooks_ = std::make_unique<Hooks>();
     hooks_->buffers->resize(params_.size());
@@ -186,4 +186,4 @@ float train_step_mixed(Gpt& model, MasterWeights& master, LossScaler* scaler, co
 }
 
 }  // namespace dtc::l02
-// exercise generated from solutions/02_baseline/mixed.cpp by scripts/exercises.py; checksum 1e8dac680d4a952e
+// exercise generated from solutions/02_baseline/mixed.cpp by scripts/exercises.py; checksum c4c1c7c93bda9759

@@ -250,7 +250,10 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
     log.begin_step();
     const float loss = engine.forward_backward(batch);
     const int64_t after_backward = measure ? settled_current() : 0;
-    engine.optimizer_step();
+    {
+      TraceSpan span("optimizer");  // with --trace (dtc/trace.h)
+      engine.optimizer_step();
+    }
     if (measure) {
       run.grads = after_backward - before;
       run.optimizer = settled_current() - after_backward;

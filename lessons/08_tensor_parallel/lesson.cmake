@@ -20,6 +20,11 @@ if(DTC_TORCHRUN)
     --program @PROGRAM@ --json-equals tp=2 --json-equals dp=2
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l08_model_args}"
     -- --dp 2 --tp 2 ${l08_model} --json)
+  # --trace DIR, tp 2: the blocks' spans, the optimizer's, and the tp group's allreduces.
+  dtc_add_e2e(08 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ --trace-check "step,fwd block,bwd block,optimizer"
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l08_model_args}"
+    -- ${l08_model} --json)
   # bf16 (LibTorch 2.x: 1.13's gloo has no bf16 collectives): the losses of lesson 02's bf16 run
   # (fp32 master weights) within e2e_run's 1e-3, each parameter's digest within 0.1 (TP rounds
   # its partial sums to bf16; training_test.cpp holds the weights to the noise-floor policy).

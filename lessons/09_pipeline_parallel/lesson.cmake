@@ -20,7 +20,7 @@ if(DTC_TORCHRUN)
     -- --steps 3 --micro-batches 4 --precision bf16 --no-sweep --json)
   # --trace DIR on 4 stages: the micro-batch spans F<i>/B<i> on every stage, the drawing.
   dtc_add_e2e(09 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
-    --program @PROGRAM@ --trace-check "step,F0,F3,B0,B3,fwd block" --losses-like
+    --program @PROGRAM@ --trace-check "step,F0,F3,B0,B3,fwd block,optimizer" --losses-like
     $<TARGET_FILE:lesson02_solution> "--losses-like-args=--steps 3 --untied"
     -- --steps 3 --micro-batches 4 --no-sweep --json)
 endif()

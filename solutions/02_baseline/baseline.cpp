@@ -23,7 +23,8 @@ Gpt make_model(const TrainConfig& config, const torch::Device& device) {
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfig& config) {
-  return std::make_unique<torch::optim::AdamW>(model->parameters(), adamw_options(config));
+  // TracedAdamW: AdamW, with its step on the timeline under --trace
+  return std::make_unique<TracedAdamW>(model->parameters(), adamw_options(config));
 }
 
 // ---------------------------------------------------------------------------------------------

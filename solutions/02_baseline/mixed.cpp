@@ -161,7 +161,7 @@ MasterWeights::MasterWeights(Gpt& model, const TrainConfig& config,
   model->to(working_dtype(config.precision));
   params_ = model->parameters();
   for (auto& m : master_) m.requires_grad_(true);
-  optimizer_ = std::make_unique<torch::optim::AdamW>(master_, adamw_options(config));
+  optimizer_ = std::make_unique<TracedAdamW>(master_, adamw_options(config));
   if (config.fp32_grads) {
     hooks_ = std::make_unique<Hooks>();
     hooks_->buffers->resize(params_.size());

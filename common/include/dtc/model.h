@@ -100,6 +100,14 @@ void check_precision(Precision precision, bool bf16_collectives);
 /// torch::optim::AdamW's options for @p config: lr, betas, eps and weight decay.
 torch::optim::AdamWOptions adamw_options(const RunConfig& config);
 
+/// AdamW whose step() is an "optimizer" span on the timeline (--trace, dtc/trace.h); otherwise
+/// torch::optim::AdamW itself.
+class TracedAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
 /// AdamW over fp32 master weights, for the parallel lessons' bf16 runs and their baselines
 /// (given: lesson 02's part 5 is where you write one, with a loss scaler and fp32 gradient
 /// hooks). In fp32 it is torch::optim::AdamW over @p module's parameters. In bf16 it copies every
