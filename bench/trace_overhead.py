@@ -2,6 +2,7 @@
 """What --trace costs: the same runs with and without it, median step times side by side.
 
     bench/trace_overhead.py [--build build] [--steps 30] [--repeats 3] [--smoke]
+                            [--torchrun PATH]
 
 Runs each program below under the venv's torchrun (OMP_NUM_THREADS=1), alternately without and
 with --trace DIR, --repeats times each, and prints the median over runs of each run's median
@@ -30,10 +31,10 @@ TORCHRUN = VENV / "venv" / "bin" / "torchrun"
 MODEL = ["--layers", "4", "--hidden", "128", "--heads", "4", "--seq", "64"]
 
 
-def run(build, program, ranks, args, trace):
+def run(build, program, ranks, args, trace, torchrun=TORCHRUN):
     cmd = [str(build / "bin" / program), *args, "--json"]
     if ranks > 1:
-        cmd = [str(TORCHRUN), "--standalone", f"--nproc_per_node={ranks}", "--no_python", *cmd]
+        cmd = [str(torchrun), "--standalone", f"--nproc_per_node={ranks}", "--no_python", *cmd]
     with tempfile.TemporaryDirectory(prefix="dtc-overhead-") as tmp:
         if trace:
             cmd += ["--trace", tmp]
@@ -58,6 +59,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="4 steps, 1 repeat (ctest)")
+    ap.add_argument("--torchrun", default=str(TORCHRUN), help="the torchrun to start ranks with")
     a = ap.parse_args()
     build = pathlib.Path(a.build).resolve()
     steps = ["--steps", str(4 if a.smoke else a.steps)]
@@ -75,9 +77,9 @@ def main() -> int:
         off, on, events = [], [], 0
         losses = {}
         for _ in range(repeats):
-            s, l_off, _ = run(build, program, ranks, args, False)
+            s, l_off, _ = run(build, program, ranks, args, False, a.torchrun)
             off.append(s)
-            s, l_on, events = run(build, program, ranks, args, True)
+            s, l_on, events = run(build, program, ranks, args, True, a.torchrun)
             on.append(s)
             losses = {"off": l_off, "on": l_on}
         same = losses["off"] == losses["on"]

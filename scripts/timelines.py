@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Draws the timelines that the lessons' READMEs and decks show, from real runs.
 
-    scripts/timelines.py [--build build] [--only NAME ...] [--list]
+    scripts/timelines.py [--build build] [--only NAME ...] [--list] [--check]
 
 Each figure runs a reference program under the venv's torchrun with --trace (OMP_NUM_THREADS=1),
 checks on the trace the claim its README makes (a lighter form of the lessons' timeline tests,
 tests/lessonNN/timeline_test.cpp), and only then writes lessons/NN_topic/timelines/NAME.svg
 (scripts/trace_svg.py). A figure whose claim does not hold is not written: the script says
-which, and exits 1. The timestamps are this machine's, measured now; the README says where it
+which, and exits 1. --check runs and checks every figure and writes none. The timestamps are this machine's, measured now; the README says where it
 ran (2 cores: on 4 ranks the processes share them).
 """
 import argparse
@@ -57,7 +57,13 @@ def ddp_bucketed(trace, ranks):
         backward = one(step, "backward")
         g = grads(step)
         assert g and g[0]["b"] < backward["e"], f"rank {r}: the first bucket waits for backward"
-    return "the first bucket's allreduce starts before backward ends, on every rank"
+        waited = g[0]["args"].get("wait_us")
+        assert waited is not None, f"rank {r}: the first bucket's Work was never wait()ed"
+        blocks = [s for s in step if s["name"].startswith("bwd block")]
+        assert any(g[0]["b"] < b["b"] < waited for b in blocks), \
+            f"rank {r}: the first bucket was waited for before a later block's backward began"
+    return ("the first bucket's allreduce starts before backward ends and runs beside a later "
+            "block's backward, on every rank")
 
 
 def ddp_naive(trace, ranks):
@@ -78,6 +84,10 @@ def zero3(prefetch):
             for i in range(len(blocks) - 1):
                 early = gathers[i + 1]["b"] < blocks[i]["e"]
                 assert early == prefetch, f"rank {r}: block {i + 1}'s gather, prefetch {prefetch}"
+                if prefetch:
+                    waited = gathers[i + 1]["args"].get("wait_us", -1)
+                    assert waited >= blocks[i]["e"], \
+                        f"rank {r}: block {i + 1}'s gather was waited for during block {i}"
         return ("each block's all-gather starts while the block before computes" if prefetch
                 else "each block's all-gather starts after the block before ends")
     return check
@@ -105,9 +115,10 @@ def ring(trace, ranks):
         step = in_step(trace, r, 1)
         attn = [s for s in step if s["name"] == "attn"]
         recv = [s for s in step if s["cat"] == "comm" and s["name"] == "recv"]
-        beside = sum(1 for a in attn if any(x["b"] < a["b"] < x["e"] for x in recv))
+        beside = sum(1 for a in attn if any(
+            x["b"] < a["b"] and x["args"].get("wait_us", -1) >= a["e"] for x in recv))
         assert beside > 0, f"rank {r}: no attention block ran beside a receive"
-    return "attention blocks run while the next K/V hop is in flight"
+    return "attention blocks run while the next K/V hop is in flight (waited for after them)"
 
 
 MODEL = ["--layers", "4", "--hidden", "128", "--heads", "4", "--seq", "64"]
@@ -144,7 +155,7 @@ FIGURES = {
 }
 
 
-def draw(name, build: pathlib.Path):
+def draw(name, build: pathlib.Path, write=True):
     lesson, program, ranks, args, title, check, textbook, *zoom = FIGURES[name]
     with tempfile.TemporaryDirectory(prefix="dtc-timeline-") as tmp:
         cmd = [str(TORCHRUN), "--standalone", f"--nproc_per_node={ranks}", "--no_python",
@@ -164,6 +175,8 @@ def draw(name, build: pathlib.Path):
     parts = ", ".join(f'{x["name"]} {(x["e"] - x["b"]) / 1e3:.1f}' for x in outer[:12])
     claim += f"; rank 0, step 1: {(whole['e'] - whole['b']) / 1e3:.1f} ms: {parts}"
     out = ROOT / "lessons" / lesson / "timelines" / f"{name}.svg"
+    if not write:
+        return out, claim + " (checked, not written)"
     out.parent.mkdir(exist_ok=True)
     out.write_text(trace_svg.render(trace, step=1, title=title, with_textbook=textbook,
                                     zoom=zoom[0] if zoom else None))
@@ -175,6 +188,7 @@ def main() -> int:
     ap.add_argument("--build", default="build")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--check", action="store_true", help="run and check, write no figure")
     a = ap.parse_args()
     if a.list:
         for name, f in FIGURES.items():
@@ -186,7 +200,7 @@ def main() -> int:
             print(f"timelines.py: no figure {name!r} (--list shows them)", file=sys.stderr)
             return 2
         try:
-            out, claim = draw(name, pathlib.Path(a.build).resolve())
+            out, claim = draw(name, pathlib.Path(a.build).resolve(), write=not a.check)
             print(f"{name}: {out.relative_to(ROOT)} ({claim})")
         except AssertionError as e:
             print(f"{name}: NOT WRITTEN: {e}", file=sys.stderr)

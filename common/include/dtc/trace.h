@@ -26,7 +26,9 @@
 // job's store at start-up, by Cristian's algorithm: it writes a ping key, rank 0 answers with
 // its clock, and the offset is rank 0's time minus the midpoint of the round trip, from the
 // round with the shortest trip (sync_clock). The error is at most half that round trip, which
-// the trace records ("clock" in otherData). Times are microseconds since rank 0's start.
+// the trace records ("clock" in otherData). write_trace measures again, and between the two the
+// offset is interpolated linearly (clocks of two nodes drift apart by parts per million: a
+// millisecond in a quarter of an hour). Times are microseconds since rank 0's start.
 //
 // On CUDA the compute spans are CUDA events on the current stream (read back when the trace
 // is written, so nothing synchronises during the run) and the memory counter is the caching
