@@ -356,19 +356,27 @@ nlohmann::json Tracer::to_json() const {
   for (size_t i = 0; i < records.size(); ++i) {
     if (records[i].track == TraceTrack::kCompute && records[i].counter < 0) compute.push_back(i);
   }
-  std::sort(compute.begin(), compute.end(), [&](size_t a, size_t b) {
-    return begin[a] != begin[b] ? begin[a] < begin[b] : end[a] > end[b];
-  });
-  std::vector<size_t> open;
-  for (size_t i : compute) {
-    while (!open.empty() && end[open.back()] <= begin[i]) open.pop_back();
-    while (!open.empty() && end[i] > end[open.back()]) {
-      const size_t top = open.back();
-      const bool holds = begin[i] - begin[top] < end[top] - begin[i];
-      begin[i] = holds ? begin[top] : std::max(begin[i], end[top]);
-      open.pop_back();
+  // A moved start can change the order the pass saw: repeat it, sorted again, until nothing
+  // moves (one or two passes in practice; bounded, in case two spans keep trading places).
+  for (int pass = 0; pass < 8; ++pass) {
+    std::sort(compute.begin(), compute.end(), [&](size_t a, size_t b) {
+      return begin[a] != begin[b] ? begin[a] < begin[b] : end[a] > end[b];
+    });
+    bool moved = false;
+    std::vector<size_t> open;
+    for (size_t i : compute) {
+      while (!open.empty() && end[open.back()] <= begin[i]) open.pop_back();
+      while (!open.empty() && end[i] > end[open.back()]) {
+        const size_t top = open.back();
+        const bool holds = begin[i] - begin[top] < end[top] - begin[i];
+        const double was = begin[i];
+        begin[i] = holds ? begin[top] : std::max(begin[i], end[top]);
+        moved = moved || begin[i] != was;
+        open.pop_back();
+      }
+      open.push_back(i);
     }
-    open.push_back(i);
+    if (!moved) break;
   }
   std::sort(comm.begin(), comm.end());
   std::vector<double> lane_free;  // when each lane's last span ended

@@ -144,6 +144,17 @@ def check_trace(trace_dir: pathlib.Path, ranks: int, names, check):
             n = sum(1 for e in mine if e.get("cat") == "comm")
             check(n > 0, f"rank {r}: {n} comm span(s)")
         check(all(e["dur"] >= 0 for e in mine), f"rank {r}: no span ends before it begins")
+        # the compute lane nests: two spans are disjoint, or one holds the other
+        lane = sorted(((e["ts"], -(e["ts"] + e["dur"]), e["name"]) for e in mine
+                       if e.get("cat") != "comm"))
+        stack, crossed = [], []
+        for b, neg_end, name in lane:
+            while stack and stack[-1][0] <= b:
+                stack.pop()
+            if stack and -neg_end > stack[-1][0] + 1e-3:
+                crossed.append(f"{name} crosses {stack[-1][1]}")
+            stack.append((-neg_end, name))
+        check(not crossed, f"rank {r}: the compute spans nest {'; '.join(crossed[:3])}")
     if ranks > 1:
         cross_rank_order(trace, ranks, check)
     svg = trace_dir / "step1.svg"
