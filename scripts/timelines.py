@@ -93,6 +93,17 @@ def zero3(prefetch):
     return check
 
 
+def tp(trace, ranks):
+    for r in range(ranks):
+        step = in_step(trace, r, 1)
+        ars = [s for s in step if s["cat"] == "comm" and s["name"] == "allreduce"]
+        for block in (s for s in step if s["name"].startswith("fwd block")):
+            inside = [a for a in ars if block["b"] <= a["b"] and a["e"] <= block["e"]]
+            assert len(inside) == 2, \
+                f"rank {r}: {block['name']} holds {len(inside)} allreduces, not 2 (g, g)"
+    return "each block's forward holds its two allreduces (g after attention, g after the MLP)"
+
+
 def pipeline(schedule, m):
     def check(trace, ranks):
         for s in range(ranks):
@@ -137,6 +148,10 @@ FIGURES = {
                        ["--stage", "3", "--prefetch", "--steps", "3"],
                        "Lesson 07, stage 3 --prefetch: the next gather beside this block "
                        "(step 1, 2 ranks)", zero3(True), False),
+    "tp": ("08_tensor_parallel", "lesson08_solution", 2,
+           ["--tp", "2", "--layers", "2", "--hidden", "256", "--seq", "128", "--steps", "3"],
+           "Lesson 08, tensor parallelism, tp 2: allreduces inside each block (step 1)",
+           tp, False),
     "gpipe": ("09_pipeline_parallel", "lesson09_solution", 4,
               ["--schedule", "gpipe", "--micro-batches", "8", "--global-batch", "16",
                "--no-sweep", "--steps", "3"],

@@ -130,14 +130,22 @@ torch::Device rank_device(BackendKind backend, int index, const std::string& var
     throw UsageError("--backend", "nccl needs CUDA devices, and this process sees none",
                      "use --backend gloo on a CPU machine");
   }
-  if (count == 1) return torch::Device(torch::kCUDA, 0);  // one GPU bound to each task (Slurm)
+  // The rank's device is made current, so that its streams, events and NCCL communicator are
+  // on it from the start (not on device 0, which every thread starts on).
+  if (count == 1) {  // one GPU bound to each task (Slurm)
+    const torch::Device device(torch::kCUDA, 0);
+    make_current_device(device);
+    return device;
+  }
   if (index >= count) {
     if (hint.empty()) hint = fmt::format("start at most {} ranks per node", count);
     throw UsageError(
         variable,
         fmt::format("device cuda:{} asked for, but this node has {} GPU(s)", index, count), hint);
   }
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  make_current_device(device);
+  return device;
 }
 
 Job Job::prepare(const std::string& backend, std::chrono::milliseconds timeout,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -12,6 +13,7 @@
 #include "dtc/observe.h"
 
 #if defined(DTC_HAVE_CUDA)
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -32,30 +34,48 @@ int64_t ns_of(Tracer::Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-// A CUDA event recorded on the current stream of @p device, or null off CUDA.
+// A CUDA event recorded on the current stream of @p device, or null off CUDA (or when the
+// runtime refuses: the span then falls back to the host's time, and the error is cleared so
+// that it does not surface in the next unrelated CUDA call).
 std::shared_ptr<void> record_event(const torch::Device& device) {
 #if defined(DTC_HAVE_CUDA)
   if (device.is_cuda()) {
+    // The calling thread's current device may be another (autograd's and c10d's threads, a
+    // rank whose device was never made current): events belong to the device they are made on.
+    const c10::cuda::CUDAGuard guard(device.index());
     cudaEvent_t event = nullptr;
-    if (cudaEventCreate(&event) != cudaSuccess) return nullptr;
-    cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(device.index()).stream());
-    return std::shared_ptr<void>(event,
-                                 [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+    if (cudaEventCreate(&event) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    if (cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(device.index()).stream()) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      cudaEventDestroy(event);
+      return nullptr;
+    }
+    const int index = device.index();
+    return std::shared_ptr<void>(event, [index](void* e) {
+      const c10::cuda::CUDAGuard g(static_cast<c10::DeviceIndex>(index));
+      cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    });
   }
 #endif
   (void)device;
   return nullptr;
 }
 
-// Milliseconds from @p base to @p event, both recorded on the device (waits for @p event).
+// Milliseconds from @p base to @p event, both recorded on the device (waits for @p event);
+// NaN when the runtime cannot tell.
 double event_ms(const std::shared_ptr<void>& base, const std::shared_ptr<void>& event) {
 #if defined(DTC_HAVE_CUDA)
   float ms = 0;
-  cudaEventSynchronize(static_cast<cudaEvent_t>(event.get()));
-  if (cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(base.get()),
+  if (cudaEventSynchronize(static_cast<cudaEvent_t>(event.get())) == cudaSuccess &&
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(base.get()),
                            static_cast<cudaEvent_t>(event.get())) == cudaSuccess) {
     return ms;
   }
+  (void)cudaGetLastError();
 #endif
   (void)base;
   (void)event;
@@ -73,7 +93,12 @@ namespace {
 struct OpenComm {
   std::mutex mu;
   bool done = false;
-  std::weak_ptr<Tracer> tracer;  // a span outliving its tracer is dropped
+  // Who records the span. A span that completes on gloo's thread (or is waited for) may
+  // outlive its tracer: it holds it weakly and is dropped. A watched one (CUDA) ends on the
+  // tracer's own watcher thread, which the tracer joins before it dies: it holds it plainly, so
+  // that the watcher never becomes the tracer's last owner (and would join itself).
+  std::weak_ptr<Tracer> tracer;
+  Tracer* owner = nullptr;  // watched spans
   std::string op;
   nlohmann::json args;
   TraceTime issued;
@@ -81,18 +106,23 @@ struct OpenComm {
   c10::intrusive_ptr<c10d::Work> work;  // the watched Work, until it has ended
   size_t index = 0;                     // the span's record, once done
   bool waited = false;
-  Tracer::Clock::time_point wait{};
+  TraceTime wait{};
 
-  // wait() was called on the Work: the first call is recorded, on the span if it has ended.
+  // wait() was called on the Work: the first call is recorded (on CUDA, as an event on the
+  // current stream, like the compute spans), on the span if it has ended.
   void waiting() {
-    const auto t = Tracer::Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (waited) return;
+    }
+    TraceTime t{Tracer::Clock::now(), nullptr};
+    auto tr = tracer.lock();
+    if (tr) t = tr->now();
     std::lock_guard<std::mutex> lock(mu);
     if (waited) return;
     waited = true;
     wait = t;
-    if (done) {
-      if (auto tr = tracer.lock()) tr->set_wait(index, t);
-    }
+    if (done && tr) tr->set_wait(index, t);
   }
 
   void finish(const char* how) {
@@ -101,7 +131,12 @@ struct OpenComm {
     if (done) return;
     done = true;
     work.reset();
-    auto tr = tracer.lock();
+    std::shared_ptr<Tracer> held;
+    Tracer* tr = owner;
+    if (!tr) {
+      held = tracer.lock();
+      tr = held.get();
+    }
     if (!tr) return;
     args["end"] = how;
     index = tr->span(op, "comm", TraceTrack::kComm, issued, TraceTime{t, nullptr}, std::move(args));
@@ -141,6 +176,11 @@ class Tracer::CommWatch {
     cv_.notify_all();
     thread_.join();
   }
+  /// Waits until no watched span is open, or @p limit has passed; true when none is.
+  bool drain(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return drained_.wait_for(lock, limit, [this] { return open_.empty(); });
+  }
   void add(std::shared_ptr<OpenComm> open) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -152,7 +192,7 @@ class Tracer::CommWatch {
  private:
   void loop() {
 #if defined(DTC_HAVE_CUDA)
-    cudaSetDevice(device_);  // isCompleted queries events of this device
+    if (device_ >= 0) cudaSetDevice(device_);  // isCompleted queries events of this device
 #endif
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
@@ -192,12 +232,13 @@ class Tracer::CommWatch {
                                           finished.end();
                                  }),
                   open_.end());
+      if (open_.empty()) drained_.notify_all();
     }
   }
 
   int device_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_, drained_;
   bool stop_ = false;
   std::vector<std::shared_ptr<OpenComm>> open_;
   std::thread thread_;
@@ -207,17 +248,33 @@ class Tracer::CommWatch {
 // The tracer
 // ---------------------------------------------------------------------------------------------
 
-Tracer::Tracer(int rank, torch::Device device) : rank_(rank), device_(device) {
+Tracer::Tracer(int rank, torch::Device device) : Tracer(rank, device, device.is_cuda()) {}
+
+Tracer::Tracer(int rank, torch::Device device, bool watch) : rank_(rank), device_(device) {
+  base_.host = Clock::now();
 #if defined(DTC_HAVE_CUDA)
   if (device_.is_cuda()) {
-    // The device clock's origin: an event recorded on an idle device, at a known host time.
-    cudaDeviceSynchronize();
+    // The device clock's origin: an event recorded on an idle device, at the host time halfway
+    // between the call that records it and the return of the wait for it (the device stamps it
+    // in between). The watcher thread starts after, so that it does not delay the two.
+    const c10::cuda::CUDAGuard guard(device_.index());
+    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    const auto before = Clock::now();
     base_.event = record_event(device_);
-    cudaEventSynchronize(static_cast<cudaEvent_t>(base_.event.get()));
-    watch_ = std::make_unique<CommWatch>(device_.index());
+    if (base_.event &&
+        cudaEventSynchronize(static_cast<cudaEvent_t>(base_.event.get())) != cudaSuccess) {
+      (void)cudaGetLastError();
+      base_.event.reset();  // no device clock: host times
+    }
+    const auto after = Clock::now();
+    base_.host = before + (after - before) / 2;
+    if (base_.event) {
+      bases_.push_back(base_.event);
+      last_base_ = base_.host;
+    }
   }
 #endif
-  base_.host = Clock::now();
+  if (watch) watch_ = std::make_unique<CommWatch>(device_.is_cuda() ? device_.index() : -1);
   clock_.origin_ns = ns_of(base_.host);
   clock_.local_ns = clock_.origin_ns;
 }
@@ -236,8 +293,22 @@ void Tracer::set_end_clock(const ClockSync& clock) {
 
 TraceTime Tracer::now() const {
   TraceTime t;
-  t.event = base_.event ? record_event(device_) : nullptr;
   t.host = Clock::now();
+  if (!base_.event) return t;
+  {
+    // cudaEventElapsedTime answers in float milliseconds: 24 bits, a microsecond's resolution
+    // for the first 16 s only. Each second a new base event on the stream: a time is measured
+    // from the latest base, and the bases from each other, summed in double.
+    std::lock_guard<std::mutex> lock(base_mu_);
+    if (t.host - last_base_ > std::chrono::seconds(1)) {
+      if (auto base = record_event(device_)) {
+        bases_.push_back(std::move(base));
+        last_base_ = t.host;
+      }
+    }
+    t.base = static_cast<uint32_t>(bases_.size() - 1);
+  }
+  t.event = record_event(device_);
   return t;
 }
 
@@ -248,7 +319,7 @@ size_t Tracer::span(std::string name, const char* cat, TraceTrack track, const T
   return records_.size() - 1;
 }
 
-void Tracer::set_wait(size_t index, Clock::time_point t) {
+void Tracer::set_wait(size_t index, const TraceTime& t) {
   std::lock_guard<std::mutex> lock(mu_);
   if (index >= records_.size() || records_[index].waited) return;
   records_[index].waited = true;
@@ -279,6 +350,7 @@ c10::intrusive_ptr<c10d::Work> Tracer::comm(const std::shared_ptr<Tracer>& trace
   open->issued = issued;
   if (tracer->watch_) {
     open->watched = true;
+    open->owner = tracer.get();
     open->work = work;
     tracer->watch_->add(open);
   } else {
@@ -304,11 +376,11 @@ double Tracer::host_micros(int64_t ns) const {
   return (static_cast<double>(ns - clock_.origin_ns) + offset) / 1e3;
 }
 
-double Tracer::micros(const TraceTime& t) const {
+double Tracer::micros(const TraceTime& t, const std::vector<double>& base_ms) const {
   int64_t ns = ns_of(t.host);
-  if (t.event && base_.event) {
-    const double ms = event_ms(base_.event, t.event);
-    if (ms == ms) ns = ns_of(base_.host) + static_cast<int64_t>(ms * 1e6);
+  if (t.event && t.base < base_ms.size() && base_ms[t.base] == base_ms[t.base]) {
+    const double ms = event_ms(bases_[t.base], t.event);
+    if (ms == ms) ns = ns_of(base_.host) + static_cast<int64_t>((base_ms[t.base] + ms) * 1e6);
   }
   return host_micros(ns);
 }
@@ -319,6 +391,18 @@ size_t Tracer::size() const {
 }
 
 nlohmann::json Tracer::to_json() const {
+  // Spans the watcher has yet to close (their operations are complete or about to be): a
+  // bounded wait, so that a Work that never completes (a receive nobody sends to) leaves its
+  // span out rather than hanging the trace.
+  if (watch_) watch_->drain(std::chrono::seconds(2));
+  // The device times of the base events, from the first (double; NaN where unknown).
+  std::vector<double> base_ms;
+  {
+    std::lock_guard<std::mutex> lock(base_mu_);
+    for (size_t k = 0; k < bases_.size(); ++k) {
+      base_ms.push_back(k == 0 ? 0.0 : base_ms[k - 1] + event_ms(bases_[k - 1], bases_[k]));
+    }
+  }
   std::vector<Record> records;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -338,8 +422,8 @@ nlohmann::json Tracer::to_json() const {
   std::vector<std::pair<double, size_t>> comm;  // (begin, index)
   std::vector<double> begin(records.size()), end(records.size());
   for (size_t i = 0; i < records.size(); ++i) {
-    begin[i] = micros(records[i].begin);
-    end[i] = records[i].counter >= 0 ? begin[i] : micros(records[i].end);
+    begin[i] = micros(records[i].begin, base_ms);
+    end[i] = records[i].counter >= 0 ? begin[i] : micros(records[i].end, base_ms);
     if (records[i].track == TraceTrack::kComm) {
       // On CUDA a comm span starts at a device event and ends on the host: a start after the
       // host saw the end is the two clocks' alignment error (microseconds), not a negative span.
@@ -351,8 +435,14 @@ nlohmann::json Tracer::to_json() const {
   // microseconds apart, so a span can start inside another and end after it: where it started
   // near the other's end (block i+1's backward ends, block i's starts), it starts where that one
   // ends; where it started near the other's start (a micro-batch's backward around its blocks',
-  // whose hooks came first), it starts there too, and holds the other.
+  // whose hooks came first), it starts there too, and holds the other. Only by up to
+  // kNestSlackUs: two hooks run about 1 us apart (measured: at most 14 us over lessons 06-10 on
+  // two oversubscribed cores), more when the thread is descheduled between them (a time
+  // slice, milliseconds). The shift is in the span's args ("nest_shift_us"), for the checks to
+  // count; a span further off is in the wrong place, and is left crossing, for them to see.
+  constexpr double kNestSlackUs = 5000;
   std::vector<size_t> compute;
+  std::vector<double> shift(records.size(), 0.0);
   for (size_t i = 0; i < records.size(); ++i) {
     if (records[i].track == TraceTrack::kCompute && records[i].counter < 0) compute.push_back(i);
   }
@@ -369,9 +459,11 @@ nlohmann::json Tracer::to_json() const {
       while (!open.empty() && end[i] > end[open.back()]) {
         const size_t top = open.back();
         const bool holds = begin[i] - begin[top] < end[top] - begin[i];
-        const double was = begin[i];
-        begin[i] = holds ? begin[top] : std::max(begin[i], end[top]);
-        moved = moved || begin[i] != was;
+        const double to = holds ? begin[top] : std::max(begin[i], end[top]);
+        if (std::abs(to - begin[i]) > kNestSlackUs) break;  // left crossing
+        shift[i] += to - begin[i];
+        moved = moved || to != begin[i];
+        begin[i] = to;
         open.pop_back();
       }
       open.push_back(i);
@@ -412,7 +504,8 @@ nlohmann::json Tracer::to_json() const {
                         {"pid", rank_},
                         {"tid", r.track == TraceTrack::kComm ? lane_of[i] : 0}};
     if (!r.args.empty()) e["args"] = r.args;
-    if (r.waited) e["args"]["wait_us"] = host_micros(ns_of(r.wait));
+    if (shift[i] != 0) e["args"]["nest_shift_us"] = shift[i];
+    if (r.waited) e["args"]["wait_us"] = micros(r.wait, base_ms);
     events.push_back(std::move(e));
   }
   nlohmann::json other = {

@@ -2,6 +2,7 @@
 dtc_add_lesson(08 DIR 08_tensor_parallel SOURCES tensor_parallel.cpp DRIVER program.cpp
                TESTS tests/lesson08/ops_test.cpp tests/lesson08/modules_test.cpp
                      tests/lesson08/training_test.cpp tests/lesson08/given_test.cpp
+                     tests/lesson08/timeline_test.cpp
                LIBS dtc::dist TORCH)
 
 # End-to-end: the real program on real processes, through the torchrun of this build's path

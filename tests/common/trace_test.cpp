@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -77,6 +78,35 @@ TEST(Trace, BlockSpansNestInOrderForwardThenBackwardInReverse) {
   // The backward spans follow each other (block 1's ends where block 0's may start).
   EXPECT_LE(outer("bwd head").end_us, outer("bwd block 1").begin_us);
   EXPECT_LE(outer("bwd block 1").end_us, outer("bwd block 0").begin_us);
+}
+
+TEST(Trace, ComputeSpansNestWithinTheSlackAndAreLeftCrossingBeyondIt) {
+  // Two hooks a microsecond apart make spans cross by that much: the later one is moved, and
+  // says by how much. Spans that cross by milliseconds are in the wrong place: left as they are.
+  Tracer tracer;
+  const auto t0 = Tracer::Clock::now();
+  const auto at = [&](double ms) {
+    return TraceTime{t0 + std::chrono::duration_cast<Tracer::Clock::duration>(
+                              std::chrono::duration<double, std::milli>(ms)),
+                     nullptr};
+  };
+  tracer.span("a", "compute", TraceTrack::kCompute, at(0), at(10));
+  tracer.span("b", "compute", TraceTrack::kCompute, at(10 - 0.001), at(20));  // 1 us early
+  tracer.span("c", "compute", TraceTrack::kCompute, at(30), at(50));
+  tracer.span("d", "compute", TraceTrack::kCompute, at(38), at(60));  // 8 ms inside c
+  const auto spans = traced_spans(tracer.to_json());
+  ASSERT_EQ(spans.size(), 4u);
+  const auto& a = spans[0];
+  const auto& b = spans[1];
+  const auto& c = spans[2];
+  const auto& d = spans[3];
+  EXPECT_EQ(b.name, "b");
+  EXPECT_DOUBLE_EQ(b.begin_us, a.end_us);  // starts where a ends
+  EXPECT_NEAR(b.args.value("nest_shift_us", 0.0), 1.0, 0.01);
+  EXPECT_NEAR(b.end_us - a.begin_us, 20e3, 0.01);  // its end stays
+  EXPECT_EQ(d.name, "d");
+  EXPECT_NEAR(d.begin_us - c.begin_us, 8e3, 0.01);  // still crossing c
+  EXPECT_FALSE(d.args.contains("nest_shift_us"));
 }
 
 TEST(Trace, SpanLastsWhatItsScopeLasted) {
@@ -283,6 +313,45 @@ class GroupingComm : public ForwardingComm {
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_;
 };
 
+TEST(Trace, TheWatcherEndsCommSpansAndTheTraceWaitsForIt) {
+  // The CUDA path's watcher (isCompleted polled every 50 us), run on gloo: a collective's span
+  // ends when the watcher sees it complete ("watch"), which may be after wait() returned; the
+  // trace, taken right after, still has it. A tracer dropped with an operation still open goes
+  // quietly (its watcher is joined), and the Work it handed out still completes.
+  std::vector<nlohmann::json> traces(2);
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        auto tracer = std::make_shared<Tracer>(ctx.rank, torch::kCPU, /*watch=*/true);
+        tracer->set_clock(sync_clock(*ctx.store, ctx.rank, ctx.world));
+        auto comm = c10::make_intrusive<TracingComm>(ctx.comm, tracer, "world");
+        std::vector<at::Tensor> t{torch::ones({256})};
+        comm->allreduce(t)->wait();
+        traces[static_cast<size_t>(ctx.rank)] = tracer->to_json();
+        // rank 0 issues a second allreduce, drops its tracer, then tells rank 1 to join in
+        if (ctx.rank == 0) {
+          auto work = comm->allreduce(t);
+          comm.reset();
+          tracer.reset();  // joins the watcher while the operation is open
+          ctx.store->set("dropped", std::vector<uint8_t>{1});
+          work->wait();
+        } else {
+          ctx.store->get("dropped");
+          comm->allreduce(t)->wait();
+        }
+        EXPECT_EQ(t[0][0].item<float>(), 4.0f) << "rank " << ctx.rank;
+      },
+      kTimeout);
+  for (int r = 0; r < 2; ++r) {
+    const auto ar = select_spans(traced_spans(traces[static_cast<size_t>(r)]), r, TraceTrack::kComm,
+                                 "allreduce");
+    ASSERT_EQ(ar.size(), 1u) << "rank " << r;
+    EXPECT_EQ(ar[0].args.value("end", ""), "watch");
+    EXPECT_GE(ar[0].end_us, ar[0].begin_us);
+    EXPECT_GE(ar[0].args.value("wait_us", -1.0), ar[0].begin_us);
+  }
+}
+
 TEST(Trace, AGroupWhoseOpsHaveNoWorkIsOneSpanWithItsOps) {
   std::vector<nlohmann::json> traces(2);
   run_ranks(
@@ -355,7 +424,7 @@ TEST(Trace, ADriftingClockIsInterpolatedBetweenTwoMeasurements) {
   // a time in between maps to rank 0's clock within the round trips; with the start's offset
   // alone it would be 5 ms off.
   struct Seen {
-    double traced_us = 0, true_us = 0, error_us = 0;
+    double traced_us = 0, true_us = 0, error_us = 0, start_only_us = 0;
   };
   Seen seen;
   run_ranks(
@@ -381,6 +450,11 @@ TEST(Trace, ADriftingClockIsInterpolatedBetweenTwoMeasurements) {
         tracer.span("mid", "compute", TraceTrack::kCompute, TraceTime{local, nullptr},
                     TraceTime{local, nullptr});
         seen.traced_us = traced_spans(tracer.to_json()).at(0).begin_us;
+        Tracer start_only(1);
+        start_only.set_clock(first);
+        start_only.span("mid", "compute", TraceTrack::kCompute, TraceTime{local, nullptr},
+                        TraceTime{local, nullptr});
+        seen.start_only_us = traced_spans(start_only.to_json()).at(0).begin_us;
         // rank 0's clock is the real one; its origin is rank 0's time at the first measurement
         seen.true_us = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                real.time_since_epoch())
@@ -391,7 +465,11 @@ TEST(Trace, ADriftingClockIsInterpolatedBetweenTwoMeasurements) {
       },
       kTimeout);
   EXPECT_GT(seen.true_us, 90e3);
+  // The tolerance must be able to tell: well under the 5 ms the start's offset alone is off.
+  ASSERT_LT(seen.error_us, 1000.0) << "round trips through the store too slow to tell";
   EXPECT_NEAR(seen.traced_us, seen.true_us, seen.error_us + 50.0);
+  EXPECT_GT(std::abs(seen.start_only_us - seen.true_us), seen.error_us + 50.0)
+      << "the start's offset alone would do: the test cannot tell interpolation from none";
 }
 
 TEST(Trace, WritesEachRankAndOneMergedFile) {

@@ -48,26 +48,35 @@ std::vector<std::vector<TracedSpan>> traced_ring_forward(int cp, bool overlap) {
   return spans;
 }
 
-// How many of a rank's attention blocks, but the last, ran while the next K/V was on the wire:
-// its send and its receive were both issued before the block began (and after the block before
-// ended: this step's, not an earlier one's), and the receive was waited for only after the block.
+// The k-th operation (in issue order) with @p tag among @p ops, or null.
+const TracedSpan* kth_with_tag(const std::vector<TracedSpan>& ops, int tag, size_t k) {
+  for (const auto& op : ops) {
+    if (op.args.value("tag", -1) != tag) continue;
+    if (k-- == 0) return &op;
+  }
+  return nullptr;
+}
+
+// How many of a rank's attention blocks, but the last, ran while the next K/V was on the wire.
+// Ring step k's rotation is the k-th send and receive of K (tag 0) and of V (tag 1), counted in
+// issue order, so that a rotation is paired with its own step (not with whatever was issued
+// near it): all four were issued before block k began, and both receives were waited for only
+// after it ended.
 int blocks_beside_a_rotation(const std::vector<TracedSpan>& spans, int* blocks) {
   const auto attn = select_spans(spans, -1, TraceTrack::kCompute, "attn");
   const auto send = select_spans(spans, -1, TraceTrack::kComm, "send");
   const auto recv = select_spans(spans, -1, TraceTrack::kComm, "recv");
   *blocks = static_cast<int>(attn.size());
   int beside = 0;
-  for (size_t i = 0; i + 1 < attn.size(); ++i) {
-    const double after = i == 0 ? -1e300 : attn[i - 1].end_us;
-    const auto issued_for_this_step = [&](const TracedSpan& s) {
-      return s.begin_us > after && s.begin_us < attn[i].begin_us;
-    };
-    const bool sent = std::any_of(send.begin(), send.end(), issued_for_this_step);
-    const bool receiving = std::any_of(recv.begin(), recv.end(), [&](const TracedSpan& r) {
-      return issued_for_this_step(r) && r.args.contains("wait_us") &&
-             r.args["wait_us"].get<double>() >= attn[i].end_us;
-    });
-    if (sent && receiving) ++beside;
+  for (size_t k = 0; k + 1 < attn.size(); ++k) {
+    bool ok = true;
+    for (int tag : {0, 1}) {
+      const TracedSpan* s = kth_with_tag(send, tag, k);
+      const TracedSpan* r = kth_with_tag(recv, tag, k);
+      ok = ok && s && r && s->begin_us < attn[k].begin_us && r->begin_us < attn[k].begin_us &&
+           r->args.contains("wait_us") && r->args["wait_us"].get<double>() >= attn[k].end_us;
+    }
+    if (ok) ++beside;
   }
   return beside;
 }

@@ -288,6 +288,16 @@ inline torch::Device cuda_device_for_local_rank(int local_rank) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
+/// Makes @p device the calling thread's current CUDA device (NCCL's communicators, new
+/// tensors, the current stream and CUDA events use it); nothing for a CPU device.
+inline void make_current_device(const torch::Device& device) {
+#if defined(DTC_HAVE_CUDA)
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+#else
+  (void)device;
+#endif
+}
+
 /// The CUDA device's name ("NVIDIA H100 80GB HBM3"), or "" without CUDA.
 inline std::string cuda_device_name(int device) {
 #if defined(DTC_HAVE_CUDA)

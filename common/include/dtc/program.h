@@ -159,8 +159,9 @@ struct Job {
 void check_batch_split(int64_t global_batch, int world, int64_t accum = 1);
 
 /// The device of a rank: with NCCL, cuda:@p index, or cuda:0 when the process sees one GPU (one
-/// bound to each task, as `srun --gpus-per-task=1` does; lesson 04's pick_device); else the CPU. @p variable names where the
-/// index came from (LOCAL_RANK; lesson 06's pitfall: RANK), for the error and its @p hint.
+/// bound to each task, as `srun --gpus-per-task=1` does; lesson 04's pick_device), made the
+/// calling thread's current device; else the CPU. @p variable names where the index came from
+/// (LOCAL_RANK; lesson 06's pitfall: RANK), for the error and its @p hint.
 /// @throws UsageError("--backend") for NCCL with no GPU, (@p variable) for an index past the
 ///   node's GPUs; the default hint: start at most that many ranks per node.
 torch::Device rank_device(BackendKind backend, int index,

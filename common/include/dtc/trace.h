@@ -71,6 +71,7 @@ enum class TraceTrack : int { kCompute = 0, kComm = 1, kMemory = 2 };
 struct TraceTime {
   std::chrono::steady_clock::time_point host;
   std::shared_ptr<void> event;  ///< a CUDA event (cudaEvent_t), or null
+  uint32_t base = 0;            ///< CUDA: the base event it is timed from (Tracer::now)
 };
 
 /// The offset of this rank's steady clock from rank 0's (sync_clock).
@@ -90,6 +91,9 @@ class Tracer {
   /// @param rank the process id in the trace
   /// @param device where compute runs: CUDA spans come from events on its current stream
   explicit Tracer(int rank = 0, torch::Device device = torch::kCPU);
+  /// @param watch end comm spans by a watcher thread polling isCompleted(), as on CUDA (the
+  ///        default there), also off CUDA (tests run the CUDA path's watcher on gloo this way)
+  Tracer(int rank, torch::Device device, bool watch);
   ~Tracer();
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
@@ -110,7 +114,7 @@ class Tracer {
   size_t span(std::string name, const char* cat, TraceTrack track, const TraceTime& begin,
               const TraceTime& end, nlohmann::json args = nlohmann::json::object());
   /// Records that wait() was first called, at @p t, on the Work of the comm span @p index.
-  void set_wait(size_t index, Clock::time_point t);
+  void set_wait(size_t index, const TraceTime& t);
   /// Records a reading of the memory counter at @p t.
   void memory(const TraceTime& t);
   /// Records on @p tracer a comm span from @p issued to when @p work completes (on CUDA: the
@@ -137,16 +141,20 @@ class Tracer {
     nlohmann::json args;
     int64_t counter = -1;  // >= 0: a memory reading at `begin`
     bool waited = false;   // comm: wait() was called, at `wait`
-    Clock::time_point wait{};
+    TraceTime wait{};
   };
-  double micros(const TraceTime& t) const;  // since the origin, on rank 0's clock, in us
-  double host_micros(int64_t ns) const;     // a host time, ns, likewise
+  // since the origin, on rank 0's clock, in us (@p base_ms: the base events' device times)
+  double micros(const TraceTime& t, const std::vector<double>& base_ms) const;
+  double host_micros(int64_t ns) const;  // a host time, ns, likewise
 
   int rank_;
   torch::Device device_;
   ClockSync clock_, end_clock_;
   bool has_end_clock_ = false;
   TraceTime base_;  // the clock's origin on this rank; on CUDA, the event that device times use
+  mutable std::mutex base_mu_;
+  mutable std::vector<std::shared_ptr<void>> bases_;  // CUDA: base_.event, then one per second
+  mutable Clock::time_point last_base_{};
   mutable std::mutex mu_;
   std::vector<Record> records_;
   std::unique_ptr<CommWatch> watch_;
