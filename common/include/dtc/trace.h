@@ -91,6 +91,8 @@ class Tracer {
   /// @param rank the process id in the trace
   /// @param device where compute runs: CUDA spans come from events on its current stream
   explicit Tracer(int rank = 0, torch::Device device = torch::kCPU);
+  /// @param rank the process id in the trace
+  /// @param device where compute runs
   /// @param watch end comm spans by a watcher thread polling isCompleted(), as on CUDA (the
   ///        default there), also off CUDA (tests run the CUDA path's watcher on gloo this way)
   Tracer(int rank, torch::Device device, bool watch);
