@@ -236,6 +236,13 @@ for prog in "${nccl_lessons[@]}"; do
     skip_step "$name-timeline" "no trace (see $name.log)"
     continue
   fi
+  # the trace's own checks (tests/support/e2e_run.py, as the e2e tests run them on the CPU):
+  # files, nesting, causality across ranks; on the GPU also CUDA events and NCCL's watcher
+  cuda_flag=()
+  [ "$backend" = nccl ] && cuda_flag=(--expect-cuda)
+  run_step "$name-trace-check" 60 "$name-trace-check.log" python3 tests/support/e2e_run.py \
+    --nproc "$np" --program "$bin/$prog" --trace-check step,optimizer \
+    --existing-trace "$OUT/traces/$name" "${cuda_flag[@]}"
   run_step "$name-timeline" 60 "$name-timeline.log" python3 scripts/trace_svg.py \
     "$OUT/traces/$name/trace.json" "$OUT/traces/$name.svg" --step 1 \
     --title "$name, --backend $backend, step 1 (gpu-check)"

@@ -190,6 +190,11 @@ def main() -> int:
     ap.add_argument("--digest-rtol", type=float, default=RTOL)
     ap.add_argument("--launcher", choices=["torchrun", "mpirun"], default="torchrun")
     ap.add_argument("--trace-check")
+    ap.add_argument("--existing-trace", help="check this --trace DIR of an earlier run (with "
+                    "--trace-check's names and --nproc ranks) instead of running anything")
+    ap.add_argument("--expect-cuda", action="store_true",
+                    help="with --existing-trace: the spans are CUDA events, NCCL's ended by the "
+                         "tracer's watcher")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     prog_args = a.args[1:] if a.args[:1] == ["--"] else a.args
@@ -203,6 +208,24 @@ def main() -> int:
         print(("ok   " if ok else "FAIL ") + what, flush=True)
         if not ok:
             failures.append(what)
+
+    if a.existing_trace:
+        d = pathlib.Path(a.existing_trace)
+        check_trace(d, max(a.nproc, 1), (a.trace_check or "step").split(","), check)
+        if a.expect_cuda:
+            try:
+                trace = json.loads((d / "trace.json").read_text())
+            except (OSError, ValueError):
+                trace = {"traceEvents": [], "otherData": {"ranks": []}}
+            clocks = [o.get("compute_clock") for o in trace["otherData"]["ranks"]]
+            check(clocks and all(c == "CUDA events on the current stream" for c in clocks),
+                  f"every rank's compute spans are CUDA events ({clocks})")
+            ends = {e.get("args", {}).get("end") for e in trace["traceEvents"]
+                    if e.get("cat") == "comm"}
+            check(ends <= {"watch"} and bool(ends),
+                  f"every comm span was ended by the watcher ({sorted(map(str, ends))})")
+        print(f"FAILED: {len(failures)} check(s)" if failures else "trace ok")
+        return 1 if failures else 0
 
     # --standalone on 2.x picks a free port; Debian's 1.13 takes 29400, so pass our own.
     env = dict(os.environ, OMP_NUM_THREADS="1")
