@@ -56,8 +56,14 @@ std::shared_ptr<void> record_event(const torch::Device& device) {
     }
     const int index = device.index();
     return std::shared_ptr<void>(event, [index](void* e) {
-      const c10::cuda::CUDAGuard g(static_cast<c10::DeviceIndex>(index));
+      // In destructors: the runtime's own calls, which return errors rather than throw
+      // (CUDAGuard throws), the device put back, the error cleared.
+      int current = -1;
+      const bool switched = cudaGetDevice(&current) == cudaSuccess && current != index &&
+                            cudaSetDevice(index) == cudaSuccess;
       cudaEventDestroy(static_cast<cudaEvent_t>(e));
+      if (switched) cudaSetDevice(current);
+      (void)cudaGetLastError();
     });
   }
 #endif
@@ -192,7 +198,8 @@ class Tracer::CommWatch {
  private:
   void loop() {
 #if defined(DTC_HAVE_CUDA)
-    if (device_ >= 0) cudaSetDevice(device_);  // isCompleted queries events of this device
+    // isCompleted queries events of this device
+    if (device_ >= 0 && cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
 #endif
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
@@ -376,11 +383,15 @@ double Tracer::host_micros(int64_t ns) const {
   return (static_cast<double>(ns - clock_.origin_ns) + offset) / 1e3;
 }
 
-double Tracer::micros(const TraceTime& t, const std::vector<double>& base_ms) const {
+double Tracer::micros(const TraceTime& t, const DeviceClock& device) const {
   int64_t ns = ns_of(t.host);
-  if (t.event && t.base < base_ms.size() && base_ms[t.base] == base_ms[t.base]) {
-    const double ms = event_ms(bases_[t.base], t.event);
-    if (ms == ms) ns = ns_of(base_.host) + static_cast<int64_t>((base_ms[t.base] + ms) * 1e6);
+  if (t.event && t.base < device.base_ms.size() &&
+      device.base_ms[t.base] == device.base_ms[t.base]) {
+    const double ms = event_ms(device.bases[t.base], t.event);
+    if (ms == ms) {
+      ns = ns_of(base_.host) +
+           static_cast<int64_t>((device.base_ms[t.base] + ms) * device.scale * 1e6);
+    }
   }
   return host_micros(ns);
 }
@@ -396,13 +407,37 @@ nlohmann::json Tracer::to_json() const {
   // span out rather than hanging the trace.
   if (watch_) watch_->drain(std::chrono::seconds(2));
   // The device times of the base events, from the first (double; NaN where unknown).
-  std::vector<double> base_ms;
+  DeviceClock base_ms;
+#if defined(DTC_HAVE_CUDA)
+  std::unique_ptr<c10::cuda::CUDAGuard> guard;  // events are read on their device
+  if (base_.event) guard = std::make_unique<c10::cuda::CUDAGuard>(device_.index());
+#endif
   {
     std::lock_guard<std::mutex> lock(base_mu_);
-    for (size_t k = 0; k < bases_.size(); ++k) {
-      base_ms.push_back(k == 0 ? 0.0 : base_ms[k - 1] + event_ms(bases_[k - 1], bases_[k]));
-    }
+    base_ms.bases = bases_;
   }
+  for (size_t k = 0; k < base_ms.bases.size(); ++k) {
+    base_ms.base_ms.push_back(
+        k == 0 ? 0.0 : base_ms.base_ms[k - 1] + event_ms(base_ms.bases[k - 1], base_ms.bases[k]));
+  }
+#if defined(DTC_HAVE_CUDA)
+  // The device's timer and the host's clock drift apart (parts per million): a second anchor,
+  // now, as at the start (an idle device, the host time halfway around the event), and device
+  // times scaled so that both anchors fall on their host times.
+  if (base_.event && !base_ms.bases.empty() && cudaDeviceSynchronize() == cudaSuccess) {
+    const auto before = Clock::now();
+    auto last = record_event(device_);
+    const double ms = last ? event_ms(base_ms.bases.back(), last) : std::nan("");
+    const auto after = Clock::now();
+    const double device_ms = base_ms.base_ms.back() + ms;
+    const double host_ms =
+        std::chrono::duration<double, std::milli>(before + (after - before) / 2 - base_.host)
+            .count();
+    if (device_ms == device_ms && device_ms > 1000.0) base_ms.scale = host_ms / device_ms;
+    base_ms.anchor_error_us = std::chrono::duration<double, std::micro>(after - before).count() / 2;
+  }
+  (void)cudaGetLastError();
+#endif
   std::vector<Record> records;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -421,13 +456,17 @@ nlohmann::json Tracer::to_json() const {
   // Comm spans that overlap go to separate lanes (tids 1, 3, 4, ...), so that each lane nests.
   std::vector<std::pair<double, size_t>> comm;  // (begin, index)
   std::vector<double> begin(records.size()), end(records.size());
+  double clamped_us = 0;  // the most a comm span's device start fell after its host end
   for (size_t i = 0; i < records.size(); ++i) {
     begin[i] = micros(records[i].begin, base_ms);
     end[i] = records[i].counter >= 0 ? begin[i] : micros(records[i].end, base_ms);
     if (records[i].track == TraceTrack::kComm) {
       // On CUDA a comm span starts at a device event and ends on the host: a start after the
       // host saw the end is the two clocks' alignment error (microseconds), not a negative span.
-      if (records[i].begin.event) begin[i] = std::min(begin[i], end[i]);
+      if (records[i].begin.event && begin[i] > end[i]) {
+        clamped_us = std::max(clamped_us, begin[i] - end[i]);  // in otherData, for the checks
+        begin[i] = end[i];
+      }
       comm.emplace_back(begin[i], i);
     }
   }
@@ -460,7 +499,7 @@ nlohmann::json Tracer::to_json() const {
         const size_t top = open.back();
         const bool holds = begin[i] - begin[top] < end[top] - begin[i];
         const double to = holds ? begin[top] : std::max(begin[i], end[top]);
-        if (std::abs(to - begin[i]) > kNestSlackUs) break;  // left crossing
+        if (std::abs(shift[i] + to - begin[i]) > kNestSlackUs) break;  // left crossing
         shift[i] += to - begin[i];
         moved = moved || to != begin[i];
         begin[i] = to;
@@ -525,6 +564,11 @@ nlohmann::json Tracer::to_json() const {
         {"end_rtt_us", has_end_clock_ ? nlohmann::json(static_cast<double>(end_clock_.rtt_ns) / 1e3)
                                       : nlohmann::json()}}},
       {"compute_clock", base_.event ? "CUDA events on the current stream" : "host"},
+      {"device_clock", base_.event ? nlohmann::json{{"scale", base_ms.scale},
+                                                    {"anchor_error_us", base_ms.anchor_error_us},
+                                                    {"bases", base_ms.bases.size()},
+                                                    {"comm_start_clamped_us", clamped_us}}
+                                   : nlohmann::json()},
   };
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
 }

@@ -433,14 +433,15 @@ TEST(Trace, ADriftingClockIsInterpolatedBetweenTwoMeasurements) {
         const auto start = Tracer::Clock::now();
         const double rate = ctx.rank == 1 ? 1.05 : 1.0;
         const auto shift = std::chrono::seconds(ctx.rank == 1 ? 5 : 0);
-        auto clock = [&] {
-          const auto real = Tracer::Clock::now() - start;
-          return start + shift + std::chrono::duration_cast<Tracer::Clock::duration>(real * rate);
+        auto shifted = [&](Tracer::Clock::time_point t) {
+          return start + shift +
+                 std::chrono::duration_cast<Tracer::Clock::duration>((t - start) * rate);
         };
+        auto clock = [&] { return shifted(Tracer::Clock::now()); };
         const ClockSync first = sync_clock(*ctx.store, ctx.rank, ctx.world, 8, clock);
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        const auto local = clock();
-        const auto real = Tracer::Clock::now();
+        const auto real = Tracer::Clock::now();  // one reading, seen on both clocks
+        const auto local = shifted(real);
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         const ClockSync last = sync_clock(*ctx.store, ctx.rank, ctx.world, 8, clock, "end");
         if (ctx.rank != 1) return;

@@ -220,6 +220,10 @@ def main() -> int:
             clocks = [o.get("compute_clock") for o in trace["otherData"]["ranks"]]
             check(clocks and all(c == "CUDA events on the current stream" for c in clocks),
                   f"every rank's compute spans are CUDA events ({clocks})")
+            clamp = max([(o.get("device_clock") or {}).get("comm_start_clamped_us", 0)
+                         for o in trace["otherData"]["ranks"]] + [0])
+            check(clamp < 1000, f"device and host clocks agree: no comm span's device start "
+                                f"fell more than 1 ms after its host end ({clamp:.0f} us)")
             ends = {e.get("args", {}).get("end") for e in trace["traceEvents"]
                     if e.get("cat") == "comm"}
             check(ends <= {"watch"} and bool(ends),

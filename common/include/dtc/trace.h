@@ -31,8 +31,9 @@
 // millisecond in a quarter of an hour). Times are microseconds since rank 0's start.
 //
 // On CUDA the compute spans are CUDA events on the current stream (read back when the trace
-// is written, so nothing synchronises during the run) and the memory counter is the caching
-// allocator's. A comm span starts at an event recorded on the current stream when the call is
+// is written, so nothing synchronises during the run; the device's timer is put on the host's
+// clock by two anchors, at the start and when the trace is written: "device_clock" in
+// otherData) and the memory counter is the caching allocator's. A comm span starts at an event recorded on the current stream when the call is
 // made (NCCL's stream waits for it: the collective starts no earlier) and ends when a watcher
 // thread sees the Work complete (isCompleted, which on NCCL queries the operation's end event;
 // wait() returns at once on NCCL, so it does not end the span). The ops of a group
@@ -121,7 +122,8 @@ class Tracer {
   void memory(const TraceTime& t);
   /// Records on @p tracer a comm span from @p issued to when @p work completes (on CUDA: the
   /// watcher sees it; on gloo: its future completes, or a wait() on it returns). Returns the
-  /// Work to hand out, which also records the first wait(). The span holds the tracer weakly.
+  /// Work to hand out, which also records the first wait(). The span holds the tracer weakly
+  /// (a watched one, which only the tracer's own watcher ends, by a plain pointer).
   static c10::intrusive_ptr<c10d::Work> comm(const std::shared_ptr<Tracer>& tracer,
                                              c10::intrusive_ptr<c10d::Work> work,
                                              nlohmann::json args, const char* op,
@@ -145,8 +147,14 @@ class Tracer {
     bool waited = false;   // comm: wait() was called, at `wait`
     TraceTime wait{};
   };
-  // since the origin, on rank 0's clock, in us (@p base_ms: the base events' device times)
-  double micros(const TraceTime& t, const std::vector<double>& base_ms) const;
+  struct DeviceClock {  // CUDA: the base events, their device times, and the timer's rate
+    std::vector<std::shared_ptr<void>> bases;
+    std::vector<double> base_ms;  // from the first, NaN where unknown
+    double scale = 1.0;           // host ms per device ms, from a second anchor (to_json)
+    double anchor_error_us = 0;   // half the second anchor's round trip
+  };
+  // since the origin, on rank 0's clock, in us
+  double micros(const TraceTime& t, const DeviceClock& device) const;
   double host_micros(int64_t ns) const;  // a host time, ns, likewise
 
   int rank_;
