@@ -88,6 +88,32 @@ double event_ms(const std::shared_ptr<void>& base, const std::shared_ptr<void>& 
   return std::numeric_limits<double>::quiet_NaN();
 }
 
+#if defined(DTC_HAVE_CUDA)
+// An anchor of the device's timer on the host's clock: an event recorded on the idle device
+// (the caller holds its guard), at the host time halfway between the call that records it and
+// the return of the wait for it (the device stamps it in between); null event on failure.
+struct Anchor {
+  std::shared_ptr<void> event;
+  Tracer::Clock::time_point host;
+  double error_us = 0;  // half the round trip
+};
+
+Anchor anchor(const torch::Device& device) {
+  Anchor a;
+  if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  const auto before = Tracer::Clock::now();
+  a.event = record_event(device);
+  if (a.event && cudaEventSynchronize(static_cast<cudaEvent_t>(a.event.get())) != cudaSuccess) {
+    (void)cudaGetLastError();
+    a.event.reset();
+  }
+  const auto after = Tracer::Clock::now();
+  a.host = before + (after - before) / 2;
+  a.error_us = std::chrono::duration<double, std::micro>(after - before).count() / 2;
+  return a;
+}
+#endif
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -261,20 +287,12 @@ Tracer::Tracer(int rank, torch::Device device, bool watch) : rank_(rank), device
   base_.host = Clock::now();
 #if defined(DTC_HAVE_CUDA)
   if (device_.is_cuda()) {
-    // The device clock's origin: an event recorded on an idle device, at the host time halfway
-    // between the call that records it and the return of the wait for it (the device stamps it
-    // in between). The watcher thread starts after, so that it does not delay the two.
+    // The device clock's origin (no event: host times). The watcher thread starts after, so
+    // that it does not delay the anchor.
     const c10::cuda::CUDAGuard guard(device_.index());
-    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
-    const auto before = Clock::now();
-    base_.event = record_event(device_);
-    if (base_.event &&
-        cudaEventSynchronize(static_cast<cudaEvent_t>(base_.event.get())) != cudaSuccess) {
-      (void)cudaGetLastError();
-      base_.event.reset();  // no device clock: host times
-    }
-    const auto after = Clock::now();
-    base_.host = before + (after - before) / 2;
+    const Anchor origin = anchor(device_);
+    base_.event = origin.event;
+    base_.host = origin.host;
     if (base_.event) {
       bases_.push_back(base_.event);
       last_base_ = base_.host;
@@ -407,34 +425,35 @@ nlohmann::json Tracer::to_json() const {
   // span out rather than hanging the trace.
   if (watch_) watch_->drain(std::chrono::seconds(2));
   // The device times of the base events, from the first (double; NaN where unknown).
-  DeviceClock base_ms;
+  DeviceClock device_clock;
 #if defined(DTC_HAVE_CUDA)
   std::unique_ptr<c10::cuda::CUDAGuard> guard;  // events are read on their device
   if (base_.event) guard = std::make_unique<c10::cuda::CUDAGuard>(device_.index());
 #endif
   {
     std::lock_guard<std::mutex> lock(base_mu_);
-    base_ms.bases = bases_;
+    device_clock.bases = bases_;
   }
-  for (size_t k = 0; k < base_ms.bases.size(); ++k) {
-    base_ms.base_ms.push_back(
-        k == 0 ? 0.0 : base_ms.base_ms[k - 1] + event_ms(base_ms.bases[k - 1], base_ms.bases[k]));
+  for (size_t k = 0; k < device_clock.bases.size(); ++k) {
+    device_clock.base_ms.push_back(
+        k == 0 ? 0.0
+               : device_clock.base_ms[k - 1] +
+                     event_ms(device_clock.bases[k - 1], device_clock.bases[k]));
   }
 #if defined(DTC_HAVE_CUDA)
   // The device's timer and the host's clock drift apart (parts per million): a second anchor,
   // now, as at the start (an idle device, the host time halfway around the event), and device
   // times scaled so that both anchors fall on their host times.
-  if (base_.event && !base_ms.bases.empty() && cudaDeviceSynchronize() == cudaSuccess) {
-    const auto before = Clock::now();
-    auto last = record_event(device_);
-    const double ms = last ? event_ms(base_ms.bases.back(), last) : std::nan("");
-    const auto after = Clock::now();
-    const double device_ms = base_ms.base_ms.back() + ms;
-    const double host_ms =
-        std::chrono::duration<double, std::milli>(before + (after - before) / 2 - base_.host)
-            .count();
-    if (device_ms == device_ms && device_ms > 1000.0) base_ms.scale = host_ms / device_ms;
-    base_ms.anchor_error_us = std::chrono::duration<double, std::micro>(after - before).count() / 2;
+  if (base_.event && !device_clock.bases.empty()) {
+    const Anchor last = anchor(device_);
+    if (last.event) {
+      const double device_ms =
+          device_clock.base_ms.back() + event_ms(device_clock.bases.back(), last.event);
+      const double host_ms =
+          std::chrono::duration<double, std::milli>(last.host - base_.host).count();
+      if (device_ms == device_ms && device_ms > 1000.0) device_clock.scale = host_ms / device_ms;
+      device_clock.anchor_error_us = last.error_us;
+    }
   }
   (void)cudaGetLastError();
 #endif
@@ -458,8 +477,8 @@ nlohmann::json Tracer::to_json() const {
   std::vector<double> begin(records.size()), end(records.size());
   double clamped_us = 0;  // the most a comm span's device start fell after its host end
   for (size_t i = 0; i < records.size(); ++i) {
-    begin[i] = micros(records[i].begin, base_ms);
-    end[i] = records[i].counter >= 0 ? begin[i] : micros(records[i].end, base_ms);
+    begin[i] = micros(records[i].begin, device_clock);
+    end[i] = records[i].counter >= 0 ? begin[i] : micros(records[i].end, device_clock);
     if (records[i].track == TraceTrack::kComm) {
       // On CUDA a comm span starts at a device event and ends on the host: a start after the
       // host saw the end is the two clocks' alignment error (microseconds), not a negative span.
@@ -544,7 +563,7 @@ nlohmann::json Tracer::to_json() const {
                         {"tid", r.track == TraceTrack::kComm ? lane_of[i] : 0}};
     if (!r.args.empty()) e["args"] = r.args;
     if (shift[i] != 0) e["args"]["nest_shift_us"] = shift[i];
-    if (r.waited) e["args"]["wait_us"] = micros(r.wait, base_ms);
+    if (r.waited) e["args"]["wait_us"] = micros(r.wait, device_clock);
     events.push_back(std::move(e));
   }
   nlohmann::json other = {
@@ -564,11 +583,12 @@ nlohmann::json Tracer::to_json() const {
         {"end_rtt_us", has_end_clock_ ? nlohmann::json(static_cast<double>(end_clock_.rtt_ns) / 1e3)
                                       : nlohmann::json()}}},
       {"compute_clock", base_.event ? "CUDA events on the current stream" : "host"},
-      {"device_clock", base_.event ? nlohmann::json{{"scale", base_ms.scale},
-                                                    {"anchor_error_us", base_ms.anchor_error_us},
-                                                    {"bases", base_ms.bases.size()},
-                                                    {"comm_start_clamped_us", clamped_us}}
-                                   : nlohmann::json()},
+      {"device_clock", base_.event
+                           ? nlohmann::json{{"scale", device_clock.scale},
+                                            {"anchor_error_us", device_clock.anchor_error_us},
+                                            {"bases", device_clock.bases.size()},
+                                            {"comm_start_clamped_us", clamped_us}}
+                           : nlohmann::json()},
   };
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
 }
