@@ -99,30 +99,44 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// For each rank, the allreduces inside each of its blocks named @p prefix (two per block, says
+// @p why): appends when each was first waited for, from its issue, to @p waits. In the forward
+// (@p forward) also each one's group and bytes.
+void block_allreduce_waits(const std::vector<std::vector<TracedSpan>>& spans, const char* prefix,
+                           const char* why, bool forward, std::vector<double>* waits) {
+  for (int r = 0; r < kTp; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    const auto& mine = spans[static_cast<size_t>(r)];
+    const auto blocks = select_spans(mine, -1, TraceTrack::kCompute, prefix);
+    ASSERT_EQ(blocks.size(), static_cast<size_t>(config().layers));
+    for (const auto& block : blocks) {
+      SCOPED_TRACE(block.name);
+      const auto ars = allreduces_in(mine, block);
+      EXPECT_EQ(ars.size(), 2u) << why;
+      for (const auto& ar : ars) {
+        if (forward) {
+          EXPECT_EQ(ar.args.value("group", ""), "tp");
+          EXPECT_EQ(ar.args.value("bytes", 0), kBatch * kSeq * config().hidden * 4)
+              << "the block's whole (B, T, h) activation, fp32";
+        } else {
+          EXPECT_LT(until_wait_us(ar), 1e299) << "each allreduce is waited for";
+        }
+        waits->push_back(until_wait_us(ar));
+      }
+    }
+  }
+}
+
 // Times are taken from threads that share two cores with gloo's: one wait may come late (a time
 // slice), so the checks on when a wait came take the median over both ranks' allreduces.
 TEST(L08Timeline, ForwardAllreducesAreWaitedForInsideTheirBlock) {
   const double dw = weight_grad_us();
   const auto spans = traced_step(/*overlap_dgrad=*/false);
   std::vector<double> waits;
-  for (int r = 0; r < kTp; ++r) {
-    SCOPED_TRACE(fmt::format("rank {}", r));
-    const auto& mine = spans[static_cast<size_t>(r)];
-    const auto blocks = select_spans(mine, -1, TraceTrack::kCompute, "fwd block");
-    ASSERT_EQ(blocks.size(), static_cast<size_t>(config().layers));
-    for (const auto& block : blocks) {
-      SCOPED_TRACE(block.name);
-      const auto ars = allreduces_in(mine, block);
-      EXPECT_EQ(ars.size(), 2u) << "g after the attention's c_proj and after the MLP's: one "
-                                   "allreduce each, issued and complete inside the block";
-      for (const auto& ar : ars) {
-        EXPECT_EQ(ar.args.value("group", ""), "tp");
-        EXPECT_EQ(ar.args.value("bytes", 0), kBatch * kSeq * config().hidden * 4)
-            << "the block's whole (B, T, h) activation, fp32";
-        waits.push_back(until_wait_us(ar));
-      }
-    }
-  }
+  block_allreduce_waits(spans, "fwd block",
+                        "g after the attention's c_proj and after the MLP's: one allreduce "
+                        "each, issued and complete inside the block",
+                        /*forward=*/true, &waits);
   EXPECT_LT(median(waits), dw / 2) << "allreduces waited for as soon as they were issued (a "
                                       "weight-gradient matmul takes "
                                    << dw << " us here): the next layer needs the sum";
@@ -131,24 +145,12 @@ TEST(L08Timeline, ForwardAllreducesAreWaitedForInsideTheirBlock) {
 TEST(L08Timeline, BackwardAllreducesRunBesideTheWeightGradientOnlyWithOverlapDgrad) {
   const double dw = weight_grad_us();
   for (const bool overlap : {false, true}) {
-    const auto spans = traced_step(overlap);
+    SCOPED_TRACE(fmt::format("overlap_dgrad {}", overlap));
     std::vector<double> waits;
-    for (int r = 0; r < kTp; ++r) {
-      SCOPED_TRACE(fmt::format("rank {}, overlap_dgrad {}", r, overlap));
-      const auto& mine = spans[static_cast<size_t>(r)];
-      const auto blocks = select_spans(mine, -1, TraceTrack::kCompute, "bwd block");
-      ASSERT_EQ(blocks.size(), static_cast<size_t>(config().layers));
-      for (const auto& block : blocks) {
-        SCOPED_TRACE(block.name);
-        const auto ars = allreduces_in(mine, block);
-        EXPECT_EQ(ars.size(), 2u) << "f's backward for c_fc and for c_attn: the input "
-                                     "gradients' sums, one allreduce each, inside the block";
-        for (const auto& ar : ars) {
-          EXPECT_LT(until_wait_us(ar), 1e299) << "each allreduce is waited for";
-          waits.push_back(until_wait_us(ar));
-        }
-      }
-    }
+    block_allreduce_waits(traced_step(overlap), "bwd block",
+                          "f's backward for c_fc and for c_attn: the input gradients' sums, one "
+                          "allreduce each, inside the block",
+                          /*forward=*/false, &waits);
     if (overlap) {
       EXPECT_GT(median(waits), dw / 2) << "--overlap-dgrad: dW = dY^T X (about " << dw
                                        << " us here) is computed between issue and wait";
