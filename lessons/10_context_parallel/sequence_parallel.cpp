@@ -43,7 +43,7 @@ torch::Tensor all_gather_rows(const torch::Tensor& x, Comm& tp) {
                   "(L10SeqPar.*; README section 9 hints)");
 }
 
-// g: forward reduce-scatter, backward all-gather (given).
+// g-bar: forward reduce-scatter, backward all-gather (given).
 struct ReduceScatterSequenceFn : public torch::autograd::Function<ReduceScatterSequenceFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
@@ -54,7 +54,8 @@ struct ReduceScatterSequenceFn : public torch::autograd::Function<ReduceScatterS
   }
 };
 
-// g-bar and the column-parallel Linear in one, saving only this rank's rows.
+// g (forward all-gather, backward reduce-scatter) and the column-parallel Linear in one,
+// saving only this rank's rows.
 struct GatherLinearFn : public torch::autograd::Function<GatherLinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias,
@@ -203,4 +204,4 @@ void TpCpGptImpl::reduce_replicated_gradients() {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/sequence_parallel.cpp by scripts/exercises.py; checksum ce4f30eb5ed87d71
+// exercise generated from solutions/10_context_parallel/sequence_parallel.cpp by scripts/exercises.py; checksum 8961ad15b5c5c0dc

@@ -55,7 +55,7 @@ torch::Tensor all_gather_rows(const torch::Tensor& x, Comm& tp) {
   // END SOLUTION
 }
 
-// g: forward reduce-scatter, backward all-gather (given).
+// g-bar: forward reduce-scatter, backward all-gather (given).
 struct ReduceScatterSequenceFn : public torch::autograd::Function<ReduceScatterSequenceFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
@@ -66,7 +66,8 @@ struct ReduceScatterSequenceFn : public torch::autograd::Function<ReduceScatterS
   }
 };
 
-// g-bar and the column-parallel Linear in one, saving only this rank's rows.
+// g (forward all-gather, backward reduce-scatter) and the column-parallel Linear in one,
+// saving only this rank's rows.
 struct GatherLinearFn : public torch::autograd::Function<GatherLinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias,
