@@ -268,11 +268,11 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     torch::Tensor dq = torch::zeros(q.sizes(), q.options().dtype(torch::kFloat));
     torch::Tensor dk, dv;  // this rank's own K/V gradients, (B, H, Tl, D) float32
     // TODO(L10): the same cp steps; every rank adds its block_attention_backward
-    //   contribution to the visiting block's dK/dV, which travel with it and come home after one
-    //   more rotation (L10Ring.*; README section 3 hints)
+    //   contribution to the visiting block's dK/dV, which travel one hop a step, cp hops in all,
+    //   the last bringing them home (L10Ring.*; README section 3 hints)
     DTC_TODO("L10", "the same cp steps; every rank adds its block_attention_backward "
-                    "contribution to the visiting block's dK/dV, which travel with it and come home after one "
-                    "more rotation (L10Ring.*; README section 3 hints)");
+                    "contribution to the visiting block's dK/dV, which travel one hop a step, cp hops in all, "
+                    "the last bringing them home (L10Ring.*; README section 3 hints)");
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
             torch::Tensor(),        torch::Tensor(),        torch::Tensor()};
   }
@@ -465,4 +465,4 @@ torch::Tensor CpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum 4aec3b318af25e3e
+// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum 8bb3c2006e8ea979

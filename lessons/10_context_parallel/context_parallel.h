@@ -11,10 +11,13 @@
 //   Ulysses          all-to-all from sequence-sharded to head-sharded, full-sequence attention
 //                    on heads/cp heads, all-to-all back (Jacobs et al. 2023, arXiv:2309.14509).
 //   all-gather KV    every rank gathers the whole K and V and keeps its own queries (Llama 3,
-//                    Dubey et al. 2024, arXiv:2407.21783, sec. 3.3.2).
+//                    Dubey et al. 2024, arXiv:2407.21783, sec. 3.3.2); here the gathered K and V
+//                    stay saved for backward (Transformer Engine's all-gather CP saves the local
+//                    k, v and gathers them again in backward instead).
 // With a causal mask, contiguous chunks leave rank 0 almost idle and the last rank with all the
-// work; the zig-zag split (rank r holds chunks r and 2cp-1-r of 2cp; Llama 3 sec. 3.3.2)
-// balances it.
+// work; the zig-zag split (rank r holds chunks r and 2cp-1-r of 2cp: Llama 3 sec. 3.3.2 for its
+// all-gather CP; the ring's plan is zhuzilin/ring-flash-attention's zigzag_ring_flash_attn and
+// Transformer Engine's AttnFuncWithCPAndKVP2P) balances the ring.
 // This header is the whole specification of what you implement in context_parallel.cpp;
 // README.md beside it teaches it. Build and test:
 //
@@ -52,7 +55,9 @@ const char* attention_name(Attention kind);
 /// Checks that @p cp ranks can split a sequence of @p seq tokens of a model of @p heads heads
 /// with @p kind: cp divides seq (2 cp with @p zigzag: each rank holds two chunks), and, for
 /// Ulysses, cp divides heads (each rank attends with whole heads). The zig-zag split applies to
-/// ring and all-gather (Ulysses gathers the whole sequence: it needs no balancing).
+/// ring and all-gather (Ulysses gathers the whole sequence: it needs no balancing); only the
+/// ring's work changes with it: allgather_attention computes every rank's dense Tl x T scores
+/// whatever the split (a kernel that skips masked keys would be balanced by it).
 /// @throws UsageError naming --seq, --heads, --cp or --zigzag, with the values that would fit.
 void validate_cp(int64_t seq, int64_t heads, int cp, Attention kind, bool zigzag);
 
@@ -98,11 +103,12 @@ struct BlockGrads {
 };
 
 /// @brief The gradients of one block of attention, from the MERGED forward's @p out and @p lse
-///   (over all blocks) and the output's gradient @p dout (FlashAttention's backward, Dao et al.
-///   2022, Alg. 4): with P = exp(S - lse) this block's probabilities within the whole softmax,
-///   dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(D),
-///   dK = dS^T Q / sqrt(D). The blocks' contributions add up to the unsplit gradients. Given;
-///   reported to the block observer like block_attention.
+///   (over all blocks) and the output's gradient @p dout (FlashAttention's backward: Dao et al.
+///   2022, Alg. 4, from the row maxima and sums; in this log-sum-exp form FlashAttention-2, Dao
+///   2023, arXiv:2307.08691, Alg. 2): with P = exp(S - lse) this block's probabilities within the
+///   whole softmax, dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)),
+///   dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D). The blocks' contributions add up to the unsplit
+///   gradients. Given; reported to the block observer like block_attention.
 BlockGrads block_attention_backward(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, const torch::Tensor& q_pos,
                                     const torch::Tensor& k_pos, bool causal,
@@ -192,9 +198,10 @@ RingBlock ring_block(int rank, int src, int cp, int64_t local_len, bool zigzag, 
 /// block's exchange (start_rotation) is started BEFORE the current block is computed and
 /// waited after, so that communication and compute overlap. Saves q, k, v, out and lse for
 /// backward, nothing of size Tl x Tl.
-/// Backward: the same cp steps; the K/V blocks rotate again, each with its dK/dV accumulator,
-/// to which every rank adds its block_attention_backward contribution; after the last step one
-/// more rotation brings each accumulator home.
+/// Backward: the same cp steps; the K/V blocks rotate again (cp - 1 times), and so does each
+/// block's dK/dV accumulator, to which every rank adds its block_attention_backward
+/// contribution: one hop per step, cp hops in all, so that the hop started at the last step
+/// brings each accumulator home.
 /// What must hold (L10Ring.*): the values and gradients of masked_attention on the whole
 /// sequence (the rows of this rank), for cp 2, 3 and 4, contiguous and zig-zag, causal or not;
 /// each step's exchange in flight while its block is computed.
@@ -238,6 +245,7 @@ torch::Tensor gather_sequence(const torch::Tensor& x, Comm& cp);
 
 /// @brief Llama 3's context parallelism: gather_sequence on k and v (the whole sequence's keys
 ///   and values on every rank), masked_attention of this rank's queries against them. Given.
+///   The gathered K and V stay saved until backward (README section 6).
 torch::Tensor allgather_attention(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, Comm& cp, bool zigzag,
                                   bool causal = true);

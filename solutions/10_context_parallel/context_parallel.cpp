@@ -310,8 +310,8 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     torch::Tensor dq = torch::zeros(q.sizes(), q.options().dtype(torch::kFloat));
     torch::Tensor dk, dv;  // this rank's own K/V gradients, (B, H, Tl, D) float32
     // BEGIN SOLUTION: the same cp steps; every rank adds its block_attention_backward
-    //   contribution to the visiting block's dK/dV, which travel with it and come home after one
-    //   more rotation (L10Ring.*; README section 3 hints)
+    //   contribution to the visiting block's dK/dV, which travel one hop a step, cp hops in all,
+    //   the last bringing them home (L10Ring.*; README section 3 hints)
     torch::Tensor kb = k.contiguous(), vb = v.contiguous();
     torch::Tensor dkb = torch::zeros(k.sizes(), dq.options());
     torch::Tensor dvb = torch::zeros(v.sizes(), dq.options());

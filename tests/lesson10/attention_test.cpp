@@ -14,6 +14,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "context_parallel.h"
@@ -181,6 +182,11 @@ TEST_P(L10Ring, BlockPlanComputesExactlyWhatTheMaskLetsThrough) {
         if (!b.masked) {
           EXPECT_EQ(visible_pairs(q_in, k_in), b.q_len * b.k_len)
               << "masked is false, but some pair in the range is in the future";
+        } else {
+          EXPECT_LT(visible_pairs(q_in, k_in), b.q_len * b.k_len)
+              << "masked is true, but every pair in the range is visible: the mask is work "
+                 "(and a kernel that skips it is faster), so set masked only where some query "
+                 "must not see some key";
         }
         work[static_cast<size_t>(rank)] += b.q_len * b.k_len;
       }
@@ -197,6 +203,52 @@ TEST_P(L10Ring, BlockPlanComputesExactlyWhatTheMaskLetsThrough) {
   const RingBlock b = ring_block(0, cp - 1, cp, tl, true, /*causal=*/false);
   EXPECT_FALSE(b.skip);
   EXPECT_EQ(b.q_len * b.k_len, tl * tl);
+}
+
+TEST_P(L10Ring, LoopsComputeThePlanForwardAndBackward) {
+  // The block observer of the given block_attention and block_attention_backward sees, from
+  // outside, the (query rows, key rows) of every block each rank computes. Summed per pass, they
+  // must be the closed forms of the plan: contiguous, rank r computes (r + 1) Tl^2 scores;
+  // zig-zag, (1 + (cp - 1) / 2) Tl^2 on every rank; without the mask, cp Tl^2. A loop that
+  // computes a skipped block, or a whole block where the plan computes half, gives the same
+  // values (the mask zeroes what it adds) and does up to twice the work.
+  const int cp = GetParam();
+  const int64_t tl = 4, T = tl * cp;
+  const Qkv x = inputs(1, 2, T, 4, 17);
+  for (const auto& [zigzag, causal] :
+       std::vector<std::pair<bool, bool>>{{false, true}, {true, true}, {false, false}}) {
+    run_ranks(
+        cp,
+        [&, zigzag = zigzag, causal = causal](RankContext& ctx) {
+          int64_t work[2] = {0, 0}, blocks[2] = {0, 0};  // forward, backward
+          const BlockObserver previous =
+              set_block_observer([&](int64_t q_rows, int64_t k_rows, bool backward) {
+                work[backward] += q_rows * k_rows;
+                ++blocks[backward];
+              });
+          auto shard = [&](const torch::Tensor& t) {
+            return shard_sequence(t, ctx.rank, cp, zigzag, 2).requires_grad_();
+          };
+          auto q = shard(x.q), k = shard(x.k), v = shard(x.v);
+          ring_attention(q, k, v, *ctx.comm, zigzag, causal).sum().backward();
+          set_block_observer(previous);
+          const int64_t r = ctx.rank;
+          const int64_t want = !causal  ? cp * tl * tl
+                               : zigzag ? tl * tl + (cp - 1) * tl * tl / 2
+                                        : (r + 1) * tl * tl;
+          const int64_t want_blocks = !causal || zigzag ? cp : r + 1;
+          for (int pass = 0; pass < 2; ++pass) {
+            SCOPED_TRACE(::testing::Message()
+                         << "cp " << cp << ", rank " << r << (zigzag ? ", zig-zag" : ", contiguous")
+                         << (causal ? ", causal" : "") << (pass ? ", backward" : ", forward"));
+            EXPECT_EQ(work[pass], want)
+                << "(query, key) scores computed: call the attention on ring_block's ranges "
+                   "only, and skip what it skips";
+            EXPECT_EQ(blocks[pass], want_blocks) << "blocks computed";
+          }
+        },
+        kTimeout);
+  }
 }
 
 // Runs ring (or another) attention on cp thread-ranks and compares each rank's rows with the
@@ -315,31 +367,39 @@ TEST_P(L10Ring, EachRotationIsInFlightWhileItsBlockIsComputed) {
 }
 
 TEST_P(L10Ring, SendsTheClosedFormBytes) {
-  // Forward: K and V, cp - 1 rotations of a (B, H, Tl, D) block each. Backward: K and V again,
-  // cp - 1 times, and their fp32 gradients cp times (the last brings them home).
+  // Forward: K and V, cp - 1 rotations of a (B, H, Tl, D) block each, in their own dtype (2
+  // bytes an element in bf16: a ring that widens them to fp32 sends twice the bytes). Backward:
+  // K and V again, cp - 1 times, and their fp32 gradients cp times (the last brings them home).
   const int cp = GetParam();
   const int64_t B = 1, H = 2, T = 2 * 2 * cp, D = 4, tl = T / cp;
   const Qkv x = inputs(B, H, T, D, 8);
-  run_ranks(
-      cp,
-      [&](RankContext& ctx) {
-        auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
-        auto shard = [&](const torch::Tensor& t) {
-          return shard_sequence(t, ctx.rank, cp, false, 2).requires_grad_();
-        };
-        auto q = shard(x.q), k = shard(x.k), v = shard(x.v);
-        auto out = ring_attention(q, k, v, *rec, false);
-        const int64_t block = B * H * tl * D * 4;  // fp32 bytes
-        EXPECT_EQ(rec->bytes("send"), 2 * (cp - 1) * block) << "forward, rank " << ctx.rank;
-        rec->clear();
-        out.sum().backward();
-        EXPECT_EQ(rec->bytes("send"), 2 * (cp - 1) * block + 2 * cp * block)
-            << "backward, rank " << ctx.rank;
-        for (const auto& e : rec->events("send")) {
-          EXPECT_EQ(e.peer, (ctx.rank + 1) % cp) << "a ring sends to the next rank only";
-        }
-      },
-      kTimeout);
+  std::vector<torch::ScalarType> dtypes{torch::kFloat};
+  if (kGlooBf16) dtypes.push_back(torch::kBFloat16);  // (LibTorch 1.13's gloo: no bf16)
+  for (const torch::ScalarType dtype : dtypes) {
+    run_ranks(
+        cp,
+        [&](RankContext& ctx) {
+          SCOPED_TRACE(::testing::Message() << "inputs in " << c10::toString(dtype));
+          auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+          auto shard = [&](const torch::Tensor& t) {
+            return shard_sequence(t.to(dtype), ctx.rank, cp, false, 2).requires_grad_();
+          };
+          auto q = shard(x.q), k = shard(x.k), v = shard(x.v);
+          auto out = ring_attention(q, k, v, *rec, false);
+          const int64_t elements = B * H * tl * D;
+          const int64_t block = elements * c10::elementSize(dtype);  // K or V on the wire
+          const int64_t grad_block = elements * 4;                   // fp32 dK or dV
+          EXPECT_EQ(rec->bytes("send"), 2 * (cp - 1) * block) << "forward, rank " << ctx.rank;
+          rec->clear();
+          out.sum().backward();
+          EXPECT_EQ(rec->bytes("send"), 2 * (cp - 1) * block + 2 * cp * grad_block)
+              << "backward, rank " << ctx.rank;
+          for (const auto& e : rec->events("send")) {
+            EXPECT_EQ(e.peer, (ctx.rank + 1) % cp) << "a ring sends to the next rank only";
+          }
+        },
+        kTimeout);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, L10Ring, ::testing::Values(2, 3, 4),
@@ -430,11 +490,15 @@ TEST_P(L10AllGather, GathersTheSequenceAndSumsTheGradient) {
         EXPECT_TENSOR_CLOSE(all.detach(), full, kExact);
         EXPECT_EQ(rec->events("allgather").size(), 1u) << "one allgather forward";
         rec->clear();
-        // Rank r's upstream gradient is r + 1 everywhere: each rank's rows get the sum over the
-        // ranks, cp (cp + 1) / 2, exactly.
-        (all * static_cast<float>(ctx.rank + 1)).sum().backward();
+        // Rank r's upstream gradient is (r + 1) (t + 1) at gathered row t: each rank's row t
+        // gets the sum over the ranks, cp (cp + 1) / 2 (t + 1), exactly, so a row sent to the
+        // wrong rank or summed into the wrong place shows.
+        const torch::Tensor row = torch::arange(1, T + 1, torch::kFloat).view({1, 1, T, 1});
+        (all * row * static_cast<float>(ctx.rank + 1)).sum().backward();
         ASSERT_TRUE(mine.grad().defined());
-        EXPECT_TENSOR_CLOSE(mine.grad(), torch::full({B, H, tl, D}, cp * (cp + 1) / 2.0f), kExact);
+        const torch::Tensor want =
+            (row.narrow(2, ctx.rank * tl, tl) * (cp * (cp + 1) / 2.0f)).expand({B, H, tl, D});
+        EXPECT_TENSOR_CLOSE(mine.grad(), want, kExact);
         EXPECT_EQ(rec->events("alltoall").size(), 1u) << "one alltoall backward";
       },
       kTimeout);

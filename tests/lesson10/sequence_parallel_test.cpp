@@ -48,11 +48,11 @@ TEST_P(L10SeqPar, ReduceScatterSumsTheRanksRowsAndGathersTheGradient) {
         EXPECT_TENSOR_CLOSE(y.detach(), base.narrow(1, ctx.rank * rows, rows) * sum, kExact);
         EXPECT_EQ(rec->events("alltoall").size(), 1u) << "one alltoall forward";
         rec->clear();
-        // Rank r's upstream gradient is r + 1: the input's gradient is every rank's, in order.
-        (y.transpose(1, 2) * static_cast<float>(ctx.rank + 1)).sum().backward();  // strided grad
-        std::vector<torch::Tensor> want;
-        for (int j = 0; j < W; ++j) want.push_back(torch::full({B, rows, h}, j + 1.0f));
-        EXPECT_TENSOR_CLOSE(x.grad(), torch::cat(want, 1), kExact);
+        // Rank r's upstream gradient is base's rows of rank r, every element distinct: the
+        // input's gradient is every rank's, each row in its place, which is base itself.
+        const torch::Tensor up = base.narrow(1, ctx.rank * rows, rows);
+        (y.transpose(1, 2) * up.transpose(1, 2)).sum().backward();  // a strided gradient
+        EXPECT_TENSOR_CLOSE(x.grad(), base, kExact);
         EXPECT_EQ(rec->events("allgather").size(), 1u) << "one allgather backward";
       },
       kTimeout);
@@ -295,6 +295,18 @@ TEST(L10SeqParTrainingGiven, RefusesWhatDoesNotSplit) {
       },
       kTimeout);
   EXPECT_THROW(make_grid(4, 0, 0, 3), UsageError) << "tp 3 does not divide 4 ranks";
+  // --cp 3 started as one process: the error names the world size and what to launch.
+  try {
+    make_grid(1, 0, 3, 1);
+    ADD_FAILURE() << "--cp 3 on one rank must be refused";
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.subject(), "--cp") << what;
+    EXPECT_NE(what.find("needs a multiple of 3 ranks, but this run has 1"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("--nproc_per_node 3"), std::string::npos) << what;
+    EXPECT_EQ(what.find("dp 0"), std::string::npos) << "no degree of 0 in the message: " << what;
+  }
   const Grid g = make_grid(8, 0, 2, 2);
   EXPECT_EQ(g.dp, 2);
   EXPECT_EQ(g.cp_group(5), (std::vector<int>{5, 7})) << "tp fastest, then cp";

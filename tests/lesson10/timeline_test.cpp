@@ -1,4 +1,4 @@
-// Lesson 10's timeline (README section 4's picture of the ring), read back from a trace: while
+// Lesson 10's timeline (README section 3's picture of the ring), read back from a trace: while
 // a rank computes one block of attention, the next block's K/V is on the wire. Checked on
 // timestamps, from outside the learner's ring: each thread-rank records its own trace
 // (dtc/trace.h), the given block_attention's "attn" spans and every send and receive from issue
