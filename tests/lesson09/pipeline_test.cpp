@@ -403,6 +403,70 @@ TEST(L09NcclSafe, EveryTransferIsAGroupAndNothingDeadlocksUnderNcclRules) {
   EXPECT_EQ(checked, 30);
 }
 
+// A send that no receive of the next op pairs with (GPipe's forwards on every stage but the
+// last, 1F1B's warm-up) is waited for at the end of the step, not at once: the stage computes
+// its next micro-batch while the message travels. Seen by a RecordingComm: between such a
+// send's group and the first wait() on its Work, the stage issues the next op's transfers
+// (which it does only after computing that op). A send waited for at once gives the same values
+// and never deadlocks on gloo, so nothing else sees it.
+TEST(L09Overlap, ALoneSendStaysInFlightWhileTheNextMicroBatchComputes) {
+  constexpr int kStagesHere = 4;
+  for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1f1b}) {
+    const int64_t m = 4;
+    PipelineOptions o = small_run(schedule, m);
+    std::vector<std::vector<CommEvent>> events(kStagesHere);
+    run_ranks(
+        kStagesHere,
+        [&](RankContext& ctx) {
+          auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+          Gpt full(o.model);
+          init_weights(full, o.seed);
+          Stage stage = make_stage(full, kStagesHere, ctx.rank);
+          const auto ops = make_schedule(schedule, kStagesHere, m, ctx.rank);
+          run_schedule(stage, *rec, ops,
+                       ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx), m);
+          events[static_cast<size_t>(ctx.rank)] = rec->events();
+        },
+        kTimeout);
+    int lone_sends = 0;
+    for (int rank = 0; rank < kStagesHere; ++rank) {
+      const auto& ev = events[static_cast<size_t>(rank)];
+      SCOPED_TRACE(
+          fmt::format("{}, stage {}", schedule == ScheduleKind::kGpipe ? "gpipe" : "1f1b", rank));
+      for (size_t i = 0; i < ev.size(); ++i) {
+        if (ev[i].op != "group_start") continue;
+        size_t end = i + 1;
+        int sends = 0, recvs = 0;
+        for (; end < ev.size() && ev[end].op != "group_end"; ++end) {
+          sends += ev[end].op == "send";
+          recvs += ev[end].op == "recv";
+        }
+        if (end >= ev.size() || sends != 1 || recvs != 0) continue;  // paired, or no group
+        // The Work waited on is the group's (LibTorch 2.x) or the send's own (1.13).
+        const int64_t ids[2] = {ev[i + 1].seq, ev[end].seq};
+        size_t wait = end + 1;
+        while (wait < ev.size() &&
+               !(ev[wait].op == "wait" && (ev[wait].id == ids[0] || ev[wait].id == ids[1]))) {
+          ++wait;
+        }
+        ASSERT_LT(wait, ev.size()) << "a send at event " << i + 1 << " is never waited for";
+        int between = 0, later = 0;
+        for (size_t j = end + 1; j < ev.size(); ++j) {
+          const bool transfer = ev[j].op == "send" || ev[j].op == "recv";
+          later += transfer;
+          between += transfer && j < wait;
+        }
+        if (later == 0) continue;  // the step's last transfer: nothing left to compute beside it
+        ++lone_sends;
+        EXPECT_GT(between, 0) << "the send at event " << i + 1
+                              << " is waited for before the stage's next transfer: start it, "
+                                 "compute the next op, and wait for it at the end of the step";
+      }
+    }
+    EXPECT_GT(lone_sends, 0) << "a schedule with sends that nothing pairs";
+  }
+}
+
 TEST(L09P2p, SendAndRecvMoveActivationsBothWays) {
   run_ranks(
       2,
@@ -519,5 +583,28 @@ TEST(L09Recompute, AStageKeepsOnlyItsInputs) {
       << "stage 1's step peak: " << kept << " bytes keeping the activations, " << recomputed
       << " recomputing; a recomputing forward must record no graph";
 }
+
+// Every stage, the last included (whose forward ends in the loss and the (b/m, T, V) logits):
+// under GPipe a stage holds all m = 8 micro-batches before the first backward, so keeping the
+// activations costs 8 graphs and recomputing 8 inputs and one graph. A stage that records its
+// graph anyway (the last one's loss kept with its graph, say) keeps 8 graphs and passes every
+// value test.
+class L09RecomputeStage : public ::testing::TestWithParam<int> {};
+
+TEST_P(L09RecomputeStage, EveryStageKeepsOnlyItsInputsUnderGpipe) {
+  const int rank = GetParam();
+  const int64_t kept = stage_zero_step_peak(ScheduleKind::kGpipe, false, false, rank);
+  const int64_t recomputed = stage_zero_step_peak(ScheduleKind::kGpipe, false, true, rank);
+  ASSERT_GT(kept, 0);
+  std::cout << "    stage " << rank << "'s GPipe step peak: " << kept
+            << " bytes keeping activations, " << recomputed << " recomputing\n";
+  EXPECT_LT(static_cast<double>(recomputed), 0.6 * static_cast<double>(kept))
+      << "stage " << rank << "'s GPipe step peak: " << kept << " bytes keeping the activations, "
+      << recomputed << " recomputing; a recomputing forward must record no graph and keep "
+      << "nothing but its input, on every stage";
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, L09RecomputeStage, ::testing::Values(0, 1, 2, 3),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
 }  // namespace
 }  // namespace dtc::l09
