@@ -168,6 +168,12 @@ void Reducer::rebuild_buckets() {
 }
 
 void Reducer::shadow_step() {
+  if (find_unused_) {  // the others' used map first (prepare_for_backward): this rank used nothing
+    std::vector<at::Tensor> used{
+        torch::zeros({static_cast<int64_t>(params_.size())},
+                     torch::dtype(torch::kInt).device(params_.front().device()))};
+    comm_->allreduce(used)->wait();
+  }
   for (size_t b = 0; b < flat_.size(); ++b) {  // the buckets in launch order, as the others'
     flat_[b].zero_();
     launch(b);  // in the hook's dtype, if there is one
@@ -300,19 +306,43 @@ void Reducer::prepare_for_backward(const torch::Tensor& output) {
     ready_[i] = true;
     --pending_[b];
   }
+  // The used map, summed over the ranks while backward runs (before any bucket is launched, so
+  // that every rank issues the two in the same order); unused() waits for it.
+  std::vector<int32_t> used(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    used[i] = reached.count(params_[i].unsafeGetTensorImpl()) > 0 || params_[i].grad().defined();
+  }
+  used_map_ = torch::tensor(used, torch::kInt).to(params_.front().device());
+  std::vector<at::Tensor> shared{used_map_};
+  used_work_ = comm_->allreduce(shared);
+  find_unused_ = true;
   while (next_to_launch_ < buckets_.size() && pending_[next_to_launch_] == 0) {
     launch(next_to_launch_++);
   }
+}
+
+std::vector<bool> Reducer::unused() {
+  std::vector<bool> none(params_.size(), false);
+  if (!used_work_) return none;
+  used_work_->wait();
+  used_work_.reset();
+  const auto sum = used_map_.cpu().contiguous();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    none[i] = sum.data_ptr<int32_t>()[i] == 0;
+  }
+  return none;
 }
 
 void Reducer::finish() {
   if (!sync_) return;
   // TODO(L06): on return every p.grad() is the mean over ranks, also where no hook fired
   //   (that rank adds its p.grad() or zeros), and the next backward starts afresh; with a
-  //   compression hook the hook has divided (L06Bucketed.*, L06CommHook.*; hints: README step 5)
+  //   compression hook the hook has divided; a parameter that no rank used (unused()) keeps its
+  //   p.grad() untouched (L06Bucketed.*, L06CommHook.*; hints: README step 5)
   DTC_TODO("L06", "on return every p.grad() is the mean over ranks, also where no hook fired "
                   "(that rank adds its p.grad() or zeros), and the next backward starts afresh; with a "
-                  "compression hook the hook has divided (L06Bucketed.*, L06CommHook.*; hints: README step 5)");
+                  "compression hook the hook has divided; a parameter that no rank used (unused()) keeps its "
+                  "p.grad() untouched (L06Bucketed.*, L06CommHook.*; hints: README step 5)");
   if (rebuild_due()) rebuild_buckets();  // once, before the next forward
 }
 
@@ -386,4 +416,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum ca1b2d4ddff74234
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 1b203e28a1bce68b

@@ -111,7 +111,13 @@ class Reducer {
 
   /// On return every bucket's allreduce has completed and every p.grad() is the mean over ranks,
   /// also for a parameter whose hook did not fire on this rank (it contributes its p.grad(), or
-  /// zeros when it has none); the per-step state is reset, so the next backward starts afresh.
+  /// zeros when it has none), except a parameter that no rank used this step (unused()[i],
+  /// known only with find_unused_parameters): its p.grad() is left untouched, undefined if it
+  /// was, as PyTorch's Reducer leaves it (copy_bucket_to_grad: "If a parameter is globally
+  /// unused, we keep its grad untouched"), so that the optimizer skips it as it skips a
+  /// parameter with no gradient in a single process; a zero gradient would still move it
+  /// under AdamW (its moments' momentum and the decoupled weight decay). The per-step state
+  /// is reset, so the next backward starts afresh.
   /// With a compression hook (compressed()), the hook has divided already: the bucket holds the
   /// mean when its Work is done. Does nothing while sync() is false.
   void finish();
@@ -123,9 +129,20 @@ class Reducer {
   /// it a bucket holding a parameter that this step's graph does not use never completes during
   /// backward, and in-order launching holds back every bucket after it until finish(): no
   /// overlap. The walk costs a traversal of the graph every step, which is why PyTorch makes it
-  /// an option; static_graph=True records the unused set once instead. Does nothing while
+  /// an option; static_graph=True records the unused set once instead. It also starts one
+  /// allreduce of the step's used map (a parameter is used on this rank when the graph reaches
+  /// it or its p.grad() holds no_sync micro-steps), which unused() waits for: PyTorch's
+  /// local_used_map. Call it on every rank every synced step, or on none. Does nothing while
   /// sync() is false. Given.
   void prepare_for_backward(const torch::Tensor& output);
+
+  /// For each parameter: true when no rank used it this step (prepare_for_backward's used map,
+  /// summed over the ranks; waits for that allreduce). All false when prepare_for_backward was
+  /// not called this step: without find_unused_parameters nothing tells a parameter that no
+  /// rank used from one that every rank will, and finish() averages its zeros (PyTorch's
+  /// Reducer refuses such a step instead: "Expected to have finished reduction in the prior
+  /// iteration"). Given.
+  std::vector<bool> unused();
 
   /// The collectives of one synced backward and finish(), with zeros: what a rank that has no
   /// batch left sends while the others train a step (DdpTrainer::join: DDP's
@@ -136,11 +153,11 @@ class Reducer {
   /// PyTorch's bf16_compress_hook / fp16_compress_hook (DDP's register_comm_hook): from now on
   /// each bucket is cast to @p wire_dtype (torch::kBFloat16 or torch::kHalf) and divided by the
   /// world size BEFORE its allreduce (the shares of W ranks, not their sum, must fit in 16 bits;
-  /// a value already past fp16's 65504 on one rank is inf either way, and in fp16 values below
-  /// about 6e-8 W flush to zero), and the result is cast back into the fp32 bucket when the
-  /// bucket's Work's wait() returns (PyTorch: a callback on the future). Half the bytes on the
-  /// wire; the mean is rounded to 16 bits. With a hook the hook divides, not finish(): PyTorch's
-  /// Reducer divides a bucket only without a comm hook. Register it once, before the first
+  /// a value already past fp16's 65504 on one rank is inf either way, and in fp16 values of
+  /// about 2^-25 W (3e-8 W) or less flush to zero), and the result is cast back into the fp32
+  /// bucket when the bucket's Work's wait() returns (PyTorch: a callback on the future). Half
+  /// the bytes on the wire; the mean is rounded to 16 bits. With a hook the hook divides, not
+  /// finish(): PyTorch's Reducer divides a bucket only without a comm hook. Register it once, before the first
   /// backward, on every rank alike. Given.
   /// @throws dtc::UsageError("--reduce-dtype") for another dtype, or bf16 over LibTorch 1.13's
   ///   gloo (no bf16 allreduce there); std::logic_error for a second hook or one registered in
@@ -189,6 +206,9 @@ class Reducer {
   torch::ScalarType wire_dtype_ = torch::kFloat;  ///< the compression hook's dtype, or kFloat
   std::vector<int64_t> ready_order_;              ///< the first synced backward's ready order
   std::vector<unsigned> order_hook_ids_;          ///< parameter index -> the hook that records it
+  bool find_unused_ = false;  ///< prepare_for_backward has been called: the used map every step
+  torch::Tensor used_map_;    ///< this step's used map (int32, one per parameter), being summed
+  c10::intrusive_ptr<c10d::Work> used_work_;  ///< its allreduce, or null
 };
 
 /// no_sync as a scope, like PyTorch's `with model.no_sync():` block.

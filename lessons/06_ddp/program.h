@@ -82,8 +82,11 @@ class DdpTrainer {
   /// mean still divided by the initial world size, as DDP's default
   /// divide_by_initial_world_size=True), until every rank has joined. Then every rank takes
   /// the parameters of the highest of the last joiners, the ranks that shadowed no step (DDP's
-  /// _sync_final_model, Join's is_last_joiner), so the replicas agree again. Every rank calls
-  /// it, after its last step. Does nothing without TrainConfig::join. Given.
+  /// _sync_final_model, Join's is_last_joiner), so the replicas' parameters agree again. Only
+  /// the parameters: an early joiner's AdamW moments and step counts miss the steps it
+  /// shadowed, as they do in PyTorch: call it where training ends, or broadcast the optimizer
+  /// state too (README section 6). Every rank calls it, after its last step. Does nothing
+  /// without TrainConfig::join. Given.
   void join();
 
   Gpt& model() { return model_; }

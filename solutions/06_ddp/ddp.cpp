@@ -219,6 +219,12 @@ void Reducer::rebuild_buckets() {
 }
 
 void Reducer::shadow_step() {
+  if (find_unused_) {  // the others' used map first (prepare_for_backward): this rank used nothing
+    std::vector<at::Tensor> used{
+        torch::zeros({static_cast<int64_t>(params_.size())},
+                     torch::dtype(torch::kInt).device(params_.front().device()))};
+    comm_->allreduce(used)->wait();
+  }
   for (size_t b = 0; b < flat_.size(); ++b) {  // the buckets in launch order, as the others'
     flat_[b].zero_();
     launch(b);  // in the hook's dtype, if there is one
@@ -367,17 +373,41 @@ void Reducer::prepare_for_backward(const torch::Tensor& output) {
     ready_[i] = true;
     --pending_[b];
   }
+  // The used map, summed over the ranks while backward runs (before any bucket is launched, so
+  // that every rank issues the two in the same order); unused() waits for it.
+  std::vector<int32_t> used(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    used[i] = reached.count(params_[i].unsafeGetTensorImpl()) > 0 || params_[i].grad().defined();
+  }
+  used_map_ = torch::tensor(used, torch::kInt).to(params_.front().device());
+  std::vector<at::Tensor> shared{used_map_};
+  used_work_ = comm_->allreduce(shared);
+  find_unused_ = true;
   while (next_to_launch_ < buckets_.size() && pending_[next_to_launch_] == 0) {
     launch(next_to_launch_++);
   }
+}
+
+std::vector<bool> Reducer::unused() {
+  std::vector<bool> none(params_.size(), false);
+  if (!used_work_) return none;
+  used_work_->wait();
+  used_work_.reset();
+  const auto sum = used_map_.cpu().contiguous();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    none[i] = sum.data_ptr<int32_t>()[i] == 0;
+  }
+  return none;
 }
 
 void Reducer::finish() {
   if (!sync_) return;
   // BEGIN SOLUTION: on return every p.grad() is the mean over ranks, also where no hook fired
   //   (that rank adds its p.grad() or zeros), and the next backward starts afresh; with a
-  //   compression hook the hook has divided (L06Bucketed.*, L06CommHook.*; hints: README step 5)
+  //   compression hook the hook has divided; a parameter that no rank used (unused()) keeps its
+  //   p.grad() untouched (L06Bucketed.*, L06CommHook.*; hints: README step 5)
   torch::NoGradGuard no_grad;
+  const std::vector<bool> unused_anywhere = unused();
   for (size_t b = next_to_launch_; b < buckets_.size(); ++b) {
     for (size_t i : buckets_[b]) {
       if (ready_[i]) continue;
@@ -396,6 +426,7 @@ void Reducer::finish() {
     work_[b]->wait();
     if (!compressed()) flat_[b].div_(world);  // a compression hook divided before its allreduce
     for (size_t i : buckets_[b]) {
+      if (unused_anywhere[i]) continue;  // PyTorch: no rank used it, its grad stays as it was
       auto& p = params_[i];
       auto slot = this->slot(i);
       if (p.grad().defined()) {

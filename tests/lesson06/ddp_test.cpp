@@ -6,9 +6,13 @@
 //   - PyTorch's own losses (tests/reference/lesson02_reference.json).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -295,8 +299,10 @@ TEST(L06Bucketed, AllreducesStartDuringBackward) {
 // bucket to fill) takes no part in the loss. Without prepare_for_backward() that bucket never
 // completes in backward, and in-order launching holds every bucket back until finish(); with it
 // the unused parameter is ready before backward starts and every bucket's allreduce is issued
-// during backward. Seen by a RecordingComm (calls issued before backward() returns); the mean
-// gradients are the same either way, zeros for the unused parameter.
+// during backward (and one more, the used map's, before them). Seen by a RecordingComm (calls
+// issued before backward() returns). The unused parameter: without find_unused nothing tells
+// the Reducer that no rank used it, and it gets the mean of zeros; with it, no gradient at all,
+// as PyTorch leaves it (AGloballyUnusedParameterIsLeftAlone, below, says why).
 TEST(L06Bucketed, FindUnusedParametersKeepsTheOverlap) {
   run_ranks(
       2,
@@ -320,14 +326,103 @@ TEST(L06Bucketed, FindUnusedParametersKeepsTheOverlap) {
           const auto during = static_cast<int64_t>(rec->events("allreduce").size());
           reducer.finish();
           const auto total = static_cast<int64_t>(rec->events("allreduce").size());
-          EXPECT_EQ(total, static_cast<int64_t>(reducer.buckets().size()));
+          EXPECT_EQ(total, static_cast<int64_t>(reducer.buckets().size()) + (find_unused ? 1 : 0))
+              << "one allreduce per bucket, and the used map's with find_unused";
           if (find_unused) {
             EXPECT_EQ(during, total) << "every bucket launched before finish()";
+            EXPECT_FALSE(unused->weight.grad().defined())
+                << "no rank used it: its grad stays undefined, as PyTorch's Reducer leaves it";
           } else {
             EXPECT_EQ(during, 0) << "the unused parameter's bucket, first in line, holds all back";
+            ASSERT_TRUE(unused->weight.grad().defined());
+            EXPECT_TRUE(torch::equal(unused->weight.grad(), torch::zeros({16, 16})));
           }
-          EXPECT_TRUE(torch::equal(unused->weight.grad(), torch::zeros({16, 16})));
         }
+      },
+      kTimeout);
+}
+
+// The buckets take the parameters' options (dtype and device): a float64 model on the CPU
+// stands in for a bf16 model or a GPU one, whose buckets in the default dtype (fp32, the CPU)
+// would round every gradient or fail. Gradients 1 + 2^-40 on rank 0 and 1 on rank 1: their mean
+// 1 + 2^-41 is exact in float64 and rounds to 1 in fp32; and every rank's grad stays float64.
+TEST(L06Bucketed, BucketsTakeTheParametersDtype) {
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        torch::nn::Linear a(4, 4), b(4, 4);
+        a->to(torch::kDouble);
+        b->to(torch::kDouble);
+        std::vector<torch::Tensor> params;
+        for (auto* m : {&a, &b}) {
+          for (const auto& p : (*m)->parameters()) params.push_back(p);
+        }
+        Reducer reducer(params, ctx.comm, 4 * 4 * 8);
+        const double g = ctx.rank == 0 ? 1.0 + std::ldexp(1.0, -40) : 1.0;
+        torch::Tensor loss = torch::zeros({}, torch::kDouble);
+        for (const auto& p : params) loss = loss + p.sum() * g;
+        loss.backward();
+        reducer.finish();
+        for (const auto& p : params) {
+          ASSERT_TRUE(p.grad().defined());
+          EXPECT_EQ(p.grad().scalar_type(), torch::kDouble);
+          SCOPED_TRACE("a float64 gradient must not go through a bucket of another dtype");
+          EXPECT_TENSOR_CLOSE(p.grad(), torch::full_like(p, 1.0 + std::ldexp(1.0, -41)), kExact);
+        }
+      },
+      kTimeout);
+}
+
+// A parameter that no rank uses (a frozen branch, a layer outside the loss) has no gradient in
+// a single process, and AdamW skips it. A zero gradient is not the same: AdamW's decoupled
+// weight decay shrinks it and its moments keep moving it. PyTorch's Reducer therefore leaves a
+// globally unused parameter's grad untouched (copy_bucket_to_grad). Checked on 3 ranks with
+// find_unused_parameters, AdamW with weight decay, 3 steps: the unused layer's parameters stay
+// bit for bit what they were, and a layer that only rank 1 uses is averaged on every rank
+// (rank 1's gradient / 3), against the test's own allreduce of each rank's local gradient.
+TEST(L06Bucketed, AGloballyUnusedParameterIsLeftAlone) {
+  constexpr int kWorld = 3;
+  run_ranks(
+      kWorld,
+      [&](RankContext& ctx) {
+        torch::manual_seed(4);
+        torch::nn::Linear a(8, 8), partly(8, 8), unused(8, 8);
+        std::vector<torch::Tensor> params;
+        for (auto* m : {&a, &partly, &unused}) {
+          for (const auto& p : (*m)->parameters()) params.push_back(p);
+        }
+        const torch::Tensor unused_before = unused->weight.detach().clone();
+        Reducer reducer(params, ctx.comm, 8 * 8 * 4);
+        torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+        for (int step = 0; step < 3; ++step) {
+          SCOPED_TRACE(testing::Message() << "rank " << ctx.rank << ", step " << step);
+          optimizer.zero_grad(/*set_to_none=*/true);
+          const torch::Tensor x = torch::randn({4, 8}) + static_cast<double>(ctx.rank + step);
+          torch::Tensor loss = a(x).pow(2).mean();
+          if (ctx.rank == 1) loss = loss + partly(x).pow(2).mean();
+          // This rank's own gradient of partly's weight, for the reference mean (on a copy:
+          // autograd::grad on the parameter itself would run the Reducer's hooks).
+          torch::Tensor local = torch::zeros({8, 8});
+          if (ctx.rank == 1) {
+            const torch::Tensor w = partly->weight.detach().clone().requires_grad_();
+            const torch::Tensor y = torch::nn::functional::linear(x, w, partly->bias.detach());
+            local = torch::autograd::grad({y.pow(2).mean()}, {w})[0];
+          }
+          std::vector<torch::Tensor> sum{local.clone()};
+          ctx.comm->allreduce(sum)->wait();
+          reducer.prepare_for_backward(loss);
+          loss.backward();
+          reducer.finish();
+          EXPECT_FALSE(unused->weight.grad().defined() || unused->bias.grad().defined())
+              << "no rank used the layer: its gradients stay undefined";
+          ASSERT_TRUE(partly->weight.grad().defined())
+              << "rank 1 used partly: every rank gets the mean, zeros from those that did not";
+          EXPECT_TENSOR_CLOSE(partly->weight.grad(), sum[0] / kWorld, kFp32Op);
+          optimizer.step();
+        }
+        EXPECT_TRUE(torch::equal(unused->weight.detach(), unused_before))
+            << "AdamW moved a parameter that no rank used: a zero gradient is not no gradient "
+               "(weight decay and the moments still apply)";
       },
       kTimeout);
 }
@@ -626,6 +721,67 @@ TEST(L06Checkpoint, OnlyRankZeroWritesAndNoTempFileRemains) {
   EXPECT_EQ(load_checkpoint((dir / "r0.pt").string(), *other, *other_opt), 5);
   const auto a = model->parameters(), b = other->parameters();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TENSOR_CLOSE(b[i], a[i], kExact);
+  std::filesystem::remove_all(dir);
+}
+
+// "Never half a file": a save cut short (a full disk, a quota, a job killed mid-write) must leave
+// the previous checkpoint whole, since a restart loads whatever the path holds. The save is cut
+// short here deterministically, in a child process, by a file-size limit (RLIMIT_FSIZE) below
+// the checkpoint's size, with SIGXFSZ ignored so that the write fails instead of the process
+// (LibTorch's writer then ends the child from a destructor: the job dies mid-write). A
+// checkpoint written in place at path is then half a file; one written beside it and renamed
+// over it leaves path as it was.
+TEST(L06Checkpoint, ASaveCutShortLeavesThePreviousCheckpointWhole) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("l06_cut_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "ck.pt").string();
+  const TrainConfig c = tiny(SyncMode::kNaive);
+  Gpt model = make_model(c, c.seed, torch::kCPU);
+  auto opt = make_optimizer(model, c);
+  save_checkpoint(path, 0, *model, *opt, 5);
+  const auto size = static_cast<rlim_t>(std::filesystem::file_size(path));
+  std::vector<torch::Tensor> saved;
+  for (const auto& p : model->parameters()) saved.push_back(p.detach().clone());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(1.0);  // the next checkpoint differs
+  }
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0) << "fork failed";
+  if (child == 0) {  // the job that dies mid-save
+    ::alarm(30);
+    if (std::freopen("/dev/null", "w", stderr) == nullptr) ::_exit(4);  // LibTorch's abort message
+    std::signal(SIGXFSZ, SIG_IGN);
+    rlimit cut{};
+    ::getrlimit(RLIMIT_FSIZE, &cut);
+    cut.rlim_cur = size / 2;
+    ::setrlimit(RLIMIT_FSIZE, &cut);
+    try {
+      save_checkpoint(path, 0, *model, *opt, 7);
+    } catch (...) {
+      ::_exit(3);  // the writer's error, as a full disk gives it
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the save returned as if it had written a file larger than the limit allowed";
+  Gpt other = make_model(c, c.seed + 1, torch::kCPU);
+  auto other_opt = make_optimizer(other, c);
+  int64_t done = -1;
+  try {
+    done = load_checkpoint(path, *other, *other_opt);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the previous checkpoint no longer loads after a save was cut short: "
+                  << e.what() << "\nwrite the new one beside it (path.tmp) and rename it over path";
+  }
+  EXPECT_EQ(done, 5) << "path must still hold the previous checkpoint";
+  if (done == 5) {
+    const auto got = other->parameters();
+    for (size_t i = 0; i < saved.size(); ++i) EXPECT_TENSOR_CLOSE(got[i], saved[i], kExact);
+  }
   std::filesystem::remove_all(dir);
 }
 
