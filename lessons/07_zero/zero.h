@@ -76,6 +76,7 @@ struct Pending {
   c10::intrusive_ptr<c10d::Work> work;  ///< wait() on it before reading the result
   torch::Tensor buffer;                 ///< what the collective writes into
   int64_t chunk = 0;                    ///< elements per rank
+  torch::Tensor input;  ///< what it reads, where the caller frees it once done (may be undefined)
 };
 
 /// Reduce-scatter, all-gather and allreduce on the flat buffers, over any gloo (1.13 or 2.x),
@@ -288,7 +289,11 @@ class ZeroEngine {
   // The pieces of forward_backward, by stage.
   float forward_backward_replicated(const Batch& batch);  // stages 0 and 1
   float forward_backward_sharded(const Batch& batch);     // stages 2 and 3
-  // Stage 3: make unit u's parameters usable (views of a gathered buffer) / empty again.
+  // Stage 3: make unit u's parameters usable (views of a gathered buffer) / empty again. Given.
+  // release_unit frees the gathered buffer's memory itself (free_storage, as FSDP2 does), not
+  // only the parameters' references to it: the finished all-gather's Work also references it,
+  // and gloo's worker thread drops that reference a moment after wait() has returned, so that
+  // dropping ours alone would free the memory at a time that depends on that thread.
   void bind_unit(Unit& unit, const torch::Tensor& full);
   void release_unit(Unit& unit);
   // This rank's chunk of unit u in a full flat buffer / in the shard buffer (undefined for an
@@ -301,7 +306,8 @@ class ZeroEngine {
   // Starts the reduce-scatter of a unit's padded gradient buffer in the reduce dtype (a cast
   // copy when the buffer's dtype differs: bf16 gradients, fp32 reduce_dtype). Given.
   Pending reduce_start(const torch::Tensor& grads);
-  // Finishes it and stores the average in the shard's gradient.
+  // Finishes it, stores the average in the shard's gradient, and frees the collective's input
+  // and receive buffer (free_storage: for the reason release_unit gives). Given.
   void reduce_unit_gradient(Pending& pending, const Unit& unit);
   // AdamW's update of what this rank owns (flat, same numel), given: adamw_update() on
   // @p params from @p grad in fp32; in bf16 on @p master (same layout as the moments) from

@@ -347,7 +347,20 @@ void ZeroEngine::bind_unit(Unit& unit, const torch::Tensor& full) {
 }
 
 void ZeroEngine::release_unit(Unit& unit) {
-  // An empty tensor of the same type: the gathered buffer is freed once nothing else holds it.
+  // A gathered unit: every parameter views one buffer of the unit's padded size. Its memory is
+  // freed here, whoever else still holds the tensor (zero.h); the constructor's first release
+  // finds the model's own tensors, one storage each, and leaves them to their owners.
+  bool gathered = !unit.params.empty() && unit.params.front().defined();
+  const c10::StorageImpl* buffer =
+      gathered ? unit.params.front().storage().unsafeGetStorageImpl() : nullptr;
+  for (const auto& p : unit.params) {
+    gathered = gathered && p.defined() && p.storage().unsafeGetStorageImpl() == buffer;
+  }
+  if (gathered && buffer->nbytes() == static_cast<size_t>(unit.padded) *
+                                          c10::elementSize(param_options_.dtype().toScalarType())) {
+    free_storage(unit.params.front());
+  }
+  // An empty tensor of the same type in each parameter.
   for (auto& p : unit.params) p.set_data(torch::empty({0}, param_options_));
 }
 
@@ -404,7 +417,10 @@ torch::Tensor ZeroEngine::grad_buffer(const Unit& unit) const {
 }
 
 Pending ZeroEngine::reduce_start(const torch::Tensor& grads) {
-  return comm_.reduce_scatter_start(grads.to(reduce_options_.dtype()));  // no copy if the same
+  const torch::Tensor input = grads.to(reduce_options_.dtype());  // no copy if the same
+  Pending pending = comm_.reduce_scatter_start(input);
+  pending.input = input;
+  return pending;
 }
 
 void ZeroEngine::update(torch::Tensor params, const torch::Tensor& grad, torch::Tensor exp_avg,
@@ -431,6 +447,7 @@ void ZeroEngine::update(torch::Tensor params, const torch::Tensor& grad, torch::
 
 void ZeroEngine::reduce_unit_gradient(Pending& pending, const Unit& unit) {
   if (!pending.work) return;
+  const torch::Tensor input = pending.input, received = pending.buffer;
   auto sum = CountingComm::reduce_scatter_finish(pending);
   auto chunk = chunk_of_shard(grad_shard_, unit);
   chunk.copy_(sum.div_(static_cast<double>(comm_.world())));
@@ -440,6 +457,11 @@ void ZeroEngine::reduce_unit_gradient(Pending& pending, const Unit& unit) {
     auto mean = chunk.contiguous();
     replicate_->all_reduce(mean);
     chunk.copy_(mean.div_(static_cast<double>(replicate_->world())));
+  }
+  // Done with both (the sum is in the shard): freed now, not when gloo's thread lets go.
+  sum = torch::Tensor();
+  for (const torch::Tensor& t : {input, received}) {
+    if (t.defined() && t.storage().nbytes() > 0) free_storage(t);
   }
 }
 
