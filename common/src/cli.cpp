@@ -10,6 +10,8 @@
 #include <ostream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "dtc/errors.h"
 #include "dtc/todo.h"
 
@@ -85,6 +87,30 @@ CLI::Validator existing_directory(const std::string& hint) {
       [hint](std::string& path) -> std::string {
         if (std::filesystem::is_directory(path)) return {};
         return fmt::format("'{}' is not a directory: {}", path, hint);
+      },
+      "DIR");
+}
+
+CLI::Validator writable_directory(const std::string& hint) {
+  return CLI::Validator(
+      [hint](std::string& path) -> std::string {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        if (path.empty()) return fmt::format("an empty path is no directory: {}", hint);
+        if (fs::exists(path, ec) && !fs::is_directory(path, ec)) {
+          return fmt::format("'{}' is a file, not a directory: {}", path, hint);
+        }
+        if (!fs::create_directories(path, ec) && ec) {
+          return fmt::format("cannot create the directory '{}' ({}): {}", path, ec.message(), hint);
+        }
+        // Creating it is not writing in it (a read-only mount, another user's directory).
+        const fs::path probe = fs::path(path) / fmt::format(".write-probe-{}", ::getpid());
+        {
+          std::ofstream out(probe);
+          if (!out) return fmt::format("cannot write files in '{}': {}", path, hint);
+        }
+        fs::remove(probe, ec);
+        return {};
       },
       "DIR");
 }

@@ -4,12 +4,16 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <ostream>
 
 #include "dtc/errors.h"
+#include "dtc/format.h"
 #include "dtc/memory.h"
 #include "dtc/model_flags.h"
 
@@ -47,6 +51,7 @@ TrainCli::TrainCli(std::string name, std::string description, int64_t default_st
   app_.add_option("--trace", options_.trace,
                   "write a timeline of every rank to DIR (rank<r>.json, and trace.json for the "
                   "job: open it in ui.perfetto.dev, or draw it with scripts/trace_svg.py)")
+      ->check(writable_directory("pass a directory you can write in, e.g. --trace traces"))
       ->type_name("DIR");
 }
 
@@ -120,6 +125,30 @@ void check_batch_split(int64_t global_batch, int world, int64_t accum) {
       fmt::format("pass a multiple of {} (e.g. {} or {}); equal shards keep the mean of the "
                   "ranks' mean losses equal to the global mean",
                   parts, lower, lower + parts));
+}
+
+int64_t available_memory(const torch::Device& device) {
+  if (!device.is_cpu()) return -1;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : -1;
+}
+
+void check_fits_in_memory(int64_t need_bytes, const torch::Device& device, const std::string& flag,
+                          const std::string& what, const std::string& hint) {
+  const int64_t have = available_memory(device);
+  if (have < 0 || need_bytes <= have) return;
+  throw UsageError(flag,
+                   fmt::format("this run needs about {} ({}), and this machine has {} available",
+                               human_bytes(static_cast<double>(need_bytes)), what,
+                               human_bytes(static_cast<double>(have))),
+                   hint);
 }
 
 torch::Device rank_device(BackendKind backend, int index, const std::string& variable,

@@ -18,6 +18,7 @@
 #include "dtc/compat.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
+#include "dtc/format.h"
 #include "dtc/memory.h"
 #include "dtc/program.h"
 #include "dtc/trace.h"
@@ -321,6 +322,31 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                                  "LayerNorm)",
                                  torch_version()),
                      "pass --precision bf16, or run on a GPU");
+  }
+  {
+    // Lesson 01's ledger, before anything is allocated: a batch that cannot fit is a usage
+    // error, not the allocator's "can't allocate". The ledger leaves out the logits (b s V,
+    // fp32, and their gradient) and the batch's tokens (inputs and targets, int64): added here.
+    const LedgerPrediction ledger =
+        predict_memory(c.model, c.batch, c.precision, c.fp32_grads, c.recompute);
+    const int64_t tokens = c.batch * c.model.ctx;
+    const int64_t per_batch = ledger.activation_bytes + tokens * (2 * 4 * c.model.vocab + 2 * 8);
+    const int64_t states =
+        ledger.param_bytes + ledger.grad_bytes + ledger.master_bytes + ledger.optimizer_bytes;
+    const int64_t have = available_memory(device);
+    const int64_t fits =
+        have > states ? (have - states) / std::max<int64_t>(per_batch / c.batch, 1) : 0;
+    check_fits_in_memory(
+        states + per_batch, device, "--global-batch",
+        fmt::format("{} sequences of {} tokens: {} of activations, logits and tokens, {} of "
+                    "weights, gradients and AdamW state, by lesson 01's ledger",
+                    with_commas(c.batch), c.model.ctx, human_bytes(static_cast<double>(per_batch)),
+                    human_bytes(static_cast<double>(states))),
+        fits > 0 ? fmt::format("pass --global-batch {} or less (or a smaller model: --layers, "
+                               "--hidden, --ctx)",
+                               with_commas(fits))
+                 : "the weights and optimizer state alone do not fit: pass a smaller model "
+                   "(--layers, --hidden)");
   }
   install_counting_allocator();
   const int64_t before_model = device_bytes_now(device);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -44,12 +45,21 @@ Grid make_grid(int world, int dp, int tp) {
     return Grid{world, 1, world};  // neither given: all ranks split each layer
   }
   const char* culprit = tp == 0 ? "--dp" : "--tp";  // the flag that was given (tp if both)
+  const int dp_given = dp, tp_given = tp;
   if (dp == 0) dp = world % tp == 0 ? world / tp : 0;
   if (tp == 0) tp = world % dp == 0 ? world / dp : 0;
   if (dp < 1 || tp < 1 || dp * tp != world) {
-    throw UsageError(culprit, fmt::format("dp {} x tp {} is not the world size {}", dp, tp, world),
-                     "choose --dp and --tp whose product is the number of ranks "
-                     "(torchrun --nproc_per_node)");
+    const bool both = dp_given > 0 && tp_given > 0;
+    const int product = both ? dp_given * tp_given : std::max(dp_given, tp_given);
+    const std::string asked = both ? fmt::format("--dp {} x --tp {}", dp_given, tp_given)
+                                   : fmt::format("{} {}", culprit, product);
+    throw UsageError(
+        culprit,
+        fmt::format(
+            "{} needs {} ranks, but this run has {} (the world size torchrun started)", asked,
+            both ? std::to_string(product) : fmt::format("a multiple of {}", product), world),
+        fmt::format("launch torchrun --nproc_per_node {}, or choose degrees whose product is {}",
+                    product, world));
   }
   return Grid{world, dp, tp};
 }

@@ -48,7 +48,11 @@ TEST(L02ProgramGiven, BadInputExitsTwoNamingTheFlag) {
       {{"--precision", "fp8"}, "--precision"},
       {{"--grad-dtype", "bf16"}, "--grad-dtype"},
       {{"--recompute", "half"}, "--recompute"},
-      {{"--precision", "bf16", "--save", "/tmp/x.pt"}, "--save"}};
+      {{"--precision", "bf16", "--save", "/tmp/x.pt"}, "--save"},
+      // The ledger predicts a step that cannot fit before LibTorch's allocator fails on it.
+      {{"--global-batch", "100000000"}, "--global-batch"},
+      {{"--trace", "/proc/forbidden"}, "--trace"},
+      {{"--trace", "/dev/null"}, "--trace"}};
   ::dtc::test::expect_usage_errors("lesson02", cases, run_program);
 }
 

@@ -128,6 +128,16 @@ TEST(L08ProgramGiven, BadInputExitsTwoNamingTheFlag) {
   ::dtc::test::expect_usage_errors("lesson08", cases, run_program);
 }
 
+TEST(L08ProgramGiven, AGridThatDoesNotFitNamesTheWorldSizeAndWhatToLaunch) {
+  ::dtc::test::clear_launch_env();
+  const auto r =
+      ::dtc::test::run_in_process("lesson08", {"--tp", "2", "--steps", "1"}, run_program);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--tp 2 needs a multiple of 2 ranks, but this run has 1"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--nproc_per_node 2"), std::string::npos) << r.err;
+}
+
 TEST(L08ProgramGiven, HelpExitsZero) {
   const char* argv[] = {"lesson08", "--help"};
   std::ostringstream out, err;

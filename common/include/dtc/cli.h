@@ -59,6 +59,11 @@ CLI::Validator readable_file(const std::string& hint);
 /// Accepts a path to an existing directory; otherwise names the path and @p hint.
 CLI::Validator existing_directory(const std::string& hint);
 
+/// Accepts a directory this process can write files in, creating it (and its parents) when it
+/// does not exist yet; otherwise names the path, the reason, and @p hint. It writes and removes
+/// one empty probe file there.
+CLI::Validator writable_directory(const std::string& hint);
+
 /// Parses the command line and runs @p body, turning every error into a clear message and an
 /// exit code: CLI11's parse errors and UsageError -> 2, TodoError -> 3, other exceptions -> 1.
 /// --help prints the usage and returns 0.

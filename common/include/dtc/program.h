@@ -158,6 +158,17 @@ struct Job {
 ///   ("--accum") for fewer than one micro-batch
 void check_batch_split(int64_t global_batch, int world, int64_t accum = 1);
 
+/// Bytes this machine can still give a process on @p device: on the CPU, the kernel's
+/// MemAvailable (/proc/meminfo), else the physical memory; -1 where it cannot tell (a GPU:
+/// the caching allocator's own error says it there).
+int64_t available_memory(const torch::Device& device);
+
+/// Refuses a run whose predicted memory cannot fit, before anything is allocated: throws
+/// UsageError(@p flag) saying @p need_bytes (and @p what makes them up) against what
+/// available_memory() reports, with @p hint. Does nothing where the memory is unknown.
+void check_fits_in_memory(int64_t need_bytes, const torch::Device& device, const std::string& flag,
+                          const std::string& what, const std::string& hint);
+
 /// The device of a rank: with NCCL, cuda:@p index, or cuda:0 when the process sees one GPU (one
 /// bound to each task, as `srun --gpus-per-task=1` does; lesson 04's pick_device), made the
 /// calling thread's current device; else the CPU. @p variable names where the index came from
