@@ -35,7 +35,9 @@ namespace dtc::l02 {
 /// parameters (no dropout here, so no random state to replay). Like PyTorch's reentrant
 /// checkpoint (use_reentrant=True): backward through it works with backward() (not
 /// torch::autograd::grad), and at least one input must require grad, else nothing is recorded
-/// and the body's parameters get no gradients.
+/// and the body's parameters get no gradients. (PyTorch recommends use_reentrant=False, which
+/// is built on saved-tensor hooks; those are Python objects that the C++ API cannot install:
+/// README section 9.)
 /// @param inputs floating-point tensors; the ones that require grad get gradients
 torch::Tensor checkpoint(const CheckpointBody& body, const std::vector<torch::Tensor>& inputs);
 
@@ -52,11 +54,13 @@ struct LossScalerOptions {
 };
 
 /// fp16 keeps full precision only down to 6.1e-5 (its smallest normal number); below that it
-/// loses bits, and below 2^-24 (6e-8) a gradient becomes zero. The scaler
-/// multiplies the loss by a large scale so that the gradients land in fp16's range, divides them
-/// again in fp32 before the step, and adapts the scale: an inf or NaN gradient means the scale
-/// overflowed fp16 (max 65504), so the step is skipped and the scale halved; growth_interval good
-/// steps in a row double it. The same state machine as torch.amp.GradScaler.
+/// loses bits, down to its smallest subnormal, 2^-24 (6e-8). Rounding to nearest, anything
+/// above 2^-25 (3e-8) rounds up to at least 2^-24, and 2^-25 itself ties to the even 0: a
+/// gradient of 2^-25 or less becomes zero. The scaler multiplies the loss by a large scale so
+/// that the gradients land in fp16's range, divides them again in fp32 before the step, and
+/// adapts the scale: an inf or NaN gradient means the scale overflowed fp16 (max 65504), so the
+/// step is skipped and the scale halved; growth_interval good steps in a row double it. The same
+/// state machine as torch.amp.GradScaler.
 class LossScaler {
  public:
   explicit LossScaler(LossScalerOptions options = {});

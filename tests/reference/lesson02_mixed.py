@@ -16,9 +16,14 @@ For every run: the losses, the scales, which steps were taken, and the fp32 weig
 (per tensor sum and sum of squares, and a sample: every SAMPLE-th element of all parameters laid
 end to end in named_parameters() order).
 
-    ~/.cache/dtc-course/venv/bin/python tests/reference/lesson02_mixed.py
+    ~/.cache/dtc-course/venv/bin/python tests/reference/lesson02_mixed.py [--out FILE]
 
-writes tests/reference/lesson02_mixed.json, which tests/lesson02/mixed_test.cpp reads.
+writes tests/reference/lesson02_mixed.json (or FILE), which tests/lesson02/mixed_test.cpp reads.
+The 16-bit runs' weights depend on the CPU's kernels (PyTorch's bf16 and fp16 matmuls differ
+with and without AVX-512, for one), so the primary build computes this file again on the machine
+that runs the tests (lessons/02_baseline/lesson.cmake: BUILD/reference/lesson02_mixed.json), with
+the PyTorch whose LibTorch the lesson links; the committed file serves where there is no such
+PyTorch (the light path).
 """
 import json
 import pathlib
@@ -169,7 +174,13 @@ def main() -> None:
                                           SCALER_FACTORS_GRAD),
         "runs": runs,
     }
-    OUT.write_text(json.dumps(out, indent=1) + "\n")
+    target = OUT
+    if "--out" in sys.argv:
+        target = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+        target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    tmp.replace(target)  # never half a file, for a build that is interrupted
     for name, r in runs.items():
         print(f"{name:14} losses {[round(v, 5) for v in r['losses']]} stepped {r['stepped']}")
 
