@@ -55,13 +55,30 @@ Grid make_grid(int world, int dp, int cp, int tp) {
   const int rest = world / tp;
   if (dp == 0 && cp == 0) return Grid{world, 1, rest, tp};  // neither: cp takes what is left
   const char* culprit = cp == 0 ? "--dp" : "--cp";
+  const int dp_given = dp, cp_given = cp;
   if (dp == 0) dp = rest % cp == 0 ? rest / cp : 0;
   if (cp == 0) cp = rest % dp == 0 ? rest / dp : 0;
   if (dp < 1 || cp < 1 || dp * cp * tp != world) {
+    // Name what was asked for (the inferred degree left out) and the world size it needs.
+    std::string asked = fmt::format("--tp {}", tp);
+    int64_t product = tp;
+    if (dp_given) {
+      asked += fmt::format(" x --dp {}", dp_given);
+      product *= dp_given;
+    }
+    if (cp_given) {
+      asked += fmt::format(" x --cp {}", cp_given);
+      product *= cp_given;
+    }
+    const bool inferred = dp_given == 0 || cp_given == 0;
     throw UsageError(
-        culprit, fmt::format("tp {} x cp {} x dp {} is not the world size {}", tp, cp, dp, world),
-        "choose --tp, --cp and --dp whose product is the number of ranks "
-        "(torchrun --nproc_per_node)");
+        culprit,
+        fmt::format(
+            "{} needs {} ranks, but this run has {} (the world size torchrun started)", asked,
+            inferred ? fmt::format("a multiple of {}", product) : std::to_string(product), world),
+        fmt::format("launch torchrun --nproc_per_node {}{}, or choose degrees whose product is "
+                    "{}",
+                    product, inferred ? fmt::format(" (or {})", 2 * product) : "", world));
   }
   return Grid{world, dp, cp, tp};
 }
@@ -174,7 +191,7 @@ std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& replicas, int64_t
     if (t > 1) tp_model->reduce_replicated_gradients();  // sequence parallel: rows of each rank
     // The sum over the tokens of every rank, / dp: one allreduce of every gradient, flat. (One
     // per parameter took longer than the attention itself: 52 small messages, see the timeline
-    // in README section 8.)
+    // in README section 3.)
     std::vector<torch::Tensor> grads;
     for (auto& p : trained->parameters()) grads.push_back(p.mutable_grad().reshape({-1}));
     torch::Tensor flat = torch::cat(grads);
@@ -559,7 +576,8 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->capture_default_str();
   app.add_flag("--zigzag", o.zigzag,
                "split each sequence into 2 cp chunks, rank r holding chunks r and 2cp-1-r, so "
-               "that causal attention gives every rank the same work (ring, allgather)");
+               "that the causal ring gives every rank the same work (allgather accepts it too, "
+               "but computes every rank's dense scores whatever the split)");
   app.add_flag("--no-overlap", o.no_overlap,
                "complete each hop before computing (a communicator that waits in every receive): "
                "the ring without overlap, to measure what the overlap is worth");

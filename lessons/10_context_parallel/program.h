@@ -123,11 +123,17 @@ int64_t measure_activation_bytes(TpCpGpt& model, const Batch& batch);
 ///   ulysses    q, k and v of a/cp heads over the whole sequence (3 n h), the scores of those
 ///              heads, e a s^2 b / cp, and the causal mask, s x s bools: e 16 n h + e a s^2 b/cp
 ///              + s^2;
-///   allgather  q (n h), the gathered K and V (2 s b h: every rank holds all of them), the
+///   allgather  q (n h), the gathered K and V (2 s b h: every rank holds all of them, because
+///              gather_sequence's output stays saved; an all-gather CP that gathers them again
+///              in backward, as Transformer Engine's does, keeps only the local k, v), the
 ///              scores of its n queries over s keys, e a s^2 b / cp, and their mask, s^2 / cp
 ///              bools: e 14 n h + e 2 s b h + e a s^2 b / cp + s^2 / cp;
 ///   ring       the qkv projection (3 n h), no scores at all, but the output in fp32 and the
-///              log-sum-exp (4 n h + 4 n a): e 16 n h + 4 n h + 4 n a.
+///              log-sum-exp (4 n h + 4 n a): e 16 n h + 4 n h + 4 n a. (fp32 is this
+///              implementation's choice: zhuzilin/ring-flash-attention saves the output in q's
+///              dtype, e n h, and only the log-sum-exp in fp32.)
+///   The s^2 terms are those of masked_attention, the course's plain autograd attention; with a
+///   FlashAttention-style kernel no kind keeps them (README section 6).
 ///   With @p tp (the weights split, lesson 08) every tensor of the TP regions and every head's
 ///   term falls by tp (a/tp heads a rank); the LayerNorm regions (the residual stream, the
 ///   LayerNorms' inputs and outputs, 4 n h, and their statistics) stay whole on every TP rank,
