@@ -335,10 +335,8 @@ void ZeroEngine::release_unit(Unit& unit) {
   for (const auto& p : unit.params) {
     gathered = gathered && p.defined() && p.storage().unsafeGetStorageImpl() == buffer;
   }
-  if (gathered && buffer->nbytes() ==
-                      static_cast<size_t>(unit.padded) * c10::elementSize(param_options_
-                                                                              .dtype()
-                                                                              .toScalarType())) {
+  if (gathered && buffer->nbytes() == static_cast<size_t>(unit.padded) *
+                                          c10::elementSize(param_options_.dtype().toScalarType())) {
     free_storage(unit.params.front());
   }
   // An empty tensor of the same type in each parameter.
@@ -854,4 +852,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum d30f4bad1dcb0d3d
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 424ff9160c842b0f
