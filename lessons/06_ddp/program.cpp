@@ -214,6 +214,30 @@ void DdpTrainer::join() {
     std::vector<at::Tensor> t{p.detach()};
     comm_->broadcast(t, from)->wait();
   }
+  // And the root's AdamW state: an early joiner's moments and step counts missed the steps it
+  // shadowed, so with the parameters alone (PyTorch's _sync_final_model) the replicas would
+  // drift apart again at the next step. Per parameter: whether the root has a state, then its
+  // step and both moments.
+  for (auto& p : params_) {
+    auto* mine = static_cast<torch::optim::AdamWParamState*>(optimizer_state(*optimizer_, p));
+    std::vector<at::Tensor> has{
+        torch::full({1}, mine != nullptr ? 1 : 0, torch::kLong).to(device_)};
+    comm_->broadcast(has, from)->wait();
+    if (has[0].cpu().item<int64_t>() == 0) continue;
+    if (mine == nullptr) {
+      auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+      fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      mine = static_cast<torch::optim::AdamWParamState*>(
+          set_optimizer_state(*optimizer_, p, std::move(fresh)));
+    }
+    std::vector<at::Tensor> step{torch::full({1}, mine->step(), torch::kLong).to(device_)};
+    std::vector<at::Tensor> avg{mine->exp_avg()}, avg_sq{mine->exp_avg_sq()};
+    comm_->broadcast(step, from)->wait();
+    comm_->broadcast(avg, from)->wait();
+    comm_->broadcast(avg_sq, from)->wait();
+    mine->step(step[0].cpu().item<int64_t>());
+  }
 }
 
 double replica_divergence(Gpt& model, Comm& comm) {

@@ -82,10 +82,10 @@ class DdpTrainer {
   /// mean still divided by the initial world size, as DDP's default
   /// divide_by_initial_world_size=True), until every rank has joined. Then every rank takes
   /// the parameters of the highest of the last joiners, the ranks that shadowed no step (DDP's
-  /// _sync_final_model, Join's is_last_joiner), so the replicas' parameters agree again. Only
-  /// the parameters: an early joiner's AdamW moments and step counts miss the steps it
-  /// shadowed, as they do in PyTorch: call it where training ends, or broadcast the optimizer
-  /// state too (README section 6). Every rank calls it, after its last step. Does nothing
+  /// _sync_final_model, Join's is_last_joiner), so the replicas' parameters agree again, and
+  /// that rank's AdamW state (step counts and both moments), which PyTorch's Join leaves alone:
+  /// an early joiner's missed the steps it shadowed, and the replicas would drift apart at the
+  /// next step (README section 6). Every rank calls it, after its last step. Does nothing
   /// without TrainConfig::join. Given.
   void join();
 

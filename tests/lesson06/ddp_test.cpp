@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -667,6 +668,32 @@ TEST(L06Join, UnevenStepsShadowedGiveTheMeanOverTheInitialWorld) {
       EXPECT_TRUE(cmp.ok) << cmp.message;
     }
   }
+}
+
+// After Join the replicas must stay equal when training goes on (the next epoch): the early
+// joiner's AdamW state, which missed the steps it shadowed, is the root's too. Rank 0 trains 1
+// step and rank 1 three, both join, then both train one more step on their own batches.
+TEST(L06Join, AStepAfterJoinKeepsTheReplicasEqual) {
+  const ByteDataset data = ByteDataset::builtin();
+  TrainConfig c = tiny(SyncMode::kBucketed, 4);
+  c.join = true;
+  run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        DdpTrainer trainer(c, ctx.comm, torch::kCPU, c.seed);
+        const int64_t steps = ctx.rank == 0 ? 1 : 3;
+        for (int64_t step = 0; step < steps; ++step) {
+          trainer.step(rank_batches(data, c, step, ctx.rank, 2));
+        }
+        trainer.join();
+        EXPECT_EQ(replica_divergence(trainer.model(), *ctx.comm), 0.0) << "right after join()";
+        trainer.step(rank_batches(data, c, 3, ctx.rank, 2));
+        const double apart = replica_divergence(trainer.model(), *ctx.comm);
+        if (ctx.rank == 0) std::cout << "    replicas apart after one more step: " << apart << "\n";
+        EXPECT_EQ(apart, 0.0) << "one step after join() the replicas differ: the early joiner's "
+                                 "optimizer state was not the root's";
+      },
+      kTimeout);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -215,6 +215,21 @@ inline torch::optim::OptimizerParamState* optimizer_state(torch::optim::Optimize
   return it == optimizer.state().end() ? nullptr : it->second.get();
 }
 
+/// Makes @p state the optimizer state of parameter @p param (replacing any), keyed as
+/// optimizer_state() finds it; returns it.
+inline torch::optim::OptimizerParamState* set_optimizer_state(
+    torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+    std::unique_ptr<torch::optim::OptimizerParamState> state) {
+#if TORCH_VERSION_MAJOR >= 2
+  const auto key = param.unsafeGetTensorImpl();
+#else
+  const auto key = c10::guts::to_string(param.unsafeGetTensorImpl());
+#endif
+  auto& slot = optimizer.state()[key];
+  slot = std::move(state);
+  return slot.get();
+}
+
 /// A TCPStore client (or server, when @p is_server) at host:port.
 inline c10::intrusive_ptr<c10d::Store> new_tcp_store(const std::string& host, int port,
                                                      bool is_server, int world_size,
