@@ -344,6 +344,33 @@ TEST(L02MasterWeights, StepUpdatesTheFp32MasterAndRoundsItIntoTheModel) {
   }
 }
 
+// A parameter whose gradient is undefined (frozen, unused, outside the loss) is one AdamW skips:
+// its moments never start, its decoupled weight decay never applies. A master-weight step that
+// gives it a zero fp32 gradient instead moves it (weight decay alone shrinks it by lr * wd per
+// step), unlike fp32 training with the same optimizer. Every other test gives every parameter a
+// gradient, so only this one sees it.
+TEST(L02MasterWeights, AParameterWithoutAGradientStaysWhereItIs) {
+  StepCase t(1e-8);
+  ASSERT_GT(t.config.weight_decay, 0.0) << "the reference's AdamW decays weights";
+  const size_t frozen = 0;
+  const torch::Tensor master_before = t.master->master()[frozen].detach().clone();
+  const torch::Tensor param_before = t.master->params()[frozen].detach().clone();
+  for (int step = 0; step < 2; ++step) {
+    t.set_grads(1.0);
+    t.master->params()[frozen].mutable_grad().reset();  // no gradient for this one
+    ASSERT_TRUE(t.master->step());
+  }
+  {
+    SCOPED_TRACE("no gradient: AdamW skips the master weight, as it skips an fp32 parameter");
+    EXPECT_TENSOR_CLOSE(t.master->master()[frozen], master_before, kExact);
+    EXPECT_TENSOR_CLOSE(t.master->params()[frozen], param_before, kExact);
+  }
+  EXPECT_FALSE(t.master->master()[frozen].grad().defined())
+      << "a master weight whose parameter has no gradient gets none either (not zeros)";
+  EXPECT_FALSE(torch::equal(t.master->master()[1], t.expected[1].detach()))
+      << "the others still step";
+}
+
 TEST(L02MasterWeights, SmallUpdatesAreKeptInTheMaster) {
   // LayerNorm weights start at 1.0, where bf16's spacing is 2^-7: an AdamW step of lr = 3e-3
   // is below half of it, so a bf16 weight stepped in bf16 never moves. The master weight does,
