@@ -6,8 +6,10 @@
 One lane per rank for compute (nested spans stacked: step, forward/backward, blocks) and one
 per comm lane (operations in flight at once get a lane each), on one time axis in ms. Compute
 is blue (forward) and green (backward), the optimizer purple; communication is orange and red.
-Overlap is a comm bar under a compute bar. A send drawn faint is one whose completion gloo does
-not report: its bar ends where the sender waited for it, not where the data arrived.
+A comm bar under a compute bar means the operation was posted before the compute began and not
+waited for until after it: the schedule of an overlap, not proof that the bytes moved meanwhile.
+A send drawn faint is one whose completion gloo does not report: its bar ends where the sender
+waited for it, not where the data arrived (a gloo receive's bar also ends at its wait()).
 
   --step N      only step N (from the earliest start of any rank's "step N" to the latest end)
   --textbook    below the measured lanes, the same per-rank order of pipeline micro-batches

@@ -397,7 +397,7 @@ TEST(L06Bucketed, AGloballyUnusedParameterIsLeftAlone) {
         torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
         for (int step = 0; step < 3; ++step) {
           SCOPED_TRACE(testing::Message() << "rank " << ctx.rank << ", step " << step);
-          optimizer.zero_grad(/*set_to_none=*/true);
+          zero_grad_to_none(optimizer);
           const torch::Tensor x = torch::randn({4, 8}) + static_cast<double>(ctx.rank + step);
           torch::Tensor loss = a(x).pow(2).mean();
           if (ctx.rank == 1) loss = loss + partly(x).pow(2).mean();

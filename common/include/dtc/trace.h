@@ -11,7 +11,10 @@
 //              its completion: op, group, bytes, peer, tag (TracingComm)
 //   2 memory   a counter: bytes of CPU tensor storage in use (the counting allocator), or of
 //              the CUDA caching allocator, read at the end of each compute span
-// Overlap is two tracks busy at once.
+// A comm span under a compute span means the operation was posted before the compute began and
+// not waited for until after it (on gloo a send or receive ends at wait(); on NCCL a span starts
+// where the compute stream reached the call, so it includes queueing behind earlier operations
+// on NCCL's stream): the schedule of an overlap, not a measure of the bytes moving meanwhile.
 //
 // Why hand-placed spans and not LibTorch's profiler: Kineto (ProfilerResult::save, and on CUDA
 // the kernels' device times) is in the PyPI 2.x build but not in Debian's 1.13 (built without
