@@ -20,8 +20,10 @@
 namespace dtc::l10 {
 namespace {
 
-// One traced ring forward on cp thread-ranks (zig-zag: no step is skipped).
-std::vector<std::vector<TracedSpan>> traced_ring_forward(int cp, bool overlap) {
+// One traced ring forward (and, with @p backward, its backward) on cp thread-ranks (zig-zag: no
+// step is skipped).
+std::vector<std::vector<TracedSpan>> traced_ring_forward(int cp, bool overlap,
+                                                         bool backward = false) {
   const int64_t B = 2, H = 2, T = 64 * cp, D = 16;
   std::vector<std::vector<TracedSpan>> spans(static_cast<size_t>(cp));
   run_ranks(
@@ -37,7 +39,12 @@ std::vector<std::vector<TracedSpan>> traced_ring_forward(int cp, bool overlap) {
         tracer->set_clock(sync_clock(*ctx.store, ctx.rank, ctx.world));
         c10::intrusive_ptr<Comm> comm = c10::make_intrusive<TracingComm>(ctx.comm, tracer, "cp");
         if (!overlap) comm = c10::make_intrusive<WaitingComm>(comm);
-        {
+        if (backward) {
+          TraceScope scope(tracer.get());
+          auto qs = shard(q).requires_grad_(), ks = shard(k).requires_grad_(),
+               vs = shard(v).requires_grad_();
+          ring_attention(qs, ks, vs, *comm, /*zigzag=*/true).sum().backward();
+        } else {
           TraceScope scope(tracer.get());
           torch::NoGradGuard no_grad;
           ring_attention(shard(q), shard(k), shard(v), *comm, /*zigzag=*/true);
@@ -62,8 +69,11 @@ const TracedSpan* kth_with_tag(const std::vector<TracedSpan>& ops, int tag, size
 // issue order, so that a rotation is paired with its own step (not with whatever was issued
 // near it): all four were issued before block k began, and both receives were waited for only
 // after it ended.
-int blocks_beside_a_rotation(const std::vector<TracedSpan>& spans, int* blocks) {
-  const auto attn = select_spans(spans, -1, TraceTrack::kCompute, "attn");
+// @p name: "attn" (forward) or "attn bwd"; @p skip: the rotations of K/V before the pass (the
+// backward's come after the forward's cp - 1).
+int blocks_beside_a_rotation(const std::vector<TracedSpan>& spans, int* blocks,
+                             const std::string& name = "attn", size_t skip = 0) {
+  const auto attn = select_spans(spans, -1, TraceTrack::kCompute, name);
   const auto send = select_spans(spans, -1, TraceTrack::kComm, "send");
   const auto recv = select_spans(spans, -1, TraceTrack::kComm, "recv");
   *blocks = static_cast<int>(attn.size());
@@ -71,8 +81,8 @@ int blocks_beside_a_rotation(const std::vector<TracedSpan>& spans, int* blocks) 
   for (size_t k = 0; k + 1 < attn.size(); ++k) {
     bool ok = true;
     for (int tag : {0, 1}) {
-      const TracedSpan* s = kth_with_tag(send, tag, k);
-      const TracedSpan* r = kth_with_tag(recv, tag, k);
+      const TracedSpan* s = kth_with_tag(send, tag, k + skip);
+      const TracedSpan* r = kth_with_tag(recv, tag, k + skip);
       ok = ok && s && r && s->begin_us < attn[k].begin_us && r->begin_us < attn[k].begin_us &&
            r->args.contains("wait_us") && r->args["wait_us"].get<double>() >= attn[k].end_us;
     }
@@ -91,6 +101,22 @@ TEST(L10Timeline, RingReceivesTheNextBlockWhileComputingThisOne) {
     EXPECT_EQ(blocks, cp) << "one attention block per ring step (zig-zag skips none)";
     EXPECT_EQ(beside, cp - 1)
         << "blocks computed while the next K/V was still arriving (the last has none to wait for)";
+  }
+}
+
+TEST(L10Timeline, RingBackwardReceivesTheNextBlockWhileComputingThisOne) {
+  // The backward's K/V rotation (tags 0 and 1 again, after the forward's cp - 1) is posted,
+  // sends and receives, before each block's backward and waited for after it.
+  const int cp = 4;
+  const auto spans = traced_ring_forward(cp, /*overlap=*/true, /*backward=*/true);
+  for (int r = 0; r < cp; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    int blocks = 0;
+    const int beside = blocks_beside_a_rotation(spans[static_cast<size_t>(r)], &blocks, "attn bwd",
+                                                static_cast<size_t>(cp - 1));
+    EXPECT_EQ(blocks, cp) << "one backward block per ring step (zig-zag skips none)";
+    EXPECT_EQ(beside, cp - 1) << "backward blocks computed while the next K/V was arriving, "
+                                 "its sends and receives both posted before the block";
   }
 }
 
