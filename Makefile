@@ -58,7 +58,8 @@ deps-light: $(DTC_CACHE)/deps-light.stamp
 
 # --- configure and build -------------------------------------------------------------------
 $(BUILD)/build.ninja: | $(DEPS_PRIMARY)
-	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_TYPE_FLAG) $(BUNDLE_FLAG) -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)"
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_TYPE_FLAG) $(BUNDLE_FLAG) -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)" \
+	  -DDTC_TORCH_PYTHON="$(TORCH_PYTHON)"
 $(LIGHT_BUILD)/build.ninja: | $(DEPS_LIGHT)
 	cmake -S . -B $(LIGHT_BUILD) -G Ninja $(CMAKE_TYPE_FLAG) -DCMAKE_CXX_COMPILER=c++
 configure: $(BUILD)/build.ninja

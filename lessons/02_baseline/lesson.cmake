@@ -11,8 +11,26 @@ dtc_add_lesson(02 DIR 02_baseline SOURCES baseline.cpp mixed.cpp DRIVER program.
 # folder (about 10 s), by the PyTorch whose LibTorch the lesson links: LibTorch against PyTorch
 # on the same kernels, as the policy means. tests/lesson02/reference.h reads BUILD/reference/
 # first. The light path (Debian's LibTorch, no PyTorch of its version) reads the committed file.
-get_filename_component(_l02_python "${DTC_TORCH_ROOT}/../../../../bin/python" ABSOLUTE)
+# The Makefile passes the venv's interpreter (DTC_TORCH_PYTHON); it must import the PyTorch of
+# the LibTorch linked here, else the committed file is used (a bundle build on a GPU node, say).
+set(_l02_python "${DTC_TORCH_PYTHON}")
+if(NOT _l02_python)
+  get_filename_component(_l02_python "${DTC_TORCH_ROOT}/../../../../bin/python" ABSOLUTE)
+endif()
+set(_l02_same_torch FALSE)
 if(DTC_FLAVOR STREQUAL "primary" AND EXISTS "${_l02_python}")
+  execute_process(COMMAND "${_l02_python}" -c "import torch; print(torch.__version__.split('+')[0])"
+                  OUTPUT_VARIABLE _l02_version RESULT_VARIABLE _l02_rc
+                  OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(_l02_rc EQUAL 0 AND _l02_version VERSION_EQUAL DTC_TORCH_VERSION)
+    set(_l02_same_torch TRUE)
+  endif()
+endif()
+if(NOT _l02_same_torch)
+  message(STATUS "dtc: lesson 02 reads the committed 16-bit reference (no PyTorch "
+                 "${DTC_TORCH_VERSION} at ${_l02_python})")
+endif()
+if(_l02_same_torch)
   set(_l02_mixed "${CMAKE_BINARY_DIR}/reference/lesson02_mixed.json")
   add_custom_command(
     OUTPUT "${_l02_mixed}"
@@ -20,6 +38,7 @@ if(DTC_FLAVOR STREQUAL "primary" AND EXISTS "${_l02_python}")
             --out "${_l02_mixed}"
     DEPENDS "${PROJECT_SOURCE_DIR}/tests/reference/lesson02_mixed.py"
             "${PROJECT_SOURCE_DIR}/tests/reference/lesson02_reference.py"
+            "${DTC_TORCH_ROOT}/version.py"
     COMMENT "PyTorch computes lesson 02's 16-bit reference on this machine"
     VERBATIM)
   file(MAKE_DIRECTORY "${CMAKE_BINARY_DIR}/reference")

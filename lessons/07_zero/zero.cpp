@@ -323,13 +323,14 @@ void ZeroEngine::bind_unit(Unit& unit, const torch::Tensor& full) {
     unit.params[k].set_data(full.narrow(0, off, numel).view(unit.shapes[k]));
     off += numel;
   }
+  unit.bound = true;
 }
 
 void ZeroEngine::release_unit(Unit& unit) {
-  // A gathered unit: every parameter views one buffer of the unit's padded size. Its memory is
-  // freed here, whoever else still holds the tensor (zero.h); the constructor's first release
-  // finds the model's own tensors, one storage each, and leaves them to their owners.
-  bool gathered = !unit.params.empty() && unit.params.front().defined();
+  // A gathered unit: bound by bind_unit, every parameter viewing one buffer of the unit's padded
+  // size. Its memory is freed here, whoever else still holds the tensor (zero.h); the
+  // constructor's first release finds the model's own tensors and leaves them to their owners.
+  bool gathered = unit.bound && !unit.params.empty() && unit.params.front().defined();
   const c10::StorageImpl* buffer =
       gathered ? unit.params.front().storage().unsafeGetStorageImpl() : nullptr;
   for (const auto& p : unit.params) {
@@ -341,6 +342,7 @@ void ZeroEngine::release_unit(Unit& unit) {
   }
   // An empty tensor of the same type in each parameter.
   for (auto& p : unit.params) p.set_data(torch::empty({0}, param_options_));
+  unit.bound = false;
 }
 
 void ZeroEngine::ensure_moments() {
@@ -431,8 +433,12 @@ void ZeroEngine::reduce_unit_gradient(Pending& pending, const Unit& unit) {
   }
   // Done with both (the sum is in the shard): freed now, not when gloo's thread lets go.
   sum = torch::Tensor();
+  // Only a tensor that owns its whole storage: never a view into a buffer that lives on.
   for (const torch::Tensor& t : {input, received}) {
-    if (t.defined() && t.storage().nbytes() > 0) free_storage(t);
+    if (t.defined() && t.storage_offset() == 0 && t.storage().nbytes() > 0 &&
+        t.storage().nbytes() == static_cast<size_t>(t.nbytes())) {
+      free_storage(t);
+    }
   }
 }
 
@@ -852,4 +858,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 424ff9160c842b0f
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum e1c44591d5ab447f

@@ -44,6 +44,7 @@ struct Unit {
   int64_t offset = 0;                        ///< where the unit starts in the full flat buffer
   int64_t shard_offset = 0;                  ///< where this rank's chunk starts in its shard buffer
   int world = 1;                             ///< W
+  bool bound = false;  ///< the parameters view a buffer bind_unit gave them (release_unit clears)
   int64_t chunk() const { return padded / world; }  ///< elements per rank: padded / W
 };
 

@@ -530,12 +530,6 @@ TEST(L06Bucketed, RebuiltBucketsFollowTheReadyOrderOfRankZero) {
   EXPECT_EQ(buckets_of[0], buckets_of[1]) << "rank 1 takes rank 0's buckets";
 }
 
-// Join (given): rank 0 has batches for 1 step, rank 1 for 3. With join, rank 0 shadows steps 2
-// and 3 with zeros, so their mean gradient is rank 1's / W (the initial world size, DDP's
-// default), and both ranks end with the parameters of rank 1, the last joiner (rank 0's own
-// stopped after step 1). The reference, outside the trainer: one process, the same model and
-// AdamW, fed by hand the mean of both ranks' gradients for step 1 and half of rank 1's for
-// steps 2 and 3. Every sync mode.
 // ---------------------------------------------------------------------------------------------
 // The compression hook (--reduce-dtype): bf16/fp16 on the wire, pre-divided
 // ---------------------------------------------------------------------------------------------
@@ -615,6 +609,16 @@ TEST(L06CommHook, Fp16PreDivisionKeepsTheSumInRange) {
   EXPECT_EQ(r.wire_bytes, 2 * (12 + 5 + 4 + 6));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Join: uneven inputs
+// ---------------------------------------------------------------------------------------------
+
+// Join (given): rank 0 has batches for 1 step, rank 1 for 3. With join, rank 0 shadows steps 2
+// and 3 with zeros, so their mean gradient is rank 1's / W (the initial world size, DDP's
+// default), and both ranks end with the parameters of rank 1, the last joiner (rank 0's own
+// stopped after step 1). The reference, outside the trainer: one process, the same model and
+// AdamW, fed by hand the mean of both ranks' gradients for step 1 and half of rank 1's for
+// steps 2 and 3. Every sync mode.
 TEST(L06Join, UnevenStepsShadowedGiveTheMeanOverTheInitialWorld) {
   const ByteDataset data = ByteDataset::builtin();
   auto flatten = [](const std::vector<torch::Tensor>& params) {

@@ -406,8 +406,8 @@ TEST(L09NcclSafe, EveryTransferIsAGroupAndNothingDeadlocksUnderNcclRules) {
 // A send that no receive of the next op pairs with (GPipe's forwards on every stage but the
 // last, 1F1B's warm-up) is waited for at the end of the step, not at once: the stage computes
 // its next micro-batch while the message travels. Seen by a RecordingComm: between such a
-// send's group and the first wait() on its Work, the stage issues the next op's transfers
-// (which it does only after computing that op). A send waited for at once gives the same values
+// send's group and the first wait() on its Work, the stage issues the next op's send (which it
+// does only after computing that op; a receive it may post before). A send waited for at once gives the same values
 // and never deadlocks on gloo, so nothing else sees it.
 TEST(L09Overlap, ALoneSendStaysInFlightWhileTheNextMicroBatchComputes) {
   constexpr int kStagesHere = 4;
@@ -450,16 +450,17 @@ TEST(L09Overlap, ALoneSendStaysInFlightWhileTheNextMicroBatchComputes) {
           ++wait;
         }
         ASSERT_LT(wait, ev.size()) << "a send at event " << i + 1 << " is never waited for";
+        // Sends only: a stage posts the next op's receive before computing it, its send after.
         int between = 0, later = 0;
         for (size_t j = end + 1; j < ev.size(); ++j) {
-          const bool transfer = ev[j].op == "send" || ev[j].op == "recv";
-          later += transfer;
-          between += transfer && j < wait;
+          const bool sent = ev[j].op == "send";
+          later += sent;
+          between += sent && j < wait;
         }
-        if (later == 0) continue;  // the step's last transfer: nothing left to compute beside it
+        if (later == 0) continue;  // the step's last send: nothing left to compute beside it
         ++lone_sends;
         EXPECT_GT(between, 0) << "the send at event " << i + 1
-                              << " is waited for before the stage's next transfer: start it, "
+                              << " is waited for before the stage's next send: start it, "
                                  "compute the next op, and wait for it at the end of the step";
       }
     }

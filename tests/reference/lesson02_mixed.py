@@ -158,6 +158,7 @@ def run(mode: str, corpus: bytes, init_scale: float = 65536.0) -> dict:
 
 def main() -> None:
     torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # as the tests run (tests/support/test_main.cpp): the same kernels
     corpus = (ref.ROOT / "data" / "coriolanus.txt").read_bytes()
     init = build()
     runs = {m: run(m, corpus) for m in ("fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16")}
