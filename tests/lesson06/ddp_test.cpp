@@ -613,6 +613,14 @@ TEST(L06CommHook, Fp16PreDivisionKeepsTheSumInRange) {
 // Join: uneven inputs
 // ---------------------------------------------------------------------------------------------
 
+// Rank 0 trains 1 step and rank 1 three, each on its own batches; then both join().
+void train_unevenly_and_join(DdpTrainer& trainer, const TrainConfig& c, const ByteDataset& data,
+                             int rank) {
+  const int64_t steps = rank == 0 ? 1 : 3;
+  for (int64_t step = 0; step < steps; ++step) trainer.step(rank_batches(data, c, step, rank, 2));
+  trainer.join();
+}
+
 // Join (given): rank 0 has batches for 1 step, rank 1 for 3. With join, rank 0 shadows steps 2
 // and 3 with zeros, so their mean gradient is rank 1's / W (the initial world size, DDP's
 // default), and both ranks end with the parameters of rank 1, the last joiner (rank 0's own
@@ -657,11 +665,7 @@ TEST(L06Join, UnevenStepsShadowedGiveTheMeanOverTheInitialWorld) {
         2,
         [&](RankContext& ctx) {
           DdpTrainer trainer(c, ctx.comm, torch::kCPU, c.seed);
-          const int64_t steps = ctx.rank == 0 ? 1 : 3;
-          for (int64_t step = 0; step < steps; ++step) {
-            trainer.step(rank_batches(data, c, step, ctx.rank, 2));
-          }
-          trainer.join();
+          train_unevenly_and_join(trainer, c, data, ctx.rank);
           got[static_cast<size_t>(ctx.rank)] = flatten(trainer.model()->parameters());
         },
         kTimeout);
@@ -685,11 +689,7 @@ TEST(L06Join, AStepAfterJoinKeepsTheReplicasEqual) {
       2,
       [&](RankContext& ctx) {
         DdpTrainer trainer(c, ctx.comm, torch::kCPU, c.seed);
-        const int64_t steps = ctx.rank == 0 ? 1 : 3;
-        for (int64_t step = 0; step < steps; ++step) {
-          trainer.step(rank_batches(data, c, step, ctx.rank, 2));
-        }
-        trainer.join();
+        train_unevenly_and_join(trainer, c, data, ctx.rank);
         EXPECT_EQ(replica_divergence(trainer.model(), *ctx.comm), 0.0) << "right after join()";
         trainer.step(rank_batches(data, c, 3, ctx.rank, 2));
         const double apart = replica_divergence(trainer.model(), *ctx.comm);

@@ -367,6 +367,27 @@ std::string replay_as_nccl(std::vector<std::vector<std::vector<P2pCall>>> groups
   return wrong;
 }
 
+// One step of @p schedule on @p stages thread-ranks, every rank's communication recorded (a
+// RecordingComm under run_schedule): events[rank].
+std::vector<std::vector<CommEvent>> recorded_step(const PipelineOptions& o, ScheduleKind schedule,
+                                                  int stages, int64_t m) {
+  std::vector<std::vector<CommEvent>> events(static_cast<size_t>(stages));
+  run_ranks(
+      stages,
+      [&](RankContext& ctx) {
+        auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+        Gpt full(o.model);
+        init_weights(full, o.seed);
+        Stage stage = make_stage(full, stages, ctx.rank);
+        const auto ops = make_schedule(schedule, stages, m, ctx.rank);
+        run_schedule(stage, *rec, ops,
+                     ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx), m);
+        events[static_cast<size_t>(ctx.rank)] = rec->events();
+      },
+      kTimeout);
+  return events;
+}
+
 TEST(L09NcclSafe, EveryTransferIsAGroupAndNothingDeadlocksUnderNcclRules) {
   int checked = 0;
   for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1f1b}) {
@@ -376,20 +397,7 @@ TEST(L09NcclSafe, EveryTransferIsAGroupAndNothingDeadlocksUnderNcclRules) {
                                  schedule == ScheduleKind::kGpipe ? "gpipe" : "1f1b", stages, m));
         PipelineOptions o = small_run(schedule, m);
         o.batch = 24;  // divisible by every m above
-        std::vector<std::vector<CommEvent>> events(static_cast<size_t>(stages));
-        run_ranks(
-            stages,
-            [&](RankContext& ctx) {
-              auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
-              Gpt full(o.model);
-              init_weights(full, o.seed);
-              Stage stage = make_stage(full, stages, ctx.rank);
-              const auto ops = make_schedule(schedule, stages, m, ctx.rank);
-              run_schedule(stage, *rec, ops,
-                           ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx), m);
-              events[static_cast<size_t>(ctx.rank)] = rec->events();
-            },
-            kTimeout);
+        const auto events = recorded_step(o, schedule, stages, m);
         std::vector<std::vector<std::vector<P2pCall>>> groups;
         const std::string lone = group_calls(events, groups);
         EXPECT_EQ(lone, "") << "every send and receive goes through dtc::batch_isend_irecv:\n"
@@ -414,20 +422,7 @@ TEST(L09Overlap, ALoneSendStaysInFlightWhileTheNextMicroBatchComputes) {
   for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1f1b}) {
     const int64_t m = 4;
     PipelineOptions o = small_run(schedule, m);
-    std::vector<std::vector<CommEvent>> events(kStagesHere);
-    run_ranks(
-        kStagesHere,
-        [&](RankContext& ctx) {
-          auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
-          Gpt full(o.model);
-          init_weights(full, o.seed);
-          Stage stage = make_stage(full, kStagesHere, ctx.rank);
-          const auto ops = make_schedule(schedule, kStagesHere, m, ctx.rank);
-          run_schedule(stage, *rec, ops,
-                       ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx), m);
-          events[static_cast<size_t>(ctx.rank)] = rec->events();
-        },
-        kTimeout);
+    const auto events = recorded_step(o, schedule, kStagesHere, m);
     int lone_sends = 0;
     for (int rank = 0; rank < kStagesHere; ++rank) {
       const auto& ev = events[static_cast<size_t>(rank)];
