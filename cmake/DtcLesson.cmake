@@ -217,7 +217,13 @@ function(dtc_add_e2e num)
 endfunction()
 
 # The runner of dtc_add_e2e's usual check (tests/support/e2e_run.py): this build's torchrun,
-# a free port per run, the exit code and the numbers of the program's JSON line.
+# a rendezvous of its own per run (2.x: port 0, the store binds a free port itself, as
+# --standalone does; 1.13: a free port picked just before), the exit code and the numbers of the
+# program's JSON line.
 string(JOIN " " _dtc_e2e_flags ${DTC_TORCHRUN_FLAGS})
+set(_dtc_e2e_port0 "")
+if(DTC_FLAVOR STREQUAL "primary")
+  set(_dtc_e2e_port0 --rdzv-port0)
+endif()
 set(DTC_E2E_RUN Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/support/e2e_run.py"
-    --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${_dtc_e2e_flags}")
+    --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${_dtc_e2e_flags}" ${_dtc_e2e_port0})

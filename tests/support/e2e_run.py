@@ -43,6 +43,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import uuid
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -178,6 +179,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--torchrun", default="")
     ap.add_argument("--torchrun-flags", default="")
+    ap.add_argument("--rdzv-port0", action="store_true",
+                    help="torchrun 2.x: rendezvous on port 0 (the store binds a free port itself, "
+                         "as --standalone does), not on a port picked beforehand, which another "
+                         "run started at the same moment can take first")
     ap.add_argument("--nproc", type=int, required=True)
     ap.add_argument("--program", required=True)
     ap.add_argument("--exit", type=int, default=0)
@@ -241,9 +246,12 @@ def main() -> int:
                "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "OMP_NUM_THREADS",
                a.program, *prog_args]
     else:
+        # A rendezvous of this run's own: a port picked beforehand can be taken by a run started
+        # at the same moment, whose store this torchrun would then join (and wait in).
+        port = 0 if a.rdzv_port0 else free_port()
         cmd = [a.torchrun, f"--nproc_per_node={a.nproc}", "--rdzv_backend=c10d",
-               f"--rdzv_endpoint=127.0.0.1:{free_port()}", *shlex.split(a.torchrun_flags),
-               "--no_python", a.program, *prog_args]
+               f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={uuid.uuid4()}",
+               *shlex.split(a.torchrun_flags), "--no_python", a.program, *prog_args]
     print("$", " ".join(cmd), flush=True)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
