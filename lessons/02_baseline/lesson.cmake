@@ -26,10 +26,6 @@ if(DTC_FLAVOR STREQUAL "primary" AND EXISTS "${_l02_python}")
     set(_l02_same_torch TRUE)
   endif()
 endif()
-if(NOT _l02_same_torch)
-  message(STATUS "dtc: lesson 02 reads the committed 16-bit reference (no PyTorch "
-                 "${DTC_TORCH_VERSION} at ${_l02_python})")
-endif()
 if(_l02_same_torch)
   set(_l02_mixed "${CMAKE_BINARY_DIR}/reference/lesson02_mixed.json")
   add_custom_command(
@@ -44,6 +40,9 @@ if(_l02_same_torch)
   file(MAKE_DIRECTORY "${CMAKE_BINARY_DIR}/reference")
   add_custom_target(lesson02_machine_reference DEPENDS "${_l02_mixed}")
   add_dependencies(lesson02_testobj lesson02_machine_reference)
+else()
+  message(STATUS "dtc: lesson 02 reads the committed 16-bit reference (no PyTorch "
+                 "${DTC_TORCH_VERSION} at ${_l02_python})")
 endif()
 
 # The numerics benchmark (README section 11) at a smoke size: every precision and recompute mode

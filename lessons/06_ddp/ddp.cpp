@@ -322,15 +322,13 @@ void Reducer::prepare_for_backward(const torch::Tensor& output) {
 }
 
 std::vector<bool> Reducer::unused() {
-  std::vector<bool> none(params_.size(), false);
-  if (!used_work_) return none;
+  std::vector<bool> nobody(params_.size(), false);
+  if (!used_work_) return nobody;
   used_work_->wait();
   used_work_.reset();
   const auto sum = used_map_.cpu().contiguous();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    none[i] = sum.data_ptr<int32_t>()[i] == 0;
-  }
-  return none;
+  for (size_t i = 0; i < params_.size(); ++i) nobody[i] = sum.data_ptr<int32_t>()[i] == 0;
+  return nobody;
 }
 
 void Reducer::finish() {
@@ -416,4 +414,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 1b203e28a1bce68b
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 9ce641194ab9b884

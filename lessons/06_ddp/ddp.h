@@ -157,8 +157,8 @@ class Reducer {
   /// about 2^-25 W (3e-8 W) or less flush to zero), and the result is cast back into the fp32
   /// bucket when the bucket's Work's wait() returns (PyTorch: a callback on the future). Half
   /// the bytes on the wire; the mean is rounded to 16 bits. With a hook the hook divides, not
-  /// finish(): PyTorch's Reducer divides a bucket only without a comm hook. Register it once, before the first
-  /// backward, on every rank alike. Given.
+  /// finish(): PyTorch's Reducer divides a bucket only without a comm hook. Register it once,
+  /// before the first backward, on every rank alike. Given.
   /// @throws dtc::UsageError("--reduce-dtype") for another dtype, or bf16 over LibTorch 1.13's
   ///   gloo (no bf16 allreduce there); std::logic_error for a second hook or one registered in
   ///   the middle of a step

@@ -389,15 +389,13 @@ void Reducer::prepare_for_backward(const torch::Tensor& output) {
 }
 
 std::vector<bool> Reducer::unused() {
-  std::vector<bool> none(params_.size(), false);
-  if (!used_work_) return none;
+  std::vector<bool> nobody(params_.size(), false);
+  if (!used_work_) return nobody;
   used_work_->wait();
   used_work_.reset();
   const auto sum = used_map_.cpu().contiguous();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    none[i] = sum.data_ptr<int32_t>()[i] == 0;
-  }
-  return none;
+  for (size_t i = 0; i < params_.size(); ++i) nobody[i] = sum.data_ptr<int32_t>()[i] == 0;
+  return nobody;
 }
 
 void Reducer::finish() {

@@ -201,17 +201,21 @@ inline GradAccumulator grad_accumulator(const torch::Tensor& leaf) {
   return torch::autograd::impl::grad_accumulator(leaf);
 }
 
+/// The key of parameter @p param in Optimizer::state(): its TensorImpl pointer in 2.x, and that
+/// pointer printed as a string in 1.13.
+inline auto optimizer_state_key(const torch::Tensor& param) {
+#if TORCH_VERSION_MAJOR >= 2
+  return static_cast<void*>(param.unsafeGetTensorImpl());
+#else
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+#endif
+}
+
 /// The optimizer state of parameter @p param (e.g. a torch::optim::AdamWParamState), or nullptr
-/// before its first step. Optimizer::state() is keyed by the parameter's TensorImpl pointer in
-/// 2.x, and by that pointer printed as a string in 1.13.
+/// before its first step.
 inline torch::optim::OptimizerParamState* optimizer_state(torch::optim::Optimizer& optimizer,
                                                           const torch::Tensor& param) {
-#if TORCH_VERSION_MAJOR >= 2
-  const auto key = param.unsafeGetTensorImpl();
-#else
-  const auto key = c10::guts::to_string(param.unsafeGetTensorImpl());
-#endif
-  auto it = optimizer.state().find(key);
+  auto it = optimizer.state().find(optimizer_state_key(param));
   return it == optimizer.state().end() ? nullptr : it->second.get();
 }
 
@@ -220,12 +224,7 @@ inline torch::optim::OptimizerParamState* optimizer_state(torch::optim::Optimize
 inline torch::optim::OptimizerParamState* set_optimizer_state(
     torch::optim::Optimizer& optimizer, const torch::Tensor& param,
     std::unique_ptr<torch::optim::OptimizerParamState> state) {
-#if TORCH_VERSION_MAJOR >= 2
-  const auto key = param.unsafeGetTensorImpl();
-#else
-  const auto key = c10::guts::to_string(param.unsafeGetTensorImpl());
-#endif
-  auto& slot = optimizer.state()[key];
+  auto& slot = optimizer.state()[optimizer_state_key(param)];
   slot = std::move(state);
   return slot.get();
 }
