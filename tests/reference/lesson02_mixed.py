@@ -22,8 +22,11 @@ writes tests/reference/lesson02_mixed.json (or FILE), which tests/lesson02/mixed
 The 16-bit runs' weights depend on the CPU's kernels (PyTorch's bf16 and fp16 matmuls differ
 with and without AVX-512, for one), so the primary build computes this file again on the machine
 that runs the tests (lessons/02_baseline/lesson.cmake: BUILD/reference/lesson02_mixed.json), with
-the PyTorch whose LibTorch the lesson links; the committed file serves where there is no such
-PyTorch (the light path).
+the PyTorch whose LibTorch the lesson links (the light path: Debian's python3-torch, the same
+build as its libtorch-dev). PyTorch 1.13 has no CPU GradScaler and no CPU fp16 LayerNorm; there
+`--base FILE` (the committed file) gives the parts it cannot compute, the scaler sequences and the
+fp16 runs, and "computed_here" lists the runs this PyTorch made. The committed file itself serves
+where there is no PyTorch of the linked LibTorch's version (a bundle build on a GPU node, say).
 """
 import json
 import pathlib
@@ -156,28 +159,51 @@ def run(mode: str, corpus: bytes, init_scale: float = 65536.0) -> dict:
     return out
 
 
+def option(name: str):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
+
+
 def main() -> None:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # as the tests run (tests/support/test_main.cpp): the same kernels
     corpus = (ref.ROOT / "data" / "coriolanus.txt").read_bytes()
     init = build()
-    runs = {m: run(m, corpus) for m in ("fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16")}
-    # A scale too large for fp16 (2^21): the first steps overflow, are skipped, and halve it.
-    runs["fp16-scale-2^21"] = run("fp16", corpus, init_scale=2.0**21)
+    # PyTorch 1.13 (Debian's): no torch.amp.GradScaler, no fp16 LayerNorm on the CPU
+    fp16 = hasattr(torch.amp, "GradScaler")
+    base = json.loads(pathlib.Path(option("--base")).read_text()) if option("--base") else None
+    if not fp16 and base is None:
+        sys.exit(f"lesson02_mixed.py: PyTorch {torch.__version__} cannot run the fp16 cases on "
+                 "the CPU; pass --base tests/reference/lesson02_mixed.json for those parts")
+    modes = ["fp32", "bf16", "autocast-bf16"] + (["fp16", "autocast-fp16"] if fp16 else [])
+    runs = {m: run(m, corpus) for m in modes}
+    if fp16:
+        # A scale too large for fp16 (2^21): the first steps overflow, are skipped, and halve it.
+        runs["fp16-scale-2^21"] = run("fp16", corpus, init_scale=2.0**21)
+    computed = list(runs)
     out = {
         "generated_by": "tests/reference/lesson02_mixed.py",
         "torch_version": torch.__version__,
         "sample_every": SAMPLE,
         "config": {k: v for k, v in CASE.items()},
         "init": summary(list(init.parameters()), [n for n, _ in init.named_parameters()]),
-        "scaler": scaler_sequence(SCALER, SCALER_STEPS, SCALER_GRAD),
-        "scaler_factors": scaler_sequence(SCALER_FACTORS, SCALER_FACTORS_STEPS,
-                                          SCALER_FACTORS_GRAD),
         "runs": runs,
     }
+    if fp16:
+        out["scaler"] = scaler_sequence(SCALER, SCALER_STEPS, SCALER_GRAD)
+        out["scaler_factors"] = scaler_sequence(SCALER_FACTORS, SCALER_FACTORS_STEPS,
+                                                SCALER_FACTORS_GRAD)
+    else:
+        if base["init"] != out["init"]:
+            sys.exit("lesson02_mixed.py: the --base file starts from other weights; regenerate it")
+        for key in ("scaler", "scaler_factors"):
+            out[key] = base[key]
+        for name, r in base["runs"].items():
+            runs.setdefault(name, r)
+        out["base"] = {"file": option("--base"), "torch_version": base["torch_version"]}
+    out["computed_here"] = computed
     target = OUT
-    if "--out" in sys.argv:
-        target = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+    if option("--out"):
+        target = pathlib.Path(option("--out"))
         target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1) + "\n")
