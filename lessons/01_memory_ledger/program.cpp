@@ -76,7 +76,7 @@ struct Options {
   std::string arch;
   ModelConfig shape;
   TrainingSetup setup;
-  std::string precision = "mixed";
+  std::string precision;  // empty: mixed, and with --plan mixed-fp32-grads (what practice runs)
   std::string optimizer = "adam";
   std::string recompute = "none";
   std::string attention = "auto";
@@ -329,6 +329,10 @@ nlohmann::json plan_json(const PlanRequest& req, const Plan& p,
           {"gpus", req.gpus},
           {"global_batch", req.batch()},
           {"seq", req.setup.seq},
+          {"precision", name_of(kPrecisions, req.setup.precision)},
+          {"fp32_grad_accum", req.setup.fp32_grad_accum},
+          {"weight_wire_bytes", weight_wire_bytes(req.setup)},
+          {"gradient_wire_bytes", gradient_wire_bytes(req.setup)},
           {"tokens", req.tokens},
           {"mfu", req.mfu},
           {"plan", plan},
@@ -380,10 +384,9 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
                                               c.peak_tflops * 1e12, req.mfu, n);
   fmt::print(out,
              "The five strategies, each alone on {} GPUs: one step computes for {:.3g} s there\n"
-             "(w = {:g} bytes a weight, P = {:.3g} parameters, m = micro-batches per replica, "
-             "L layers, s b h = one micro-batch's activations)\n\n",
-             n, compute_s, bytes_per_param(s.precision, s.optimizer, s.fp32_grad_accum).params,
-             params);
+             "(w = {:g} bytes a weight and g = {:g} a gradient on the wire, P = {:.3g} parameters, "
+             "m = micro-batches per replica, L layers, s b h = one micro-batch's activations)\n\n",
+             n, compute_s, weight_wire_bytes(s), gradient_wire_bytes(s), params);
   fmt::print(out, "  {:<12} {:>3}  {:<35} {:>11} {:>9} {:>9} {:>8}  {}\n", "strategy", "n",
              "shards (per GPU)", "sent GB/GPU", "intra s", "inter s", "mem GB", "fits");
   for (const auto& r : rows) {
@@ -570,6 +573,12 @@ int run_plan(const Options& o, const std::optional<ModelConfig>& model, std::ost
 int run(const Options& o_in, std::ostream& out) {
   Options o = o_in;
   TrainingSetup& s = o.setup;
+  // The plan's default is what a bf16 run of Megatron-LM or NeMo holds: fp32 gradients, summed
+  // over hundreds of micro-batches and reduced in fp32 (README part 2, "The numerics a plan
+  // assumes"); the ledger's own default is the textbook 2 + 2 + 12 of the ZeRO paper.
+  if (o.precision.empty()) {
+    o.precision = o.plan && !s.fp32_grad_accum ? "mixed-fp32-grads" : "mixed";
+  }
   s.precision = kPrecisions.at(o.precision);
   s.optimizer = kOptimizers.at(o.optimizer);
   s.recompute = kRecomputes.at(o.recompute);
@@ -663,9 +672,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
 
   app.add_option("--precision", o.precision,
                  "fp32, mixed (16-bit weights and gradients) or mixed-fp32-grads (16-bit weights, "
-                 "fp32 gradients: Megatron-LM's bf16 default)")
-      ->check(CLI::IsMember({"fp32", "mixed", "mixed-fp32-grads"}))
-      ->capture_default_str();
+                 "fp32 gradients: Megatron-LM's bf16 default); default: mixed, with --plan "
+                 "mixed-fp32-grads")
+      ->check(CLI::IsMember({"fp32", "mixed", "mixed-fp32-grads"}));
   app.add_flag("--fp32-grad-accum", o.setup.fp32_grad_accum,
                "mixed precision: accumulate gradients in fp32 (+4 bytes/param)");
   app.add_option("--optimizer", o.optimizer, "sgd, momentum, adam (= adamw) or adam8bit")

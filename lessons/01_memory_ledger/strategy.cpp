@@ -163,6 +163,14 @@ double micro_batches(const PlanRequest& req, const Mix& mix) {
   return static_cast<double>(req.batch()) / static_cast<double>(mix.dp * mix.micro_batch);
 }
 
+double weight_wire_bytes(const TrainingSetup& s) {
+  return bytes_per_param(s.precision, s.optimizer, s.fp32_grad_accum).params;
+}
+
+double gradient_wire_bytes(const TrainingSetup& s) {
+  return s.precision == Precision::kMixed && !s.fp32_grad_accum ? weight_wire_bytes(s) : 4.0;
+}
+
 double recompute_flops_factor(const ModelConfig& model, int64_t seq, Recompute recompute) {
   const double s = static_cast<double>(seq);
   const double h = static_cast<double>(model.hidden);
@@ -348,6 +356,7 @@ std::vector<Mix> candidates(const PlanRequest& req, Family f) {
           }
           for (int64_t c = 2; c <= G / (t * p); c *= 2) {
             if ((G / (t * p)) % c != 0 || req.setup.seq % (2 * c) != 0) continue;
+            if (req.setup.seq / c < kMinCpTokens) continue;
             push(t, p, c, 0, 1, 0);
           }
         }
@@ -488,10 +497,15 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
                     : "a single replica: nothing to shard over";
       break;
     case 1:
-      zero += fmt::format(
-          "optimizer states sharded over {} ranks ({} per GPU); same traffic as "
-          "DDP (reduce-scatter + all-gather = allreduce)",
-          n, gb(l.state.optimizer));
+      zero += fmt::format("optimizer states sharded over {} ranks ({} per GPU); ", n,
+                          gb(l.state.optimizer));
+      zero += gradient_wire_bytes(req.setup) == weight_wire_bytes(req.setup)
+                  ? "same traffic as DDP (reduce-scatter + all-gather = allreduce)"
+                  : fmt::format(
+                        "less traffic than DDP: the gradients are reduce-scattered in {:g} bytes, "
+                        "the updated parameters all-gathered in {:g} (Megatron's distributed "
+                        "optimizer)",
+                        gradient_wire_bytes(req.setup), weight_wire_bytes(req.setup));
       break;
     case 2:
       zero += fmt::format(
@@ -577,14 +591,12 @@ Plan choose_mix(const PlanRequest& req) {
   Plan p;
   // TODO(L01): fill p.branches (each family's fastest fitting, fed candidate), then
   //   p.eval, p.family and p.reasons with the fastest of them, a later branch only when it is
-  //   more than kSimplerWithin faster, kContext only when no other branch fits (strategy.h);
-  //   or the least-memory candidate when nothing fits. Tests: L01Plan.*; hints: README part 2,
-  //   "The exercise"
+  //   more than kSimplerWithin faster (strategy.h); or the least-memory candidate when nothing
+  //   fits. Tests: L01Plan.*; hints: README part 2, "The exercise"
   DTC_TODO("L01", "fill p.branches (each family's fastest fitting, fed candidate), then "
                   "p.eval, p.family and p.reasons with the fastest of them, a later branch only when it is "
-                  "more than kSimplerWithin faster, kContext only when no other branch fits (strategy.h); "
-                  "or the least-memory candidate when nothing fits. Tests: L01Plan.*; hints: README part 2, "
-                  "\"The exercise\"");
+                  "more than kSimplerWithin faster (strategy.h); or the least-memory candidate when nothing "
+                  "fits. Tests: L01Plan.*; hints: README part 2, \"The exercise\"");
   return p;
 }
 
@@ -609,11 +621,6 @@ std::string verdict(const PlanRequest& req, const Branch& b, const Plan& pick) {
     return fmt::format("compute {:.3g} s x (1 + bubble {:.3f}) + communication {:.3g} s = {:.3g} s",
                        e.compute_time_s, e.bubble, e.comm_time_s, e.step_time_s);
   };
-  if (!b.costed) {
-    return "not costed: mixes that keep each sequence whole fit, and context parallelism is "
-           "for sequences too long for them (the cost model would price its short per-GPU "
-           "chunks at full speed)";
-  }
   if (!b.best) {
     double least = 0;
     bool any_fits = false;
@@ -623,6 +630,12 @@ std::string verdict(const PlanRequest& req, const Branch& b, const Plan& pick) {
       any_fits = any_fits || e.fits;
       if (first || e.ledger.total_bytes() < least) least = e.ledger.total_bytes();
       first = false;
+    }
+    if (first && b.family == Family::kContext && req.setup.seq / 2 < kMinCpTokens) {
+      return fmt::format(
+          "not needed: the sequence of {} tokens is kept whole (context parallelism splits it "
+          "into chunks of at least {} tokens a GPU, kMinCpTokens)",
+          req.setup.seq, kMinCpTokens);
     }
     if (first) return "no valid layout on these GPUs";
     if (any_fits) {
@@ -674,10 +687,9 @@ Plan plan(const PlanRequest& req) {
     }
   }
   if (p.fits) {
-    // The runner-up: the fastest other layout that fits, in any branch that was costed.
+    // The runner-up: the fastest other layout that fits, in any branch.
     const Mix& chosen = p.eval.mix;
     for (const Branch& b : p.branches) {
-      if (!b.costed) continue;
       const Family f = b.family;
       for (const Mix& m : candidates(req, f)) {
         if (m.dp == chosen.dp && m.tp == chosen.tp && m.pp == chosen.pp && m.cp == chosen.cp) {
@@ -740,22 +752,22 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
       case Strategy::kDdp:
         row.splits = "the batch";
         row.collectives = "allreduce(grads) once a step";
-        row.formula = "2(n-1)/n w P";
+        row.formula = "2(n-1)/n g P";
         break;
       case Strategy::kZero1:
         row.splits = "the batch; optimizer states";
         row.collectives = "reduce-scatter(grads) + all-gather(params) once a step";
-        row.formula = "2(n-1)/n w P";
+        row.formula = "(n-1)/n (g+w) P";
         break;
       case Strategy::kZero2:
         row.splits = "the batch; + gradients";
         row.collectives = "reduce-scatter(grads) each micro-batch + all-gather(params)";
-        row.formula = "(m+1)(n-1)/n w P";
+        row.formula = "(n-1)/n (mg+w) P";
         break;
       case Strategy::kZero3:
         row.splits = "the batch; + parameters";
         row.collectives = "all-gather(params) fwd+bwd + reduce-scatter(grads) each micro-batch";
-        row.formula = "3m(n-1)/n w P";
+        row.formula = "m(n-1)/n (2w+g) P";
         break;
       case Strategy::kTp:
         row.splits = "each layer's matrices (heads, MLP columns)";
@@ -790,4 +802,4 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum 72df4ed0128b7e26
+// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum 31f4d30c24688625

@@ -143,21 +143,32 @@ double collective_bytes(Collective c, double bytes, int64_t n);
 /// Micro-batches each pipeline runs per optimizer step: m = B / (dp * mix.micro_batch). Given.
 double micro_batches(const PlanRequest& req, const Mix& mix);
 
+/// w, the bytes of a weight on the wire (the all-gathers of parameters): 2 in mixed precision,
+/// 4 in fp32. Given.
+double weight_wire_bytes(const TrainingSetup& setup);
+/// g, the bytes of a gradient on the wire (allreduces and reduce-scatters): the dtype the
+/// gradients are summed in. 4 with fp32 gradients (kMixedFp32Grads, or fp32_grad_accum's
+/// buffer: Megatron-LM reduces that buffer, grad_reduce_in_fp32) and in fp32; w with 16-bit
+/// gradients. Given.
+double gradient_wire_bytes(const TrainingSetup& setup);
+
 /// Bytes one GPU sends in one optimizer step for @p s inside @p mix, with
-/// P_r = params / (tp * pp) the parameters a replica holds, w the bytes of a weight (2 mixed,
-/// 4 fp32), m = micro_batches(), s the sequence, b = mix.micro_batch, h hidden, L layers, and
+/// P_r = params / (tp * pp) the parameters a replica holds, w = weight_wire_bytes() and
+/// g = gradient_wire_bytes() the bytes of a weight and of a gradient on the wire,
+/// m = micro_batches(), s the sequence, b = mix.micro_batch, h hidden, L layers, and
 /// activations 16-bit (2 bytes a value, as in the ledger):
 ///   - kZero1..3 use n = mix.zero_degree() (dp * cp: context-parallel ranks hold the same
 ///     weights, so gradients are reduced over both; or HSDP's shard group), kDdp n = dp * cp.
-///     DDP: one allreduce of the gradients, 2(n-1)/n w P_r.
+///     DDP: one allreduce of the gradients, 2(n-1)/n g P_r.
 ///     ZeRO-1: reduce-scatter of gradients + all-gather of the updated parameters, once a step:
-///     the same 2(n-1)/n w P_r (ZeRO paper sec. 7.2.1). ZeRO-2 keeps only its gradient shard,
-///     so it reduce-scatters after every micro-batch: (m + 1)(n-1)/n w P_r. ZeRO-3 gathers the
-///     parameters for the forward and again for the backward and reduce-scatters the gradients,
-///     every micro-batch: 3m(n-1)/n w P_r (1.5x DDP at m = 1, ZeRO paper sec. 7.2.2).
+///     (n-1)/n (g + w) P_r, DDP's volume when g = w (ZeRO paper sec. 7.2.1). ZeRO-2 keeps only
+///     its gradient shard, so it reduce-scatters after every micro-batch:
+///     (n-1)/n (m g + w) P_r. ZeRO-3 gathers the parameters for the forward and again for the
+///     backward and reduce-scatters the gradients, every micro-batch: m (n-1)/n (2w + g) P_r
+///     (1.5x DDP at m = 1 and g = w, ZeRO paper sec. 7.2.2).
 ///   - kDdp in an HSDP mix (shard > 0) is the replication across groups instead: once a step,
-///     an allreduce of each rank's gradient shard, w P_r / shard, over the r = dp * cp / shard
-///     replicas, 2(r-1)/r w P_r / shard.
+///     an allreduce of each rank's gradient shard, g P_r / shard, over the r = dp * cp / shard
+///     replicas, 2(r-1)/r g P_r / shard.
 ///   - kTp, n = tp: per layer this GPU holds (L/pp) and micro-batch, 4 allreduces of the
 ///     (s/cp) b h activations, 2 in the forward and 2 in the backward (Megatron, Shoeybi et al.
 ///     2019, Fig. 3; with sequence parallelism each becomes a reduce-scatter + all-gather of the
@@ -281,7 +292,7 @@ std::string family_name(Family f);
 ///   - kTensor: tp a power of two 2..min(g, G) dividing heads, kv_heads and ffn; pp = cp = 1;
 ///   - kPipeline: tp 1 or as above, pp 2..layers dividing G / tp, cp = 1;
 ///   - kContext: as kTensor or kPipeline, with cp a power of two >= 2 dividing the remaining
-///     GPUs and seq / (2 cp) whole (load-balanced chunks);
+///     GPUs, seq / (2 cp) whole (load-balanced chunks) and seq / cp >= kMinCpTokens;
 /// the model-parallel families (kTensor, kPipeline, kContext) with ZeRO 0..1 over the dp * cp
 /// ranks: once TP/PP split the model, only the optimizer states are sharded further (Megatron's
 /// distributed optimizer), as ZeRO-2/3 would reduce or gather after every micro-batch; each
@@ -292,11 +303,17 @@ std::string family_name(Family f);
 /// stages of 8) and m is a whole multiple of pp (Megatron's interleaved schedule requires it).
 std::vector<Mix> candidates(const PlanRequest& req, Family f);
 
+/// The fewest tokens of a sequence a context-parallel GPU keeps: the cost model prices s/cp
+/// tokens at the same MFU as a whole sequence, while in practice shorter chunks mean smaller
+/// matmuls and K/V transfers that attention no longer hides. Every published CP layout the
+/// course quotes keeps at least this many (NeMo's Llama 3 recipes: CP 2 at 8192; Llama 3 paper
+/// Table 4: CP 16 at 131,072), and Megatron Core's parallelism guide names CP for sequences of
+/// 8K tokens and more.
+inline constexpr int64_t kMinCpTokens = 4096;
+
 /// One branch of the decision tree, costed.
 struct Branch {
   Family family = Family::kDdp;
-  /// Whether its candidates were costed: kContext only is not, when an earlier branch fits.
-  bool costed = true;
   /// Its fastest candidate (step_time_s) that fits and is fed (batch_ok); none
   /// when no candidate of the family does.
   std::optional<Evaluation> best;
@@ -336,11 +353,11 @@ inline constexpr double kSimplerWithin = 0.05;
 /// stop at the first branch whose condition holds: it costs every branch and picks by step
 /// time, as a practitioner would.
 ///   - branches: one per Family, in order, each with its fastest candidate that fits and is
-///     fed (batch_ok) (Branch::best; verdicts are plan()'s). kContext is costed only when no
-///     earlier branch has one (else costed = false, no best): the tree's "the sequence is too
-///     long", for the memory or for the batch. Llama 3 trained its 8K-token stage without CP and used CP 16 for 128K (Llama 3
-///     paper, Table 4); this cost model would take CP at any length, as it prices a GPU's share
-///     of s/cp tokens at the same MFU as a whole sequence.
+///     fed (batch_ok) (Branch::best; verdicts are plan()'s). Every branch is costed, kContext
+///     too: the tree's "the sequence is too long" is a rule of thumb, and practice runs CP at
+///     8K tokens where it saves recomputation or a deeper pipeline (NeMo's Llama 3 8B and 70B
+///     recipes: CP 2). The cost model prices a GPU's s/cp tokens at the same MFU as a whole
+///     sequence, so CP wins only by what it saves (memory, a bubble), never by its compute.
 ///   - eval and family: walking the branches in order, the first best becomes the pick, and a
 ///     later best replaces it only when its step_time_s is below (1 - kSimplerWithin) times the
 ///     pick's. When no branch has one, nothing fits: eval is the candidate of any family that

@@ -102,6 +102,21 @@ TEST(L01Program, PlanJson) {
   EXPECT_FALSE(branches[1].at("best").is_null()) << "ZeRO-3 fits on 64 GPUs";
   for (const auto& b : branches) EXPECT_FALSE(b.at("verdict").get<std::string>().empty());
   EXPECT_EQ(j.at("strategies").size(), 7u) << "DDP, ZeRO-1/2/3, TP, PP, CP";
+  // The plan's default numerics: fp32 gradients, reduced in fp32 (Megatron-LM's bf16 default).
+  EXPECT_EQ(j.at("precision"), "mixed-fp32-grads");
+  EXPECT_EQ(j.at("gradient_wire_bytes").get<double>(), 4.0);
+  EXPECT_EQ(j.at("weight_wire_bytes").get<double>(), 2.0);
+  const auto bf16 = last_json_line(run_lesson01({"--plan", "--model", "llama3-70b", "--gpus", "64",
+                                                 "--precision", "mixed", "--json"})
+                                       .out);
+  EXPECT_EQ(bf16.at("precision"), "mixed") << "16-bit gradients on request";
+  EXPECT_EQ(bf16.at("gradient_wire_bytes").get<double>(), 2.0);
+  const auto accum = last_json_line(run_lesson01({"--plan", "--model", "llama3-70b", "--gpus", "64",
+                                                  "--fp32-grad-accum", "--json"})
+                                        .out);
+  EXPECT_EQ(accum.at("precision"), "mixed") << "--fp32-grad-accum: 16-bit gradients + fp32 buffer";
+  EXPECT_TRUE(accum.at("fp32_grad_accum").get<bool>());
+  // The ledger alone keeps the textbook 2 + 2 + 12 (BareParamsJson: 16 bytes a parameter).
 }
 
 TEST(L01Program, PlanTableAndDoesNotFit) {

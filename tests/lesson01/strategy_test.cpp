@@ -31,6 +31,15 @@ PlanRequest request(const std::string& model, const std::string& cluster, int64_
   return r;
 }
 
+// A request as `lesson01 --plan` makes it by default: fp32 gradients, what a bf16 run of
+// Megatron-LM or NeMo holds and reduces (README part 2, "The numerics a plan assumes").
+PlanRequest plan_request(const std::string& model, const std::string& cluster, int64_t gpus,
+                         int64_t seq = 2048, int64_t global_batch = 0) {
+  PlanRequest r = request(model, cluster, gpus, seq, global_batch);
+  r.setup.precision = Precision::kMixedFp32Grads;
+  return r;
+}
+
 // The subject of the UsageError that @p f throws, or "" when it throws none.
 template <class F>
 std::string flag_of(F f) {
@@ -121,7 +130,7 @@ TEST(L01StrategyGiven, BadInputNamesTheFlag) {
 }
 
 TEST(L01StrategyGiven, CandidatesMultiplyToTheGpuCount) {
-  const PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  const PlanRequest r = request("llama3-70b", "dgx-h100", 64, 8192);
   for (Family f :
        {Family::kDdp, Family::kZero, Family::kTensor, Family::kPipeline, Family::kContext}) {
     const auto mixes = candidates(r, f);
@@ -130,9 +139,12 @@ TEST(L01StrategyGiven, CandidatesMultiplyToTheGpuCount) {
       EXPECT_EQ(m.gpus(), 64) << family_name(f);
       EXPECT_LE(m.tp, 8) << "TP stays inside a node";
       EXPECT_EQ(r.model.kv_heads % m.tp, 0);
+      EXPECT_GE(r.setup.seq / m.cp, kMinCpTokens) << "no chunk shorter than the published ones";
     }
   }
-  EXPECT_EQ(r.batch(), (int64_t{1} << 22) / 2048) << "default: 4M tokens per step";
+  EXPECT_EQ(r.batch(), (int64_t{1} << 22) / 8192) << "default: 4M tokens per step";
+  // At 2048 tokens no split keeps kMinCpTokens a GPU: the CP branch has no candidate.
+  EXPECT_TRUE(candidates(request("llama3-70b", "dgx-h100", 64), Family::kContext).empty());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -197,6 +209,37 @@ TEST(L01Traffic, DataParallelFlavours) {
   mix.dp = 2;
   EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kDdp, r, mix), 1.0 * 4 * p, 1e-12,
                    "closed form: fp32 gradients, 4 bytes");
+}
+
+TEST(L01Traffic, Fp32GradientsTravelInFp32) {
+  // Megatron-LM reduces a bf16 model's gradients in fp32 (grad_reduce_in_fp32, forced on for
+  // bf16) and all-gathers the updated parameters in bf16: the distributed optimizer sends
+  // (n-1)/n (4 + 2) P, not DDP's 2(n-1)/n 2P. The same with an fp32 accumulation buffer.
+  for (const bool accum : {false, true}) {
+    SCOPED_TRACE(accum ? "mixed + fp32_grad_accum" : "mixed-fp32-grads");
+    PlanRequest r = request("llama-7b", "dgx-h100", 48, 2048, 48 * 16);  // m = 16 at dp 48
+    r.setup.precision = accum ? Precision::kMixed : Precision::kMixedFp32Grads;
+    r.setup.fp32_grad_accum = accum;
+    EXPECT_EQ(weight_wire_bytes(r.setup), 2.0);
+    EXPECT_EQ(gradient_wire_bytes(r.setup), 4.0);
+    const double p = static_cast<double>(count_params(r.model));
+    const double f = 47.0 / 48;  // (n-1)/n, n = 48: not a power of two
+    Mix mix;
+    mix.dp = 48;
+    EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kDdp, r, mix), 2 * f * 4 * p, 1e-12,
+                     "closed form: 2(n-1)/n g P, g = 4");
+    EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kZero1, r, mix), f * (4 + 2) * p, 1e-12,
+                     "closed form: reduce-scatter in fp32, all-gather in bf16: (n-1)/n (g+w) P");
+    EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kZero2, r, mix), f * (16 * 4 + 2) * p, 1e-12,
+                     "closed form: (n-1)/n (m g + w) P");
+    EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kZero3, r, mix), 16 * f * (2 * 2 + 4) * p, 1e-12,
+                     "closed form: m (n-1)/n (2w + g) P");
+    Mix hsdp = mix;
+    hsdp.zero_stage = 3;
+    hsdp.shard = 8;  // 6 replicas of a shard group of 8
+    EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kDdp, r, hsdp), 2 * 5.0 / 6 * 4 * p / 8, 1e-12,
+                     "closed form: the fp32 gradient shards allreduced across the replicas");
+  }
 }
 
 TEST(L01Traffic, TensorPipelineContextClosedForms) {
@@ -473,7 +516,7 @@ TEST(L01Plan, EveryRecommendedMixIsSound) {
     for (const char* cluster : {"dgx-h100", "h200x8", "pcie-ethernet"}) {
       for (int64_t gpus : {8, 64, 512}) {
         SCOPED_TRACE(fmt::format("{} on {} x {}", model, gpus, cluster));
-        const PlanRequest r = request(model, cluster, gpus);
+        const PlanRequest r = plan_request(model, cluster, gpus);
         const Plan p = plan(r);
         EXPECT_EQ(p.eval.mix.gpus(), gpus);
         if (!p.fits) {
@@ -510,7 +553,7 @@ TEST(L01Plan, EveryBranchCostedThePickByStepTime) {
         Case{"llama3-70b", "dgx-h100", 64, 2048, 0}, Case{"gpt3-175b", "dgx-a100", 64, 2048, 64},
         Case{"llama3-405b", "dgx-h100", 16384, 131072, 128}}) {
     SCOPED_TRACE(fmt::format("{} on {} x {}, seq {}", c.model, c.gpus, c.cluster, c.seq));
-    const PlanRequest r = request(c.model, c.cluster, c.gpus, c.seq, c.batch);
+    const PlanRequest r = plan_request(c.model, c.cluster, c.gpus, c.seq, c.batch);
     const Plan p = plan(r);
     ASSERT_EQ(p.branches.size(), 5u) << "one branch per family, in the tree's order";
     std::optional<Evaluation> pick;
@@ -518,10 +561,7 @@ TEST(L01Plan, EveryBranchCostedThePickByStepTime) {
     for (size_t i = 0; i < 5; ++i) {
       const Branch& b = p.branches[i];
       EXPECT_EQ(b.family, families[i]);
-      // The tree's "sequence too long": CP only when no earlier branch fits.
-      EXPECT_EQ(b.costed, families[i] != Family::kContext || !pick) << family_name(b.family);
-      const std::optional<Evaluation> want =
-          b.costed ? brute_best(r, families[i]) : std::optional<Evaluation>();
+      const std::optional<Evaluation> want = brute_best(r, families[i]);
       ASSERT_EQ(b.best.has_value(), want.has_value()) << family_name(b.family);
       if (!want) continue;
       EXPECT_CLOSE_REL(b.best->step_time_s, want->step_time_s, 1e-12,
@@ -555,7 +595,7 @@ TEST(L01Plan, SeventyBZeroThreeWithItsBestMicroBatchLosesOnTraffic) {
   // The tree's "a layer too big -> TP" is not why TP wins for 70B on 64 H100s: ZeRO-3 fits.
   // With its best micro-batch (fewer micro-batches, fewer gathers) it still sends more than
   // the model-parallel mixes and recomputes to fit: its step is slower. The verdict says so.
-  const PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  const PlanRequest r = plan_request("llama3-70b", "dgx-h100", 64);
   const Plan p = plan(r);
   ASSERT_TRUE(p.fits);
   const Branch& zero = p.branches[1];
@@ -577,7 +617,7 @@ TEST(L01Plan, SeventyBZeroThreeWithItsBestMicroBatchLosesOnTraffic) {
 TEST(L01Plan, HsdpIsACandidateOfTheZeroBranch) {
   // HSDP (FSDP's HYBRID_SHARD): ZeRO-3 inside groups of 2, 4, 8 GPUs of a node, replicated
   // across the groups; the ZeRO branch costs it beside flat ZeRO-1/2/3.
-  const PlanRequest r = request("llama-7b", "dgx-h100", 512);
+  const PlanRequest r = plan_request("llama-7b", "dgx-h100", 512);
   std::vector<int64_t> shards;
   for (const Mix& m : candidates(r, Family::kZero)) {
     if (m.shard == 0) continue;
@@ -606,7 +646,7 @@ TEST(L01Plan, Llama3_405bLongContextAsMeta) {
   // Llama 3 paper Table 4: the 131,072-token stage, 16,384 GPUs, 16M tokens (128 sequences) a
   // step: TP 8, CP 16, PP 16, DP 8. Nothing fits without splitting the sequence; the plan
   // takes the same structure: TP inside a node, a pipeline and CP of 16 or more.
-  const PlanRequest r = request("llama3-405b", "dgx-h100", 16384, 131072, 128);
+  const PlanRequest r = plan_request("llama3-405b", "dgx-h100", 16384, 131072, 128);
   const Plan p = plan(r);
   ASSERT_TRUE(p.fits);
   expect_sound(r, p);
@@ -629,7 +669,7 @@ TEST(L01Plan, Llama3PublishedLayoutCosted) {
   // Llama 3 paper Table 4, 8K stage: DP 128 x TP 8 x PP 16, 16 sequences per replica. Costed
   // with the same model: plain 1F1B's bubble is (p-1)/m = 15/16; Meta's interleaved schedule
   // divides it by v (Narayanan et al. 2021 sec. 2.2.2).
-  const PlanRequest r = request("llama3-405b", "dgx-h100", 16384, 8192, 2048);
+  const PlanRequest r = plan_request("llama3-405b", "dgx-h100", 16384, 8192, 2048);
   Mix meta;
   meta.dp = 128;
   meta.tp = 8;
@@ -645,9 +685,72 @@ TEST(L01Plan, Llama3PublishedLayoutCosted) {
   EXPECT_TRUE(listed) << "the planner may choose Meta's layout";
 }
 
+// The H100 layouts NVIDIA publishes for these models (Megatron-Bridge performance recipes,
+// REFERENCES.md, lesson 01), with the plan's default numerics (fp32 gradients). A published
+// layout, ZeRO-1 (Megatron's distributed optimizer):
+Mix layout(int64_t dp, int64_t tp, int64_t pp, int64_t cp, Recompute r, int64_t v) {
+  Mix m;
+  m.dp = dp;
+  m.tp = tp;
+  m.pp = pp;
+  m.cp = cp;
+  m.zero_stage = 1;  // Megatron's distributed optimizer
+  m.recompute = r;
+  m.virtual_stages = v;
+  return m;
+}
+
+TEST(L01Plan, Gpt3OnH100sAsNeMo) {
+  // gpt3_175b recipe: TP 4, PP 8, VP 6, sequence parallelism, 64 nodes of 8 H100s; 2048 tokens.
+  const PlanRequest r = plan_request("gpt3-175b", "dgx-h100", 512, 2048, 2048);
+  const Plan p = plan(r);
+  ASSERT_TRUE(p.fits);
+  expect_sound(r, p);
+  EXPECT_EQ(p.eval.mix.tp, 4) << "NeMo: TP 4";
+  EXPECT_EQ(p.eval.mix.pp, 8) << "NeMo: PP 8";
+  EXPECT_GT(p.eval.mix.virtual_stages, 1) << "NeMo: interleaved (VP 6)";
+  EXPECT_EQ(p.eval.mix.cp, 1) << "2048 tokens: no chunk of kMinCpTokens";
+}
+
+TEST(L01Plan, Llama3At8kContextParallelAsNeMo) {
+  // llama3_70b recipe: 64 H100s, TP 4, PP 4, CP 2, global batch 256, 8192 tokens. With fp32
+  // gradients nothing fits at 8K without recomputation or a deep pipeline, and CP 2 is what
+  // saves both: the plan's fastest mixes split the sequence, and NeMo's own layout (VP 4 here:
+  // the course's choice, the pretraining recipe names none) is within the 5% the model cannot
+  // tell apart from the pick.
+  const PlanRequest r = plan_request("llama3-70b", "dgx-h100", 64, 8192, 256);
+  const Plan p = plan(r);
+  ASSERT_TRUE(p.fits);
+  expect_sound(r, p);
+  ASSERT_TRUE(p.branches[4].best.has_value()) << "the CP branch is costed at 8K";
+  const Evaluation& cp = *p.branches[4].best;
+  EXPECT_GT(cp.mix.cp, 1);
+  EXPECT_LT(cp.step_time_s, p.branches[3].best->step_time_s)
+      << "at 8K, CP beats every pipeline that keeps the sequence whole";
+  for (int64_t v : {1, 4}) {
+    const Evaluation nemo = evaluate(r, layout(2, 4, 4, 2, Recompute::kNone, v));
+    EXPECT_TRUE(nemo.fits && nemo.batch_ok) << "NeMo's layout fits the ledger, v " << v;
+    EXPECT_LE(nemo.step_time_s, (1 + kSimplerWithin) * p.eval.step_time_s) << "v " << v;
+  }
+  // Without fp32 gradients (bf16 ones, 2 bytes less a parameter) a pipeline alone fits
+  // unrecomputed: the numerics decide the layout.
+  PlanRequest bf16 = r;
+  bf16.setup.precision = Precision::kMixed;
+  EXPECT_LT(mix_ledger(bf16, p.eval.mix).total_bytes(), p.eval.ledger.total_bytes());
+  // Llama 3 405B on 1024 H100s (llama31_405b recipe: TP 8, PP 8, CP 2): TP 8 and CP 2, as NeMo.
+  const PlanRequest big = plan_request("llama3-405b", "dgx-h100", 1024, 8192);
+  const Plan q = plan(big);
+  ASSERT_TRUE(q.fits);
+  expect_sound(big, q);
+  EXPECT_EQ(q.eval.mix.tp, 8) << "NeMo: TP 8";
+  EXPECT_EQ(q.eval.mix.cp, 2) << "NeMo: CP 2";
+  EXPECT_GT(q.eval.mix.pp, 1) << "NeMo: PP 8";
+  EXPECT_EQ(q.eval.mix.recompute, Recompute::kNone) << "CP 2 is what avoids recomputation";
+}
+
 TEST(L01Plan, SmallModelIsPlainDdp) {
   // GPT-2 small (124M) needs ~2 GB of states: it fits on one GPU -> DDP (the outline's tree).
-  const PlanRequest r = request("gpt2", "dgx-h100", 8, 1024);
+  const PlanRequest r = plan_request("gpt2", "dgx-h100", 8, 1024);
   const Plan p = plan(r);
   ASSERT_TRUE(p.fits);
   EXPECT_EQ(p.family, Family::kDdp);
@@ -660,7 +763,7 @@ TEST(L01Plan, SevenBOnOneNodeIsDataParallelWithZero) {
   // 7B does not fit on one 80 GB GPU (112 GB of states, the outline), but ZeRO-powered data
   // parallelism trains models up to 13B without model parallelism (ZeRO paper, sec. 1 and
   // 10): on one 8-GPU node the plan is dp 8 with a ZeRO stage, no tp/pp/cp.
-  const PlanRequest r = request("llama-7b", "dgx-h100", 8);
+  const PlanRequest r = plan_request("llama-7b", "dgx-h100", 8);
   const Plan p = plan(r);
   ASSERT_TRUE(p.fits);
   EXPECT_EQ(p.family, Family::kZero);
@@ -673,7 +776,7 @@ TEST(L01Plan, SevenBOnOneNodeIsDataParallelWithZero) {
 TEST(L01Plan, Gpt3OnSixtyFourA100sAsMegatron) {
   // Korthikanti et al. 2022 (arXiv:2205.05198) Table 3: GPT-3 175B on 64 A100 80 GB GPUs
   // (DGX A100 nodes), t = 8, p = 8, sequence 2048, global batch 64, micro-batch 1.
-  const PlanRequest r = request("gpt3-175b", "dgx-a100", 64, 2048, 64);
+  const PlanRequest r = plan_request("gpt3-175b", "dgx-a100", 64, 2048, 64);
   // Their layout fits our ledger with selective recomputation and sequence parallelism.
   Mix published;
   published.tp = 8;
@@ -695,7 +798,7 @@ TEST(L01Plan, Llama3_405bTensorInsideNodesPipelineAcross) {
   // Llama 3 paper (Dubey et al. 2024, arXiv:2407.21783) sec. 3.3.2 and Table 4: 405B on
   // 16,384 H100s, sequence 8192, 16M tokens (2048 sequences) a step; TP 8 inside a node,
   // PP across nodes (16 stages), DP over the rest.
-  const PlanRequest r = request("llama3-405b", "dgx-h100", 16384, 8192, 2048);
+  const PlanRequest r = plan_request("llama3-405b", "dgx-h100", 16384, 8192, 2048);
   const Plan p = plan(r);
   ASSERT_TRUE(p.fits);
   expect_sound(r, p);
@@ -706,7 +809,7 @@ TEST(L01Plan, Llama3_405bTensorInsideNodesPipelineAcross) {
 
 TEST(L01Plan, SeventyBOnOneTrillionTokens) {
   // The outline: a 70B model on 1T tokens takes years on one GPU; N GPUs cut it ~N times.
-  PlanRequest r = request("llama3-70b", "dgx-h100", 64);
+  PlanRequest r = plan_request("llama3-70b", "dgx-h100", 64);
   r.tokens = 1e12;
   const Plan p = plan(r);
   ASSERT_TRUE(p.fits);
@@ -721,7 +824,7 @@ TEST(L01Plan, SeventyBOnOneTrillionTokens) {
 
 TEST(L01Plan, DoesNotFitNeedsMoreGpus) {
   // 405B needs ~6.5 TB of states (16 bytes/param): 8 GPUs of 80 GB cannot hold it.
-  const PlanRequest r = request("llama3-405b", "dgx-h100", 8);
+  const PlanRequest r = plan_request("llama3-405b", "dgx-h100", 8);
   const Plan p = plan(r);
   EXPECT_FALSE(p.fits);
   EXPECT_GE(p.needs_gpus, 16 * 405 / 72) << "closed form: 16 B x 405e9 / 72 GB usable";
@@ -735,7 +838,7 @@ TEST(L01Plan, DoesNotFitNeedsMoreGpus) {
 TEST(L01Plan, LayerTooBigFitsNowhere) {
   // One layer of a 131072-wide model is 2.7e11 parameters: even split 8 ways in a node and
   // gathered by ZeRO-3 it overflows a GPU, on any number of GPUs.
-  PlanRequest r = request("llama-7b", "dgx-h100", 64);
+  PlanRequest r = plan_request("llama-7b", "dgx-h100", 64);
   r.model.name = "huge-layer";
   r.model.hidden = 131072;
   r.model.heads = 8;
@@ -750,7 +853,7 @@ TEST(L01Plan, LayerTooBigFitsNowhere) {
 TEST(L01Plan, SlowLinksKeepTpInsideAndDpOutside) {
   // pcie-ethernet: 64 GB/s inside, 12.5 GB/s between nodes. 70B on 64 GPUs still keeps TP
   // inside a node; only the data-parallel and pipeline groups cross the Ethernet.
-  const PlanRequest r = request("llama3-70b", "pcie-ethernet", 64);
+  const PlanRequest r = plan_request("llama3-70b", "pcie-ethernet", 64);
   const Plan p = plan(r);
   ASSERT_TRUE(p.fits);
   expect_sound(r, p);
