@@ -213,9 +213,10 @@ void Job::start_trace() {
   trace_scope_ = std::make_shared<TraceScope>(tracer.get());
 }
 
-c10::intrusive_ptr<Comm> Job::traced(c10::intrusive_ptr<Comm> sub, const std::string& group) const {
+c10::intrusive_ptr<Comm> Job::traced(c10::intrusive_ptr<Comm> sub, const std::string& group,
+                                     std::vector<int> ranks) const {
   if (!tracer || !sub) return sub;
-  return c10::make_intrusive<TracingComm>(std::move(sub), tracer, group);
+  return c10::make_intrusive<TracingComm>(std::move(sub), tracer, group, std::move(ranks));
 }
 
 Job Job::start(const std::string& backend, std::chrono::milliseconds timeout) {

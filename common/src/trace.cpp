@@ -664,8 +664,16 @@ Tracer* saved_tracer(torch::autograd::AutogradContext* ctx) {
 // ---------------------------------------------------------------------------------------------
 
 TracingComm::TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer> tracer,
-                         std::string group)
-    : ForwardingComm(std::move(inner)), tracer_(std::move(tracer)), group_(std::move(group)) {}
+                         std::string group, std::vector<int> ranks)
+    : ForwardingComm(std::move(inner)),
+      tracer_(std::move(tracer)),
+      group_(std::move(group)),
+      ranks_(std::move(ranks)) {
+  if (!ranks_.empty() && static_cast<int>(ranks_.size()) != inner_->getSize()) {
+    throw std::invalid_argument(fmt::format("TracingComm: group {} names {} ranks, its comm has {}",
+                                            group_, ranks_.size(), inner_->getSize()));
+  }
+}
 
 c10::intrusive_ptr<c10d::Work> TracingComm::call(
     const char* op, int64_t bytes, int peer, int tag,
@@ -673,7 +681,11 @@ c10::intrusive_ptr<c10d::Work> TracingComm::call(
   const TraceTime issued = tracer_->now();
   auto work = issue();
   nlohmann::json args = {{"group", group_}, {"bytes", bytes}};
-  if (peer >= 0) args["peer"] = peer;
+  if (!ranks_.empty()) args["ranks"] = ranks_;
+  if (peer >= 0) {
+    args["peer"] = peer;
+    args["peer_rank"] = ranks_.empty() ? peer : ranks_.at(static_cast<size_t>(peer));
+  }
   if (tag >= 0) args["tag"] = tag;
   if (!work && grouping_) {  // an op inside a group that has no Work of its own: the group's
     args.erase("group");
@@ -699,6 +711,7 @@ c10::intrusive_ptr<c10d::Work> TracingComm::endCoalescing() {
   grouping_ = false;
   if (group_ops_.empty()) return work;  // every op had a Work of its own, traced as itself
   nlohmann::json args = {{"group", group_}, {"bytes", group_bytes_}, {"ops", group_ops_}};
+  if (!ranks_.empty()) args["ranks"] = ranks_;
   group_ops_ = nlohmann::json::array();
   return Tracer::comm(tracer_, std::move(work), std::move(args), "group", group_issued_);
 }

@@ -21,9 +21,10 @@ if(DTC_TORCHRUN)
     --program @PROGRAM@ --json-equals tp=2 --json-equals dp=2
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l08_model_args}"
     -- --dp 2 --tp 2 ${l08_model} --json)
-  # --trace DIR, tp 2: the blocks' spans, the optimizer's, and the tp group's allreduces.
+  # --trace DIR, tp 2: the blocks' spans, the optimizer's, and the tp group's allreduces, on
+  # one clock across the group.
   dtc_add_e2e(08 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
-    --program @PROGRAM@ --trace-check "step,fwd block,bwd block,optimizer"
+    --program @PROGRAM@ --trace-check "step,fwd block,bwd block,optimizer" --trace-groups tp
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l08_model_args}"
     -- ${l08_model} --json)
   # bf16 (LibTorch 2.x: 1.13's gloo has no bf16 collectives): the real program under torchrun

@@ -260,8 +260,9 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   job.connect();
   Groups groups =
       make_groups(job.store, grid, job.rank(), job.backend, job.timeout, job.env.master_addr);
-  groups.tp = job.traced(groups.tp, "tp");  // with --trace, on the timeline by group
-  groups.dp = job.traced(groups.dp, "dp");
+  // with --trace, on the timeline by group, each span with its group's global ranks
+  groups.tp = job.traced(groups.tp, "tp", grid.tp_group(job.rank()));
+  groups.dp = job.traced(groups.dp, "dp", grid.dp_group(job.rank()));
   const bool talk = job.rank0() && !t.train.json;
   if (talk) {
     print_banner(

@@ -22,9 +22,11 @@ if(DTC_TORCHRUN)
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --zigzag --json)
   # --trace DIR, ring zig-zag cp 2: attention blocks (forward, and backward from the custom
-  # Function's backward) and the ring's sends and receives traced.
+  # Function's backward) and the ring's sends and receives traced, each send and receive of the
+  # cp group and each allreduce of the replicas on one clock with its peers'.
   dtc_add_e2e(10 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
     --program @PROGRAM@ --trace-check "step,fwd block,bwd block,attn,attn bwd,optimizer"
+    --trace-groups cp,replicas
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --zigzag --json)
   dtc_add_e2e(10 NAME torchrun_ulysses_cp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2

@@ -426,9 +426,10 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   job.connect();
   Groups groups =
       make_groups(job.store, grid, job.rank(), job.backend, job.timeout, job.env.master_addr);
-  groups.tp = job.traced(groups.tp, "tp");  // with --trace, on the timeline by group
-  groups.cp = job.traced(groups.cp, "cp");
-  groups.replicas = job.traced(groups.replicas, "replicas");
+  // with --trace, on the timeline by group, each span with its group's global ranks
+  groups.tp = job.traced(groups.tp, "tp", grid.tp_group(job.rank()));
+  groups.cp = job.traced(groups.cp, "cp", grid.cp_group(job.rank()));
+  groups.replicas = job.traced(groups.replicas, "replicas", grid.replica_group(job.rank()));
   c10::intrusive_ptr<Comm> cp = groups.cp;
   if (o.no_overlap) cp = c10::make_intrusive<WaitingComm>(cp);
   Comm* tp = grid.tp > 1 ? groups.tp.get() : nullptr;

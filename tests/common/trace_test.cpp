@@ -352,6 +352,47 @@ TEST(Trace, TheWatcherEndsCommSpansAndTheTraceWaitsForIt) {
   }
 }
 
+TEST(Trace, ASubgroupsSpansNameItsGlobalRanksAndPeers) {
+  // Two groups of one name, {0, 2} and {1, 3} (a cp group beside tp 2): each span carries its
+  // group's global ranks, and a send or receive its peer's global rank besides the group-local
+  // one, so that a reader of the merged trace pairs them (tests/support/e2e_run.py).
+  std::vector<nlohmann::json> traces(4);
+  run_ranks(
+      4,
+      [&](RankContext& ctx) {
+        auto tracer = std::make_shared<Tracer>(ctx.rank);
+        const std::vector<int> members = {ctx.rank % 2, ctx.rank % 2 + 2};
+        auto sub = new_subgroup(ctx.store, fmt::format("cp{}", ctx.rank % 2), members, ctx.rank,
+                                BackendKind::kGloo, kTimeout);
+        EXPECT_THROW(TracingComm(sub, tracer, "cp", {0, 1, 2}), std::invalid_argument)
+            << "three ranks named for a group of two";
+        auto comm = c10::make_intrusive<TracingComm>(sub, tracer, "cp", members);
+        std::vector<at::Tensor> t{torch::ones({8})};
+        comm->allreduce(t)->wait();
+        const int peer = 1 - comm->getRank();
+        if (comm->getRank() == 0) {
+          comm->send(t, peer, 7)->wait();
+        } else {
+          comm->recv(t, peer, 7)->wait();
+        }
+        traces[static_cast<size_t>(ctx.rank)] = tracer->to_json();
+      },
+      kTimeout);
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE(r);
+    const std::vector<int> members = {r % 2, r % 2 + 2};
+    const auto spans = traced_spans(traces[static_cast<size_t>(r)]);
+    const auto ar = select_spans(spans, r, TraceTrack::kComm, "allreduce");
+    ASSERT_EQ(ar.size(), 1u);
+    EXPECT_EQ(ar[0].args.at("ranks").get<std::vector<int>>(), members);
+    EXPECT_FALSE(ar[0].args.contains("peer_rank")) << "a collective has no peer";
+    const auto p2p = select_spans(spans, r, TraceTrack::kComm, r < 2 ? "send" : "recv");
+    ASSERT_EQ(p2p.size(), 1u);
+    EXPECT_EQ(p2p[0].args.at("peer").get<int>(), r < 2 ? 1 : 0) << "the group-local rank";
+    EXPECT_EQ(p2p[0].args.at("peer_rank").get<int>(), r < 2 ? r + 2 : r - 2) << "the global one";
+  }
+}
+
 TEST(Trace, AGroupWhoseOpsHaveNoWorkIsOneSpanWithItsOps) {
   std::vector<nlohmann::json> traces(2);
   run_ranks(

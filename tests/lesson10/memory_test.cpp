@@ -70,35 +70,39 @@ std::vector<int64_t> measure(const RunConfig& run, Attention kind, int cp, bool 
   return got;
 }
 
-// Every rank's bytes: the closed form, or (@p whole_qkv) the closed form plus 2 n h e a layer.
-void expect_closed_forms(const RunConfig& run, Attention kind, bool whole_qkv = false) {
+// Every rank's bytes: the closed form, or (@p qkv_either) the closed form or that plus 2 n h e a
+// layer (the whole qkv projection kept, see below).
+void expect_closed_forms(const RunConfig& run, Attention kind, bool qkv_either = false) {
   const GptConfig& m = run.model;
   const int64_t e = run.precision == Precision::kFp32 ? 4 : 2;
   for (int cp : {1, 2, 4}) {
     const bool zigzag = kind != Attention::kUlysses && cp > 1;
     const auto got = measure(run, kind, cp, zigzag);
     const int64_t want = predict_activation_bytes(kind, m.layers, run.batch, m.ctx, m.hidden,
-                                                  m.heads, m.vocab, cp, e) +
-                         (whole_qkv ? m.layers * 2 * (run.batch * m.ctx / cp) * m.hidden * e : 0);
+                                                  m.heads, m.vocab, cp, e);
+    const int64_t whole = want + m.layers * 2 * (run.batch * m.ctx / cp) * m.hidden * e;
     for (int r = 0; r < cp; ++r) {
-      EXPECT_EQ(got[static_cast<size_t>(r)], want)
+      const int64_t g = got[static_cast<size_t>(r)];
+      EXPECT_TRUE(g == want || (qkv_either && g == whole))
           << attention_name(kind) << ", s " << m.ctx << ", cp " << cp << ", rank " << r << ", "
-          << precision_name(run.precision) << ": bytes kept for backward"
-          << (whole_qkv ? " (the whole qkv projection kept)" : "");
+          << precision_name(run.precision) << ": bytes kept for backward " << g << ", want " << want
+          << (qkv_either ? fmt::format(" or {} (the whole qkv projection kept)", whole)
+                         : std::string());
     }
   }
 }
 
 // The ring keeps nothing of size s x s. Ulysses and all-gather keep the scores (LibTorch's
 // softmax keeps its output) and the causal mask (masked_fill keeps it). All-gather's queries are
-// a strided view of the qkv projection: LibTorch's matmul keeps a copy of them (n h) at s = 64,
-// but the view itself at s = 256, and with it the whole projection (3 n h): 2 n h e more a
-// layer (measured, both precisions).
+// a strided view of the qkv projection: LibTorch's matmul keeps a copy of them (n h), or the
+// view itself and with it the whole projection (3 n h), 2 n h e more a layer. Which, is
+// LibTorch's choice (measured: the copy at s = 64, the view at s = 256, both precisions, 2.x
+// and 1.13), not the learner's code: either passes.
 void expect_closed_forms(Precision precision) {
   expect_closed_forms(long_sequence(precision), Attention::kRing);
   expect_closed_forms(long_sequence(precision), Attention::kUlysses);
-  expect_closed_forms(short_sequence(precision), Attention::kAllGather);
-  expect_closed_forms(long_sequence(precision), Attention::kAllGather, /*whole_qkv=*/true);
+  expect_closed_forms(short_sequence(precision), Attention::kAllGather, /*qkv_either=*/true);
+  expect_closed_forms(long_sequence(precision), Attention::kAllGather, /*qkv_either=*/true);
 }
 
 TEST(L10Memory, ActivationsPerRankAreTheClosedFormsToTheByte) {
@@ -122,13 +126,17 @@ TEST(L10Memory, RingActivationsFallAsOneOverCp) {
   }
   // On one rank, all-gather is the plain softmax attention: the ring keeps, per layer, no
   // scores (4 a s^2 b bytes) and no mask (s^2), nor the whole qkv projection's other two thirds
-  // (2 s b h x 4 at this length: see above), but its fp32 output and log-sum-exp
+  // (2 s b h x 4 where LibTorch keeps it: see above), but its fp32 output and log-sum-exp
   // (4 s b h + 4 s b a). At this length the scores dominate.
   const int64_t s = run.model.ctx, b = run.batch, h = run.model.hidden, a = run.model.heads;
   const int64_t plain = measure(run, Attention::kAllGather, 1, false)[0];
-  EXPECT_EQ(plain - one, run.model.layers * (4 * a * s * s * b + s * s + 8 * s * b * h -
-                                             4 * s * b * h - 4 * s * b * a))
-      << "bytes the ring saves against plain attention, one rank, s = " << s;
+  const int64_t saves =
+      run.model.layers * (4 * a * s * s * b + s * s - 4 * s * b * h - 4 * s * b * a);
+  const int64_t qkv = run.model.layers * 8 * s * b * h;  // the qkv projection's other two thirds
+  EXPECT_TRUE(plain - one == saves + qkv || plain - one == saves)
+      << "bytes the ring saves against plain attention, one rank, s = " << s << ": " << plain - one
+      << ", want " << saves + qkv << " (LibTorch keeps the whole qkv projection)"
+      << " or " << saves;
   EXPECT_GT(static_cast<double>(plain) / static_cast<double>(one), 2.0)
       << "one ring rank keeps less than half of what plain attention keeps (README section 6)";
 }

@@ -26,8 +26,10 @@ Checks, each printed as "ok" or "FAIL":
                         DIR/rank<r>.json for every rank and DIR/trace.json with every rank's
                         events, each comma-separated compute span NAME (a prefix: "bwd block")
                         on every rank, a comm span on every rank of a multi-rank job, the
-                        ranks on one clock (cross_rank_order), and scripts/trace_svg.py
-                        drawing step 1 of it (the SVG has a bar per span)
+                        ranks on one clock on every group (cross_rank_order), and
+                        scripts/trace_svg.py drawing step 1 of it (the SVG has a bar per span)
+  --trace-groups G      with --trace-check: each comma-separated group name G ("cp", "tp",
+                        "replicas") has collectives or send/recv pairs the clock check covered
 --launcher mpirun      start the N ranks with OpenMPI's mpirun instead of torchrun (the
                         programs read OMPI_COMM_WORLD_*, lesson 04), MASTER_ADDR/PORT passed on
 --nproc 0 runs the program alone, without torchrun. Each torchrun takes its own free port (c10d
@@ -73,56 +75,77 @@ def dotted(obj, key):
 
 
 def cross_rank_order(trace, ranks: int, check):
-    """The ranks' clocks agree with causality, within the error the trace states.
+    """The ranks' clocks agree with causality, within the error the trace states, on every group.
 
-    On the "world" group, the k-th collective of every rank is the same collective (c10d's
-    rule): no rank can see it complete before every rank has issued it, so the latest issue is
-    before the earliest completion. The k-th receive of rank b from rank a with tag t cannot
-    complete before the k-th send of a to b with tag t was issued. Clock error: half the longest
-    round trip any rank measured (otherData's clock), plus 50 us.
+    A span's group is its name and its members: a subgroup's spans carry its global ranks
+    ("ranks"; TracingComm), the world's are all ranks. In each group the k-th collective of
+    every member is the same collective (c10d's rule): no member can see it complete before every
+    member has issued it, so the latest issue is before the earliest completion. The k-th receive
+    of rank b from rank a with tag t in a group cannot complete before the k-th send of a to b
+    with tag t in that group was issued (peers by global rank, "peer_rank"). A "group" span of
+    sends and receives only (a batch_isend_irecv) is no collective and is left out. Clock error:
+    half the longest round trip any rank measured (otherData's clock), plus 50 us.
     """
     rtts = [0.0]
     for other in trace.get("otherData", {}).get("ranks", []):
         clock = other.get("clock", {})
         rtts += [clock.get("rtt_us") or 0.0, clock.get("end_rtt_us") or 0.0]
     tol = max(rtts) / 2 + 50.0
-    world = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "comm"
-             and e.get("args", {}).get("group") == "world"]
-    world.sort(key=lambda e: e["ts"])
-    collectives = {r: [e for e in world if e["pid"] == r and e["name"] not in ("send", "recv")]
-                   for r in range(ranks)}
-    n = min(len(c) for c in collectives.values())
-    bad = []
-    for k in range(n):
-        kth = [collectives[r][k] for r in range(ranks)]
-        if len({e["name"] for e in kth}) != 1:
-            bad.append(f"collective {k} is {sorted({e['name'] for e in kth})} on different ranks")
-            break
-        latest = max(e["ts"] for e in kth)
-        earliest = min(e["ts"] + e["dur"] for e in kth)
-        if latest > earliest + tol:
-            bad.append(f"{kth[0]['name']} {k}: issued at {latest:.0f} us on some rank, complete "
-                       f"at {earliest:.0f} us on another")
-    sends, recvs = {}, {}
-    for e in world:
+    groups = {}
+    for e in trace["traceEvents"]:
         a = e.get("args", {})
-        if e["name"] == "send":
-            sends.setdefault((e["pid"], a.get("peer"), a.get("tag")), []).append(e)
-        elif e["name"] == "recv":
-            recvs.setdefault((a.get("peer"), e["pid"], a.get("tag")), []).append(e)
-    pairs = 0
-    for key, rs in recvs.items():
-        for send, recv in zip(sends.get(key, []), rs):
-            pairs += 1
-            if recv["ts"] + recv["dur"] < send["ts"] - tol:
-                bad.append(f"recv on rank {key[1]} from {key[0]} (tag {key[2]}) complete at "
-                           f"{recv['ts'] + recv['dur']:.0f} us, before its send at "
-                           f"{send['ts']:.0f} us")
-    check(not bad, f"one clock: {n} world collective(s) and {pairs} send/recv pair(s) in "
-                   f"causal order within {tol:.0f} us {'; '.join(bad[:3])}")
+        if e.get("ph") != "X" or e.get("cat") != "comm" or "group" not in a:
+            continue
+        members = tuple(a["ranks"]) if "ranks" in a else tuple(range(ranks))
+        groups.setdefault((a["group"], members), []).append(e)
+
+    def p2p_batch(e):
+        ops = e.get("args", {}).get("ops")
+        return e["name"] == "group" and ops and all(o.get("op") in ("send", "recv") for o in ops)
+
+    bad = []
+    checked = {}  # group name: collectives checked, send/recv pairs checked
+    for (name, members), spans in sorted(groups.items()):
+        spans.sort(key=lambda e: e["ts"])
+        collectives = {r: [e for e in spans if e["pid"] == r and e["name"] not in ("send", "recv")
+                           and not p2p_batch(e)] for r in members}
+        n = min(len(c) for c in collectives.values())
+        seen = checked.setdefault(name, [0, 0])
+        seen[0] += n
+        for k in range(n):
+            kth = [collectives[r][k] for r in members]
+            if len({e["name"] for e in kth}) != 1:
+                bad.append(f"{name} {list(members)}: collective {k} is "
+                           f"{sorted({e['name'] for e in kth})} on different ranks")
+                break
+            latest = max(e["ts"] for e in kth)
+            earliest = min(e["ts"] + e["dur"] for e in kth)
+            if latest > earliest + tol:
+                bad.append(f"{name} {list(members)}: {kth[0]['name']} {k} issued at {latest:.0f} "
+                           f"us on some rank, complete at {earliest:.0f} us on another")
+        sends, recvs = {}, {}
+        for e in spans:
+            a = e.get("args", {})
+            peer = a.get("peer_rank", a.get("peer"))
+            if e["name"] == "send":
+                sends.setdefault((e["pid"], peer, a.get("tag")), []).append(e)
+            elif e["name"] == "recv":
+                recvs.setdefault((peer, e["pid"], a.get("tag")), []).append(e)
+        for key, rs in recvs.items():
+            for send, recv in zip(sends.get(key, []), rs):
+                seen[1] += 1
+                if recv["ts"] + recv["dur"] < send["ts"] - tol:
+                    bad.append(f"{name}: recv on rank {key[1]} from {key[0]} (tag {key[2]}) "
+                               f"complete at {recv['ts'] + recv['dur']:.0f} us, before its send "
+                               f"at {send['ts']:.0f} us")
+    counts = "; ".join(f"{name}: {c} collective(s), {p} send/recv pair(s)"
+                       for name, (c, p) in sorted(checked.items()))
+    check(not bad, f"one clock: every group in causal order within {tol:.0f} us ({counts}) "
+                   f"{'; '.join(bad[:3])}")
+    return checked
 
 
-def check_trace(trace_dir: pathlib.Path, ranks: int, names, check):
+def check_trace(trace_dir: pathlib.Path, ranks: int, names, check, groups=()):
     """What --trace DIR wrote: the files, the spans, and the drawing of step 1."""
     for r in range(ranks):
         check((trace_dir / f"rank{r}.json").is_file(), f"--trace wrote rank{r}.json")
@@ -164,7 +187,11 @@ def check_trace(trace_dir: pathlib.Path, ranks: int, names, check):
         check(len(far) <= 1, f"rank {r}: {len(far)} compute span(s) moved more than 100 us to "
                              f"nest {'; '.join(far[:3])}")
     if ranks > 1:
-        cross_rank_order(trace, ranks, check)
+        checked = cross_rank_order(trace, ranks, check)
+        for name in groups:  # groups the run must have traced, and the clock check covered
+            c, p = checked.get(name, (0, 0))
+            check(c + p > 0, f"group {name}: {c} collective(s) and {p} send/recv pair(s) "
+                             "checked on one clock")
     svg = trace_dir / "step1.svg"
     tool = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "trace_svg.py"
     p = subprocess.run([sys.executable, str(tool), str(merged), str(svg), "--step", "1"],
@@ -195,6 +222,7 @@ def main() -> int:
     ap.add_argument("--digest-rtol", type=float, default=RTOL)
     ap.add_argument("--launcher", choices=["torchrun", "mpirun"], default="torchrun")
     ap.add_argument("--trace-check")
+    ap.add_argument("--trace-groups", default="")
     ap.add_argument("--existing-trace", help="check this --trace DIR of an earlier run (with "
                     "--trace-check's names and --nproc ranks) instead of running anything")
     ap.add_argument("--expect-cuda", action="store_true",
@@ -216,7 +244,8 @@ def main() -> int:
 
     if a.existing_trace:
         d = pathlib.Path(a.existing_trace)
-        check_trace(d, max(a.nproc, 1), (a.trace_check or "step").split(","), check)
+        check_trace(d, max(a.nproc, 1), (a.trace_check or "step").split(","), check,
+                    [g for g in a.trace_groups.split(",") if g])
         if a.expect_cuda:
             try:
                 trace = json.loads((d / "trace.json").read_text())
@@ -305,7 +334,8 @@ def main() -> int:
                                  f"sumsq {w['sumsq']:.6g}")
             print(f"     param_digest compared over {len(dw or [])} parameters", flush=True)
     if trace_dir is not None:
-        check_trace(trace_dir, max(a.nproc, 1), a.trace_check.split(","), check)
+        check_trace(trace_dir, max(a.nproc, 1), a.trace_check.split(","), check,
+                    [g for g in a.trace_groups.split(",") if g])
     if failures:
         print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
         print(f"FAILED: {len(failures)} check(s)")

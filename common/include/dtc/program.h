@@ -140,8 +140,10 @@ struct Job {
   /// prepare(), then connect().
   static Job start(const std::string& backend, std::chrono::milliseconds timeout);
 
-  /// @p comm (a subgroup), traced on this rank's timeline as @p group when tracing, else itself.
-  c10::intrusive_ptr<Comm> traced(c10::intrusive_ptr<Comm> comm, const std::string& group) const;
+  /// @p comm (a subgroup of global @p ranks, in its rank order), traced on this rank's timeline
+  /// as @p group when tracing, else itself.
+  c10::intrusive_ptr<Comm> traced(c10::intrusive_ptr<Comm> comm, const std::string& group,
+                                  std::vector<int> ranks) const;
 
   /// A last barrier: every rank has finished its collectives before any leaves; with --trace,
   /// then writes the trace (dtc::write_trace).

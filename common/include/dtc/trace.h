@@ -225,13 +225,17 @@ Tracer* saved_tracer(torch::autograd::AutogradContext* ctx);
 
 /// A Comm that forwards every call to @p inner and records it on a Tracer's comm track, from
 /// issue to completion, with the operation, the @p group's name, this rank's bytes, and the
-/// peer and tag of a send or receive. The operations of a group (start/endCoalescing) whose
+/// peer and tag of a send or receive. @p ranks: the group's global ranks in its own rank order
+/// (a subgroup's); each span then carries them ("ranks"), and a send or receive its peer's
+/// global rank too ("peer_rank"), so that a reader tells two groups of one name apart and
+/// pairs sends with receives across groups. Empty: the world, whose ranks are global. The operations of a group (start/endCoalescing) whose
 /// calls return no Work (NCCL on 2.x) are one span "group" from startCoalescing to the group's
 /// completion, with "ops" (each op, bytes, peer, tag) and their bytes in its args. One thread
 /// issues a group at a time, as c10d requires.
 class TracingComm : public ForwardingComm {
  public:
-  TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer> tracer, std::string group);
+  TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer> tracer, std::string group,
+              std::vector<int> ranks = {});
 
 #if TORCH_VERSION_MAJOR >= 2
   void startCoalescing() override;
@@ -246,7 +250,8 @@ class TracingComm : public ForwardingComm {
  private:
   std::shared_ptr<Tracer> tracer_;
   std::string group_;
-  bool grouping_ = false;  // between startCoalescing and endCoalescing
+  std::vector<int> ranks_;  // the group's global ranks; empty: the world
+  bool grouping_ = false;   // between startCoalescing and endCoalescing
   TraceTime group_issued_;
   nlohmann::json group_ops_ = nlohmann::json::array();
   int64_t group_bytes_ = 0;
