@@ -122,14 +122,23 @@ def pipeline(schedule, m):
 
 
 def ring(trace, ranks):
+    # L10Timeline.RingReceivesTheNextBlockWhileComputingThisOne's predicate: in every layer's
+    # forward, every attention block but the last runs while a receive posted before it is not
+    # waited for until after it (the last has no next block to receive)
     for r in range(ranks):
         step = in_step(trace, r, 1)
-        attn = [s for s in step if s["name"] == "attn"]
         recv = [s for s in step if s["cat"] == "comm" and s["name"] == "recv"]
-        beside = sum(1 for a in attn if any(
-            x["b"] < a["b"] and x["args"].get("wait_us", -1) >= a["e"] for x in recv))
-        assert beside > 0, f"rank {r}: no attention block ran beside a receive"
-    return "attention blocks run while the next K/V hop is in flight (waited for after them)"
+        layers = [s for s in step if s["cat"] != "comm" and s["name"].startswith("fwd block")]
+        assert layers, f"rank {r}: no layer's forward in step 1"
+        for layer in layers:
+            attn = [s for s in step if s["name"] == "attn" and layer["b"] <= s["b"] < layer["e"]]
+            beside = sum(1 for a in attn if any(
+                x["b"] < a["b"] and x["args"].get("wait_us", -1) >= a["e"] for x in recv))
+            assert attn and beside == len(attn) - 1, (
+                f"rank {r}, {layer['name']}: {beside} of {len(attn)} attention blocks ran beside "
+                f"a receive (every one but the last should)")
+    return ("in every layer's forward, every attention block but the last runs while the next "
+            "K/V hop is posted and not yet waited for")
 
 
 MODEL = ["--layers", "4", "--hidden", "128", "--heads", "4", "--seq", "64"]
@@ -162,7 +171,8 @@ FIGURES = {
              "Lesson 09, 1F1B, 4 stages, m = 8 (step 1)", pipeline("1f1b", 8), True),
     "ring": ("10_context_parallel", "lesson10_solution", 4,
              ["--cp", "4", "--zigzag", "--seq", "256", "--steps", "3"],
-             "Lesson 10, ring attention, zig-zag, cp 4, seq 256: block 1's forward (step 1)",
+             "Lesson 10, ring attention, zig-zag, cp 4, seq 256: around block 1's forward, from "
+             "the first rank's start to the last rank's end (step 1)",
              ring, False, "fwd block 1"),
     "ring_step": ("10_context_parallel", "lesson10_solution", 4,
                   ["--cp", "4", "--zigzag", "--seq", "256", "--steps", "3"],

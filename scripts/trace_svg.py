@@ -8,8 +8,10 @@ per comm lane (operations in flight at once get a lane each), on one time axis i
 is blue (forward) and green (backward), the optimizer purple; communication is orange and red.
 A comm bar under a compute bar means the operation was posted before the compute began and not
 waited for until after it: the schedule of an overlap, not proof that the bytes moved meanwhile.
-A send drawn faint is one whose completion gloo does not report: its bar ends where the sender
-waited for it, not where the data arrived (a gloo receive's bar also ends at its wait()).
+A comm bar drawn faint is one whose completion the backend does not report (gloo's sends and
+receives, end=wait in its args): it ends where the rank waited for it, not where the bytes
+arrived, so its length is an upper bound on the transfer. Solid bars end at the backend's own
+completion (a gloo collective's future, NCCL's end event seen by the tracer's watcher).
 
   --step N      only step N (from the earliest start of any rank's "step N" to the latest end)
   --textbook    below the measured lanes, the same per-rank order of pipeline micro-batches
@@ -204,8 +206,8 @@ def render(trace, step=None, title="", with_textbook=False, ranks=None, max_lane
             tip = f'{s["name"]}: {s["e"] - s["b"]:.0f} us'
             if s["args"]:
                 tip += " " + ", ".join(f"{k}={v}" for k, v in s["args"].items())
-            # A gloo send has no completion of its own: its bar ends where the sender waited.
-            faint = s["cat"] == "comm" and s["args"].get("end") == "wait" and s["name"] == "send"
+            # No completion of its own (gloo's sends and receives): the bar ends at the wait.
+            faint = s["cat"] == "comm" and s["args"].get("end") == "wait"
             out.append(f'<rect x="{x0:.1f}" y="{ry + 1}" width="{w:.1f}" height="{ROW - 3}" '
                        f'fill="{c}" fill-opacity="{0.3 if faint else 1}" stroke="white" '
                        f'stroke-width="0.5"><title>{html.escape(tip)}</title></rect>')
@@ -294,13 +296,15 @@ def selftest():
         {"name": "allreduce", "cat": "comm", "ph": "X", "ts": 30, "dur": 50, "pid": 0, "tid": 1,
          "args": {"bytes": 1024, "end": "done"}},
         {"name": "send", "cat": "comm", "ph": "X", "ts": 40, "dur": 10, "pid": 0, "tid": 3,
+         "args": {"end": "wait"}},
+        {"name": "recv", "cat": "comm", "ph": "X", "ts": 45, "dur": 20, "pid": 0, "tid": 3,
          "args": {"end": "wait"}}]}
     assert [d for d in depths([x for x in spans_of(trace) if x["cat"] != "comm"])] == [0, 1, 2]
     root = ET.fromstring(render(trace, step=1, title="selftest"))
     rects = root.findall("{http://www.w3.org/2000/svg}rect")
-    assert len(rects) >= 1 + 5, len(rects)  # the background, one bar per span, the legend
+    assert len(rects) >= 1 + 6, len(rects)  # the background, one bar per span, the legend
     faint = [r for r in rects if r.get("fill-opacity") == "0.3"]
-    assert len(faint) == 1, "the send that ended at its wait is drawn faint"
+    assert len(faint) == 2, "the send and the receive that ended at their wait are drawn faint"
     print("trace_svg.py: selftest ok (the idealised clock: 3 (m + p - 1) units for GPipe and 1F1B, "
           "3m busy per stage; a drawing)")
     return 0

@@ -42,7 +42,8 @@
 // wait() returns at once on NCCL, so it does not end the span). The ops of a group
 // (startCoalescing .. endCoalescing, dtc::batch_isend_irecv), which on NCCL have no Work of their
 // own, are one "group" span with the ops in its args. On gloo a collective ends when its future
-// completes; a send or receive, which has none, when wait() returns.
+// completes; a send or receive, which has none, when wait() returns ("end": "wait" in its args,
+// which scripts/trace_svg.py draws faint: the bar is an upper bound on the transfer).
 //
 // Each comm span also records when wait() was first called on its Work ("wait_us", on the
 // trace's clock), so a test can tell a collective that ran beside the compute from one that was
