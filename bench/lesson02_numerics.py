@@ -49,10 +49,15 @@ def main() -> int:
     print(f"  {'precision':<10}{'recompute':<11}{'step ms':>9}{'vs none':>9}{'ledger':>8}"
           f"{'states B/param':>16}{'act. measured/ledger':>22}")
     ok = True
-    for precision in ("fp32", "bf16", "fp16"):
+    # (label, flags): each precision, and bf16 with fp32 gradients (18 bytes a parameter:
+    # Megatron-LM's bf16 default)
+    precisions = [("fp32", ["--precision", "fp32"]), ("bf16", ["--precision", "bf16"]),
+                  ("bf16+g32", ["--precision", "bf16", "--grad-dtype", "fp32"]),
+                  ("fp16", ["--precision", "fp16"])]
+    for precision, flags in precisions:
         base = None
         for recompute in ("none", "selective", "full"):
-            j = run(a.binary, ["--precision", precision, "--recompute", recompute], a.steps, model)
+            j = run(a.binary, [*flags, "--recompute", recompute], a.steps, model)
             if isinstance(j, str):
                 print(f"  {precision:<10}{recompute:<11}skipped: {j}")
                 continue
@@ -66,8 +71,8 @@ def main() -> int:
                   f"{predicted[recompute]:>8.2f}{states:>14.1f}{'' if exact else ' !':<2}"
                   f"{m['activations'] / p['activations']:>22.2f}")
     print("\n  states: the allocator's parameters + gradients + master + AdamW, per parameter "
-          "(! where it\n  differs from the ledger's bytes); ledger: lesson 01's recompute FLOP "
-          "factor.")
+          "(! where it\n  differs from the ledger's bytes); bf16+g32: bf16 with --grad-dtype fp32; "
+          "ledger: lesson 01's\n  recompute FLOP factor.")
     return 0 if ok else 1
 
 

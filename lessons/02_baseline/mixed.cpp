@@ -164,15 +164,17 @@ void MasterWeights::zero_grad() {
   }
 }
 
-bool MasterWeights::step(LossScaler* scaler) {
+bool MasterWeights::step(LossScaler* scaler, double max_norm) {
   // TODO(L02): give each master weight the fp32 value of its parameter's gradient, unscale
   //   and check them when there is a scaler (skip the step on inf/NaN, update the scaler either
-  //   way), step AdamW, round the master weights into the model's parameters, and free the fp32
-  //   gradient copies. Tests: L02MasterWeights.*, L02Mixed.*; hints: README section 10
+  //   way), clip the unscaled ones to max_norm when it is > 0, step AdamW, round the master
+  //   weights into the model's parameters, and free the fp32 gradient copies.
+  //   Tests: L02MasterWeights.*, L02Mixed.*; hints: README section 10
   DTC_TODO("L02", "give each master weight the fp32 value of its parameter's gradient, unscale "
                   "and check them when there is a scaler (skip the step on inf/NaN, update the scaler either "
-                  "way), step AdamW, round the master weights into the model's parameters, and free the fp32 "
-                  "gradient copies. Tests: L02MasterWeights.*, L02Mixed.*; hints: README section 10");
+                  "way), clip the unscaled ones to max_norm when it is > 0, step AdamW, round the master "
+                  "weights into the model's parameters, and free the fp32 gradient copies. "
+                  "Tests: L02MasterWeights.*, L02Mixed.*; hints: README section 10");
 }
 
 float train_step_mixed(Gpt& model, MasterWeights& master, LossScaler* scaler, const Batch& batch,
@@ -186,4 +188,4 @@ float train_step_mixed(Gpt& model, MasterWeights& master, LossScaler* scaler, co
 }
 
 }  // namespace dtc::l02
-// exercise generated from solutions/02_baseline/mixed.cpp by scripts/exercises.py; checksum c4c1c7c93bda9759
+// exercise generated from solutions/02_baseline/mixed.cpp by scripts/exercises.py; checksum 41e3888cf334c63a

@@ -140,9 +140,12 @@ class MasterWeights {
   /// weight rounded to the working dtype; the fp32 copies of the gradients made for the step are
   /// gone afterwards (only the states of MasterWeights stay). With a @p scaler: when unscale()
   /// finds an inf or NaN the step is skipped (master weights, moments and step counts untouched),
-  /// and the scaler is updated either way.
+  /// and the scaler is updated either way. With @p max_norm > 0 the gradients AdamW reads are the
+  /// unscaled fp32 ones clipped to that global 2-norm (torch::nn::utils::clip_grad_norm_'s
+  /// coefficient, min(1, max_norm / (norm + 1e-6))): GradScaler's documented order, unscale, then
+  /// clip, then step. A skipped step clips nothing (an inf's norm would make every gradient NaN).
   /// @return whether the step was taken
-  bool step(LossScaler* scaler = nullptr);
+  bool step(LossScaler* scaler = nullptr, double max_norm = 0);
 
  private:
   struct Hooks;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
 #include <unordered_set>
 #include <utility>
 
@@ -204,15 +205,19 @@ class DecompressWork : public c10d::Work {
     decompress();
     return true;
   }
+  // Completed once the allreduce is and the bucket holds its result: a poll from another
+  // thread (a watcher, a recorder) decompresses at most once, under the lock, as wait() does.
   bool isCompleted() override {
-    if (!done_ && inner_->isCompleted() && inner_->isSuccess()) decompress();
-    return done_;
+    if (!inner_->isCompleted() || !inner_->isSuccess()) return false;
+    decompress();
+    return true;
   }
   bool isSuccess() const override { return inner_->isSuccess(); }
   std::exception_ptr exception() const override { return inner_->exception(); }
 
  private:
   void decompress() {
+    std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
     torch::NoGradGuard no_grad;
     flat_.copy_(wire_);
@@ -222,7 +227,8 @@ class DecompressWork : public c10d::Work {
 
   c10::intrusive_ptr<c10d::Work> inner_;
   torch::Tensor wire_, flat_;
-  bool done_ = false;
+  std::mutex mu_;
+  bool done_ = false;  // guarded by mu_
 };
 
 }  // namespace
@@ -414,4 +420,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum 9ce641194ab9b884
+// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum ce23282e04000de6

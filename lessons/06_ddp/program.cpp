@@ -418,7 +418,7 @@ void print_banner(std::ostream& out, const Job& job, const TrainConfig& c, const
        {"ddp",
         fmt::format(
             "--sync {}{}{}, timeout {} s", sync_name(c.sync),
-            trainer.reducer() ? fmt::format(", {} buckets of <= {} KB",
+            trainer.reducer() ? fmt::format(", {} buckets of ~{} KiB",
                                             trainer.reducer()->buckets().size(), o.bucket_kb)
                               : std::string(),
             o.reduce_dtype == "fp32"

@@ -187,11 +187,12 @@ void MasterWeights::zero_grad() {
   }
 }
 
-bool MasterWeights::step(LossScaler* scaler) {
+bool MasterWeights::step(LossScaler* scaler, double max_norm) {
   // BEGIN SOLUTION: give each master weight the fp32 value of its parameter's gradient, unscale
   //   and check them when there is a scaler (skip the step on inf/NaN, update the scaler either
-  //   way), step AdamW, round the master weights into the model's parameters, and free the fp32
-  //   gradient copies. Tests: L02MasterWeights.*, L02Mixed.*; hints: README section 10
+  //   way), clip the unscaled ones to max_norm when it is > 0, step AdamW, round the master
+  //   weights into the model's parameters, and free the fp32 gradient copies.
+  //   Tests: L02MasterWeights.*, L02Mixed.*; hints: README section 10
   std::vector<torch::Tensor> grads;
   for (size_t i = 0; i < master_.size(); ++i) {
     const torch::Tensor g = grad(i);
@@ -205,6 +206,7 @@ bool MasterWeights::step(LossScaler* scaler) {
     stepped = !found_inf;
   }
   if (stepped) {
+    if (max_norm > 0) torch::nn::utils::clip_grad_norm_(master_, max_norm);
     optimizer_->step();
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < master_.size(); ++i) params_[i].copy_(master_[i]);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
 #include <unordered_set>
 #include <utility>
 
@@ -255,15 +256,19 @@ class DecompressWork : public c10d::Work {
     decompress();
     return true;
   }
+  // Completed once the allreduce is and the bucket holds its result: a poll from another
+  // thread (a watcher, a recorder) decompresses at most once, under the lock, as wait() does.
   bool isCompleted() override {
-    if (!done_ && inner_->isCompleted() && inner_->isSuccess()) decompress();
-    return done_;
+    if (!inner_->isCompleted() || !inner_->isSuccess()) return false;
+    decompress();
+    return true;
   }
   bool isSuccess() const override { return inner_->isSuccess(); }
   std::exception_ptr exception() const override { return inner_->exception(); }
 
  private:
   void decompress() {
+    std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
     torch::NoGradGuard no_grad;
     flat_.copy_(wire_);
@@ -273,7 +278,8 @@ class DecompressWork : public c10d::Work {
 
   c10::intrusive_ptr<c10d::Work> inner_;
   torch::Tensor wire_, flat_;
-  bool done_ = false;
+  std::mutex mu_;
+  bool done_ = false;  // guarded by mu_
 };
 
 }  // namespace

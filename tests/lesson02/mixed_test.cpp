@@ -412,6 +412,48 @@ TEST(L02MasterWeights, StepUnscalesTheGradientsFirst) {
   EXPECT_EQ(scaler.growth_tracker(), 1) << "the scaler is updated after a good step";
 }
 
+TEST(L02MasterWeights, StepClipsTheUnscaledGradients) {
+  // GradScaler's recipe: unscale, clip, step. AdamW's first moment after one step is
+  // (1 - beta1) times the gradient it read: clipping the scaled gradients (a norm 1000 times too
+  // large, a coefficient 1000 times too small) or not at all is visibly wrong there, even where
+  // AdamW's normalised step hides it. The reference: clip_grad_norm_ on the unscaled fp32
+  // gradients, then the first moment AdamW keeps.
+  for (const double fraction : {0.25, 4.0}) {  // a norm above max_norm, and one below it
+    SCOPED_TRACE(testing::Message() << "max_norm = " << fraction << " x the gradients' norm");
+    StepCase t(1.0, scaled_precision(), 1e-6);
+    LossScaler scaler(LossScalerOptions{1000.0, 2.0, 0.5, 2000});
+    t.set_grads(1000.0);
+    double sumsq = 0;
+    for (const auto& g : t.unscaled) sumsq += g.to(torch::kDouble).square().sum().item<double>();
+    const double max_norm = fraction * std::sqrt(sumsq);
+    ASSERT_TRUE(t.master->step(&scaler, max_norm));
+    for (size_t i = 0; i < t.expected.size(); ++i) t.expected[i].mutable_grad() = t.unscaled[i];
+    torch::nn::utils::clip_grad_norm_(t.expected, max_norm);
+    for (size_t i = 0; i < t.unscaled.size(); ++i) t.unscaled[i] = t.expected[i].grad().clone();
+    for (size_t i = 0; i < t.expected.size(); ++i) {
+      SCOPED_TRACE(i);
+      const auto* state = dynamic_cast<torch::optim::AdamWParamState*>(
+          optimizer_state(t.master->optimizer(), t.master->master()[i]));
+      ASSERT_NE(state, nullptr) << "AdamW stepped every master weight";
+      // relative only: the moments are about 1e-7, below any absolute tolerance's floor
+      EXPECT_TENSOR_CLOSE(state->exp_avg(),
+                          t.unscaled[i] * static_cast<float>(1.0 - t.config.beta1),
+                          (Tolerance{1e-5, 0.0, "fp32, a norm and a scaling: relative only"}));
+    }
+  }
+  // An overflow: the step is skipped before anything is clipped (the norm of an inf is inf, and
+  // clipping by it makes every gradient NaN).
+  StepCase t(1.0, scaled_precision(), 1e-6);
+  LossScaler scaler(LossScalerOptions{1000.0, 2.0, 0.5, 2000});
+  const auto before = t.expected;
+  t.set_grads(1000.0);
+  t.master->params()[3].mutable_grad()[0] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(t.master->step(&scaler, 1e-3));
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TENSOR_CLOSE(t.master->master()[i], before[i].detach(), kExact);
+  }
+}
+
 TEST(L02MasterWeights, AnOverflowSkipsTheStepAndHalvesTheScale) {
   StepCase t(1e-8, scaled_precision());
   LossScaler scaler(LossScalerOptions{1024.0, 2.0, 0.5, 2000});
