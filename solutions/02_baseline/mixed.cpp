@@ -87,11 +87,16 @@ bool LossScaler::unscale(const std::vector<torch::Tensor>& grads) const {
   //   Tests: L02LossScaler.*; hints: README section 10
   const auto inv_scale = static_cast<float>(1.0 / scale_);
   torch::NoGradGuard no_grad;
+  // One flag on the gradients' device, read once: GradScaler's fused kernel syncs once a step,
+  // not once a tensor (an item() per tensor is a host-device sync each, thousands on a GPU).
+  torch::Tensor nonfinite;
   for (const auto& g : grads) {
     if (!g.defined()) continue;
-    if (!torch::isfinite(g).all().item<bool>()) found_inf = true;
+    const torch::Tensor bad = torch::isfinite(g).all().logical_not();
+    nonfinite = nonfinite.defined() ? nonfinite.logical_or(bad) : bad;
     g.mul_(inv_scale);
   }
+  found_inf = nonfinite.defined() && nonfinite.item<bool>();
   // END SOLUTION
   return found_inf;
 }
