@@ -160,6 +160,45 @@ TEST(L02Recompute, CheckpointKeepsOnlyItsInputsAndOutput) {
       << "a checkpoint's forward must record no graph: nothing of the body's insides is kept";
 }
 
+TEST(L02Recompute, BackwardRecomputesOnceAndNoMoreThanThePlainBackwardHolds) {
+  // Recomputation buys memory with one more forward, and nothing else. Observed from outside:
+  // the body runs once in forward and once in backward (a counting body), and backward's peak,
+  // above what was held before forward, is at most the plain body's over its forward and
+  // backward plus one output (the checkpoint's own output lives on while backward recomputes
+  // the body's): a recomputation that builds what the plain backward does not (a gradient for
+  // the input g, which needs none; a second run of the body) passes the value tests and fails
+  // here.
+  install_counting_allocator();
+  TwoLayer body;
+  int calls = 0;
+  const CheckpointBody counting = [&](const std::vector<torch::Tensor>& v) {
+    ++calls;
+    return body(v);
+  };
+  auto x = torch::randn({256, 16}).requires_grad_(true);
+  auto g = torch::randn({256, 64});  // needs no gradient
+  auto peak_above_start = [&](bool checkpointed) {
+    body.zero();
+    x.mutable_grad().reset();
+    const int64_t start = cpu_memory().current;
+    reset_cpu_peak();
+    auto y = checkpointed ? checkpoint(counting, {x, g}) : body({x, g});
+    y.sum().backward();
+    return cpu_memory().peak - start;
+  };
+  const int64_t plain = peak_above_start(false);
+  const int64_t first = peak_above_start(false);
+  ASSERT_EQ(plain, first) << "the plain body's peak is the same run after run";
+  calls = 0;
+  const int64_t recomputed = peak_above_start(true);
+  EXPECT_EQ(calls, 2) << "the body runs once in forward and once, to recompute, in backward";
+  const int64_t output = 256 * 16 * 4;  // y, fp32
+  EXPECT_LE(recomputed, plain + output)
+      << "backward through the checkpoint holds more than the plain body's forward and backward "
+         "together: it builds something the plain backward does not (a gradient nobody needs?)";
+  EXPECT_FALSE(g.grad().defined());
+}
+
 TEST(L02Recompute, ActivationsPerLayerAreTheLedgersExactly) {
   // For every precision and recompute mode, one block's stored bytes (the allocator's reading
   // after forward, at 3 layers minus at 2) are the ledger's per-layer prediction plus the two
