@@ -147,9 +147,9 @@ TEST(L09Pipeline, OneMicroBatchMatchesBaseline) { expect_baseline(ScheduleKind::
 // temporaries) is the same in both, so 1F1B's peak is well under GPipe's; an executor that
 // keeps every micro-batch's tensors until the end of the step has GPipe's peak under 1F1B.
 int64_t stage_zero_step_peak(ScheduleKind schedule, bool deallocate = false, bool recompute = false,
-                             int rank = 0) {
-  PipelineOptions o = small_run(schedule, 8);
-  o.batch = 32;  // 4 rows per micro-batch: activations dominate the step's memory
+                             int rank = 0, int64_t micro_batches = 8) {
+  PipelineOptions o = small_run(schedule, micro_batches);
+  o.batch = 4 * micro_batches;  // 4 rows per micro-batch: activations dominate the step's memory
   install_counting_allocator();
   int64_t peak = 0;
   run_ranks(
@@ -179,6 +179,35 @@ TEST(L09Memory, OneFOneBHoldsFewerActivationsThanGpipe) {
       << "stage 0's peak during one step: 1F1B " << one_f_one_b << " bytes, GPipe " << gpipe
       << " bytes. 1F1B must free a micro-batch's activations after its backward";
 }
+
+// The closed form, stage by stage: 1F1B keeps at most p - s micro-batches in flight on stage s
+// whatever m is (Narayanan et al. 2021 sec. 2.2.1), so once m >= p its peak does not grow with
+// m at all, while GPipe's grows by a micro-batch's activations with every micro-batch. Measured
+// with micro-batches of a fixed size (4 rows) at m = 8 and m = 12, on every stage: 1F1B's peaks
+// are equal to the byte here. An executor that keeps any part of a finished micro-batch (its
+// received input, its output, their gradients) until the end of the step grows by that part
+// four times over, and fails, whatever fraction of GPipe's peak it stays under.
+class L09MemoryStage : public ::testing::TestWithParam<int> {};
+
+TEST_P(L09MemoryStage, OneFOneBPeakDoesNotGrowWithMicroBatches) {
+  const int s = GetParam();
+  const int64_t gpipe8 = stage_zero_step_peak(ScheduleKind::kGpipe, false, false, s, 8);
+  const int64_t gpipe12 = stage_zero_step_peak(ScheduleKind::kGpipe, false, false, s, 12);
+  const int64_t f8 = stage_zero_step_peak(ScheduleKind::k1f1b, false, false, s, 8);
+  const int64_t f12 = stage_zero_step_peak(ScheduleKind::k1f1b, false, false, s, 12);
+  const PipelineOptions o = small_run(ScheduleKind::k1f1b, 8);
+  const int64_t one_output = 4 * o.model.ctx * o.model.hidden * 4;  // (4, T, h) fp32
+  std::cout << "    stage " << s << "'s step peak, m = 8 and 12: GPipe " << gpipe8 << ", "
+            << gpipe12 << "; 1F1B " << f8 << ", " << f12 << " bytes\n";
+  EXPECT_GT(gpipe12 - gpipe8, 4 * one_output) << "GPipe holds every micro-batch: it grows with m";
+  EXPECT_LE(std::abs(f12 - f8), one_output / 2)
+      << "stage " << s << ": 1F1B's step peak grew from " << f8 << " bytes at m = 8 to " << f12
+      << " at m = 12 (one micro-batch's output is " << one_output << " bytes): something of "
+      << "each micro-batch outlives its backward";
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, L09MemoryStage, ::testing::Values(0, 1, 2, 3),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
 
 // Megatron's deallocate_output_tensor: stage 0 of 4 under 1F1B keeps 4 micro-batches in flight;
 // with deallocation each keeps its graph but not the (b/m, T, h) output it sent on, so the
