@@ -675,12 +675,31 @@ TracingComm::TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer>
   }
 }
 
+namespace {
+
+// The bytes this rank puts on the wire for @p op over @p n ranks, from "bytes" (this rank's
+// input, a receive's the bytes received), in NCCL's ring algorithms: nccl-tests' bus factors
+// against the whole array (allreduce 2(n-1)/n, reduce-scatter and all-to-all (n-1)/n of the
+// input, an all-gather n - 1 inputs, broadcast, reduce and send 1, a receive nothing).
+int64_t wire_bytes(const std::string& op, int64_t bytes, int64_t n) {
+  if (n <= 1 && op != "send") return 0;
+  if (op == "allreduce") return 2 * (n - 1) * bytes / n;
+  if (op == "reduce_scatter" || op == "alltoall") return (n - 1) * bytes / n;
+  if (op == "allgather") return (n - 1) * bytes;
+  if (op == "broadcast" || op == "reduce" || op == "send") return bytes;
+  return 0;  // recv, barrier
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> TracingComm::call(
     const char* op, int64_t bytes, int peer, int tag,
     const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
   const TraceTime issued = tracer_->now();
   auto work = issue();
-  nlohmann::json args = {{"group", group_}, {"bytes", bytes}};
+  nlohmann::json args = {{"group", group_},
+                         {"bytes", bytes},
+                         {"wire_bytes", wire_bytes(op, bytes, inner_->getSize())}};
   if (!ranks_.empty()) args["ranks"] = ranks_;
   if (peer >= 0) {
     args["peer"] = peer;
@@ -690,6 +709,7 @@ c10::intrusive_ptr<c10d::Work> TracingComm::call(
   if (!work && grouping_) {  // an op inside a group that has no Work of its own: the group's
     args.erase("group");
     args["op"] = op;
+    group_wire_bytes_ += args["wire_bytes"].get<int64_t>();
     group_ops_.push_back(std::move(args));
     group_bytes_ += bytes;
     return work;
@@ -704,13 +724,17 @@ void TracingComm::startCoalescing() {
   grouping_ = true;
   group_ops_ = nlohmann::json::array();
   group_bytes_ = 0;
+  group_wire_bytes_ = 0;
 }
 
 c10::intrusive_ptr<c10d::Work> TracingComm::endCoalescing() {
   auto work = inner_->endCoalescing();
   grouping_ = false;
   if (group_ops_.empty()) return work;  // every op had a Work of its own, traced as itself
-  nlohmann::json args = {{"group", group_}, {"bytes", group_bytes_}, {"ops", group_ops_}};
+  nlohmann::json args = {{"group", group_},
+                         {"bytes", group_bytes_},
+                         {"wire_bytes", group_wire_bytes_},
+                         {"ops", group_ops_}};
   if (!ranks_.empty()) args["ranks"] = ranks_;
   group_ops_ = nlohmann::json::array();
   return Tracer::comm(tracer_, std::move(work), std::move(args), "group", group_issued_);

@@ -355,7 +355,8 @@ TEST(Trace, TheWatcherEndsCommSpansAndTheTraceWaitsForIt) {
 TEST(Trace, ASubgroupsSpansNameItsGlobalRanksAndPeers) {
   // Two groups of one name, {0, 2} and {1, 3} (a cp group beside tp 2): each span carries its
   // group's global ranks, and a send or receive its peer's global rank besides the group-local
-  // one, so that a reader of the merged trace pairs them (tests/support/e2e_run.py).
+  // one, so that a reader of the merged trace pairs them (tests/support/e2e_run.py); and the
+  // bytes it puts on the wire beside its input's.
   std::vector<nlohmann::json> traces(4);
   run_ranks(
       4,
@@ -386,10 +387,15 @@ TEST(Trace, ASubgroupsSpansNameItsGlobalRanksAndPeers) {
     ASSERT_EQ(ar.size(), 1u);
     EXPECT_EQ(ar[0].args.at("ranks").get<std::vector<int>>(), members);
     EXPECT_FALSE(ar[0].args.contains("peer_rank")) << "a collective has no peer";
+    EXPECT_EQ(ar[0].args.at("bytes").get<int64_t>(), 32) << "this rank's input: 8 floats";
+    EXPECT_EQ(ar[0].args.at("wire_bytes").get<int64_t>(), 2 * 1 * 32 / 2)
+        << "a ring allreduce over n = 2 sends 2(n-1)/n of the array (nccl-tests)";
     const auto p2p = select_spans(spans, r, TraceTrack::kComm, r < 2 ? "send" : "recv");
     ASSERT_EQ(p2p.size(), 1u);
     EXPECT_EQ(p2p[0].args.at("peer").get<int>(), r < 2 ? 1 : 0) << "the group-local rank";
     EXPECT_EQ(p2p[0].args.at("peer_rank").get<int>(), r < 2 ? r + 2 : r - 2) << "the global one";
+    EXPECT_EQ(p2p[0].args.at("wire_bytes").get<int64_t>(), r < 2 ? 32 : 0)
+        << "a send puts its bytes on the wire, a receive none";
   }
 }
 

@@ -36,7 +36,9 @@
 // On CUDA the compute spans are CUDA events on the current stream (read back when the trace
 // is written, so nothing synchronises during the run; the device's timer is put on the host's
 // clock by two anchors, at the start and when the trace is written: "device_clock" in
-// otherData) and the memory counter is the caching allocator's. A comm span starts at an event recorded on the current stream when the call is
+// otherData) and the memory counter is the caching allocator's. That counter is read on the
+// host, which runs ahead of the GPU, but drawn at the span's device end time: on a GPU it may
+// lead the compute it is drawn against by as much as the host is ahead (often milliseconds). A comm span starts at an event recorded on the current stream when the call is
 // made (NCCL's stream waits for it: the collective starts no earlier) and ends when a watcher
 // thread sees the Work complete (isCompleted, which on NCCL queries the operation's end event;
 // wait() returns at once on NCCL, so it does not end the span). The ops of a group
@@ -229,7 +231,10 @@ Tracer* saved_tracer(torch::autograd::AutogradContext* ctx);
 /// peer and tag of a send or receive. @p ranks: the group's global ranks in its own rank order
 /// (a subgroup's); each span then carries them ("ranks"), and a send or receive its peer's
 /// global rank too ("peer_rank"), so that a reader tells two groups of one name apart and
-/// pairs sends with receives across groups. Empty: the world, whose ranks are global. The operations of a group (start/endCoalescing) whose
+/// pairs sends with receives across groups. Empty: the world, whose ranks are global. "bytes"
+/// is this rank's input (a receive's: the bytes received); "wire_bytes" what it sends in NCCL's
+/// ring algorithms (nccl-tests' bus factors: an allreduce 2(n-1)/n of it, an all-gather n - 1
+/// inputs, a receive nothing), the figure to set against a link's bandwidth. The operations of a group (start/endCoalescing) whose
 /// calls return no Work (NCCL on 2.x) are one span "group" from startCoalescing to the group's
 /// completion, with "ops" (each op, bytes, peer, tag) and their bytes in its args. One thread
 /// issues a group at a time, as c10d requires.
@@ -256,6 +261,7 @@ class TracingComm : public ForwardingComm {
   TraceTime group_issued_;
   nlohmann::json group_ops_ = nlohmann::json::array();
   int64_t group_bytes_ = 0;
+  int64_t group_wire_bytes_ = 0;
 };
 
 /// Measures this rank's clock offset from rank 0's through @p store (see the top of this
