@@ -40,7 +40,7 @@ StagePrediction predict_stage_memory(int64_t psi, int stage, int world, Precisio
   const double e = element_bytes(precision), e_reduce = element_bytes(reduce);
   StagePrediction s;
   s.params = stage >= 3 ? e * p / w : e * p;
-  s.grads = stage >= 2 ? e_reduce * p / w : e * p;  // stages 0-1 reduce in the working dtype
+  s.grads = stage >= 2 ? e_reduce * p / w : e_reduce * p;  // stages 0-1: the whole buffer
   if (precision != Precision::kFp32) s.master = stage >= 1 ? 4 * p / w : 4 * p;
   s.optimizer = stage >= 1 ? 8 * p / w : 8 * p;
   return s;
@@ -49,7 +49,8 @@ StagePrediction predict_stage_memory(int64_t psi, int stage, int world, Precisio
 double predict_stage_comm(int64_t psi, int stage, int world, bool reshard_after_forward,
                           Precision precision, Precision reduce) {
   const double ring = (world - 1.0) / world * static_cast<double>(psi);
-  const double e = element_bytes(precision), e_reduce = stage >= 2 ? element_bytes(reduce) : e;
+  const double e = element_bytes(precision), e_reduce = element_bytes(reduce);
+  if (stage == 0) return 2 * ring * e_reduce;  // an allreduce: all of it in the reduce dtype
   const double gathers = stage >= 3 && reshard_after_forward ? 2 : 1;
   return ring * (e_reduce + gathers * e);
 }
@@ -99,7 +100,7 @@ struct Options {
   bool no_reshard = false;   // stage 3: keep a block's parameters from its forward to its backward
   double clip_norm = 0;      // > 0: clip the global gradient norm (every stage)
   int hsdp = 0;              // > 0: HSDP, shard groups of this many ranks (stages 2-3)
-  std::string reduce_dtype;  // stages 2-3 in bf16: "bf16" or "fp32"; empty: the working dtype
+  std::string reduce_dtype;  // in bf16: "bf16" or "fp32"; empty: the working dtype
   std::string save_sharded, load_sharded, consolidate_file;
 };
 
@@ -185,8 +186,8 @@ HsdpGroups hsdp_groups(Job& job, int g) {
   return groups;
 }
 
-// The reduce dtype of the gradients' reduce-scatters (stages 2-3): --reduce-dtype, by default
-// the working dtype (FSDP's MixedPrecisionPolicy with reduce_dtype=None).
+// The dtype the gradients are reduced and kept in, at every stage: --reduce-dtype, by default
+// the working dtype (FSDP's MixedPrecisionPolicy with reduce_dtype=None; DDP's buckets).
 Precision reduce_precision(const TrainOptions& t, const Options& o) {
   if (o.reduce_dtype.empty()) return t.precision;
   return o.reduce_dtype == "fp32" ? Precision::kFp32 : Precision::kBf16;
@@ -212,7 +213,7 @@ StageRun run_stage(const TrainOptions& t, const Options& o, int stage, bool reco
   zo.clip_norm = o.clip_norm;
   zo.adamw.lr = t.lr;
   zo.precision = run.precision;
-  if (stage >= 2) zo.reduce = run.reduce;  // below stage 2 the working dtype, as DDP
+  zo.reduce = run.reduce;
 
   // Build: settled readings on both sides (the previous stage's collectives may still be
   // releasing their buffers, and building the engine runs collectives of its own).
@@ -294,7 +295,7 @@ nlohmann::json stage_json(const StageRun& r) {
   j["stage"] = r.stage;
   j["recompute"] = r.recompute;
   j["precision"] = precision_name(r.precision);
-  j["reduce_dtype"] = precision_name(r.stage >= 2 ? r.reduce : r.precision);
+  j["reduce_dtype"] = precision_name(r.reduce);
   j["losses"] = r.losses;
   j["param_digest"] = r.param_digest;
   j["tokens_per_s"] = r.tokens_per_s;
@@ -338,9 +339,9 @@ void print_table(std::ostream& out, const std::vector<StageRun>& runs, int world
              world == job_world
                  ? fmt::format("W = {}", world)
                  : fmt::format("HSDP: sharded over {} of the W = {} ranks", world, job_world),
-             mixed ? fmt::format("bf16 + fp32 master weights + AdamW, 2 + 2 + 12 bytes/param, "
-                                 "stages 2-3 reducing in {}",
-                                 precision_name(first.reduce))
+             mixed ? fmt::format("bf16 + fp32 master weights + AdamW, 2 + {} + 12 bytes/param, "
+                                 "gradients reduced in {}",
+                                 element_bytes(first.reduce), precision_name(first.reduce))
                    : std::string("fp32 + AdamW, 4 + 4 + 8 bytes/param"));
   std::string head = fmt::format("  {:<6} {:>21} {:>21}", "stage", "params MiB", "grads MiB");
   if (mixed) head += fmt::format(" {:>21}", "master MiB");
@@ -446,16 +447,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     throw UsageError("--reduce-dtype", "an fp32 model reduces its gradients in fp32",
                      "pass --precision bf16 with --reduce-dtype");
   }
-  if (!o.reduce_dtype.empty() && stages.size() == 1 && stages.front() < 2) {
-    throw UsageError("--reduce-dtype", "stages 0 and 1 reduce in the model's dtype, as DDP does",
-                     "pass --stage 2, 3 or all (where it applies to stages 2 and 3)");
-  }
   check_precision(t.precision, /*bf16_collectives=*/true);
-  if (mixed && (!o.save_sharded.empty() || !o.load_sharded.empty())) {
-    throw UsageError(o.save_sharded.empty() ? "--load-sharded" : "--save-sharded",
-                     "this lesson's checkpoints hold fp32 training only",
-                     "pass --precision fp32 with a sharded checkpoint");
-  }
 
   // 2. Build: the job, the counting allocator (before the first tensor), the process group.
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
@@ -495,8 +487,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
                   (o.clip_norm > 0 ? fmt::format(", clip grad norm {:g}", o.clip_norm) : "") +
                   (o.hsdp > 0 ? fmt::format(", HSDP: shard groups of {}", o.hsdp) : ""))},
          {"numerics",
-          mixed ? fmt::format("precision bf16 (fp32 master weights; gradients reduced in bf16 at "
-                              "stages 0-1, {} at stages 2-3), recompute {}",
+          mixed ? fmt::format("precision bf16 (fp32 master weights; gradients reduced in {}), "
+                              "recompute {}",
                               precision_name(reduce_precision(t, o)),
                               o.recompute ? "full (stage 3)" : "none")
                 : fmt::format("precision fp32, recompute {}",
@@ -582,8 +574,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "(FSDP's HYBRID_SHARD; stage 2 or 3)")
       ->check(positive_count("--hsdp 2"));
   app.add_option("--reduce-dtype", o.reduce_dtype,
-                 "bf16, stages 2-3: the gradients' reduce-scatters in bf16 or fp32 (FSDP's "
-                 "MixedPrecisionPolicy reduce_dtype; default: the model's dtype)")
+                 "bf16: the dtype the gradients are reduced and kept in, bf16 or fp32 (FSDP's "
+                 "MixedPrecisionPolicy reduce_dtype, Megatron's grad_reduce_in_fp32; stage 1 with "
+                 "fp32 is Megatron's distributed optimizer; default: the model's dtype)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--save-sharded", o.save_sharded,
                  "after the last step, every rank writes its shard to DIR/shard-<r>-of-<W>.pt");

@@ -18,8 +18,9 @@ namespace dtc::l07 {
 /// fp32 + AdamW (4 + 4 + 8 bytes per parameter): stage 0 (DDP) 4Psi + 4Psi + 8Psi; stage 1
 /// 4Psi + 4Psi + 8Psi/W; stage 2 4Psi + 4Psi/W + 8Psi/W; stage 3 4Psi/W + 4Psi/W + 8Psi/W.
 /// bf16, the paper's own 2 + 2 + 12 (K = 12: the fp32 master weights 4 and the moments 8):
-/// stage 0 16Psi; stage 1 2Psi + 2Psi + 12Psi/W; stage 2 2Psi + 2Psi/W + 12Psi/W (the shard's
-/// gradient in @p reduce: 4Psi/W in fp32); stage 3 (2 + 2 + 12)Psi/W.
+/// stage 0 16Psi; stage 1 2Psi + 2Psi + 12Psi/W; stage 2 2Psi + 2Psi/W + 12Psi/W; stage 3
+/// (2 + 2 + 12)Psi/W. The gradients are in @p reduce: with fp32, stage 0 holds 18Psi and stage 1
+/// 2Psi + 4Psi + 12Psi/W (Megatron's distributed optimizer), stage 2's shard 4Psi/W.
 struct StagePrediction {
   double params = 0, grads = 0, master = 0, optimizer = 0;  ///< master: 0 in fp32
   double total() const { return params + grads + master + optimizer; }
@@ -29,10 +30,10 @@ StagePrediction predict_stage_memory(int64_t psi, int stage, int world,
                                      Precision reduce = Precision::kFp32);
 
 /// Bytes one rank sends per step by the ZeRO paper's count (section 7; ring algorithms), with e
-/// the working dtype's bytes (4 fp32, 2 bf16) and e_r the reduce dtype's: 2 (W-1)/W * e Psi for
-/// DDP and stage 1 (and stage 2's e_r Psi reduce-scatter plus e Psi all-gather), (W-1)/W * (e_r
-/// + 2e) Psi for stage 3, and (e_r + e) Psi without @p reshard_after_forward (each unit
-/// gathered once).
+/// the working dtype's bytes (4 fp32, 2 bf16) and e_r the reduce dtype's: 2 (W-1)/W * e_r Psi
+/// for DDP's allreduce, (W-1)/W * (e_r + e) Psi for stages 1 and 2 (a reduce-scatter in e_r, an
+/// all-gather in e), (W-1)/W * (e_r + 2e) Psi for stage 3, and (e_r + e) Psi without
+/// @p reshard_after_forward (each unit gathered once).
 double predict_stage_comm(int64_t psi, int stage, int world, bool reshard_after_forward = true,
                           Precision precision = Precision::kFp32,
                           Precision reduce = Precision::kFp32);

@@ -193,11 +193,14 @@ struct ZeroOptions {
   /// which is rounded into the bf16 parameters after each step. kFp16 is refused (it needs
   /// lesson 02's loss scaler).
   Precision precision = Precision::kFp32;
-  /// Stages 2-3, the dtype of the gradient reduce-scatters (the wire dtype of FSDP's
-  /// MixedPrecisionPolicy reduce_dtype): each unit's working-dtype gradient is cast to it before
-  /// the reduce-scatter, and the shard's gradient is kept in it. Unset: the working dtype (FSDP's
-  /// reduce_dtype=None). Stages 0-1 reduce in the working dtype, as DDP does over a bf16
-  /// model's buckets (another reduce dtype there is a UsageError("--reduce-dtype")).
+  /// The dtype the gradients are reduced and kept in (the wire dtype of FSDP's
+  /// MixedPrecisionPolicy reduce_dtype; Megatron's grad_reduce_in_fp32). Unset: the working
+  /// dtype (FSDP's reduce_dtype=None, DDP over a bf16 model's buckets). Stages 2-3 cast each
+  /// unit's working-dtype gradient to it before the reduce-scatter and keep the shard's gradient
+  /// in it. Stages 0-1 keep the whole gradient buffer in it: wider than the parameters (bf16
+  /// parameters, fp32 here), a hook moves each parameter's gradient into the fp32 buffer as
+  /// autograd writes it (Megatron's main_grad), so that stage 1 in bf16 with an fp32 reduce is
+  /// Megatron's distributed optimizer: 2 + 4 + 12 / W bytes per parameter.
   std::optional<Precision> reduce;
 };
 
@@ -257,20 +260,21 @@ class ZeroEngine {
 
   /// What this rank owns, in the shard layout (layout().shard elements each; copies): its chunk
   /// of the parameters and of both moments (zeros before the first step), and the step count.
+  /// In bf16 the parameters are the fp32 master weights (what training resumes from), so that a
+  /// checkpoint holds fp32 state whatever the precision, and loads into either.
   struct ShardState {
     torch::Tensor params, exp_avg, exp_avg_sq;
     int64_t step = 0;
   };
-  /// fp32 engines only (a bf16 engine's state is its master weights): @throws std::logic_error.
   ShardState shard_state();
 
   /// Replaces the training state with what this rank keeps, after @p step steps. @p params is
   /// full and unpadded (Psi elements, as full_parameters() lays them out) where the stage
   /// replicates the parameters (0-2), else this rank's shard (layout().shard elements, as
   /// shard_state() lays it out); @p exp_avg and @p exp_avg_sq are full and unpadded at stage 0,
-  /// else the shard. Not collective (checkpoint loading). Given.
-  /// @throws std::invalid_argument when a tensor has another number of elements;
-  ///   std::logic_error for a bf16 engine.
+  /// else the shard. In bf16 @p params are the fp32 master weights, and the parameters become
+  /// their rounding. Not collective (checkpoint loading). Given.
+  /// @throws std::invalid_argument when a tensor has another number of elements.
   void load_owned_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
                         const torch::Tensor& exp_avg_sq, int64_t step);
 
@@ -331,13 +335,17 @@ class ZeroEngine {
   Gpt model_;
   torch::TensorOptions float_options_;   ///< fp32 on the model's device
   torch::TensorOptions param_options_;   ///< the working dtype (parameters, their gradients)
-  torch::TensorOptions reduce_options_;  ///< stages 2-3: the reduce dtype (the shard's gradient)
+  torch::TensorOptions reduce_options_;  ///< the reduce dtype (the reduced gradient's)
   CountingComm comm_;
   std::unique_ptr<CountingComm> replicate_;  ///< HSDP: the ranks holding the same shard
   ZeroOptions options_;
   FlatLayout layout_;
   torch::Tensor flat_params_;  ///< stages 0-2: (padded); stage 3: undefined
-  torch::Tensor flat_grads_;   ///< stages 0-1: (padded), made by the first backward
+  torch::Tensor
+      flat_grads_;  ///< stages 0-1: (padded), the reduce dtype, made by the first backward
+  /// Stages 0-1 reducing in a wider dtype than the parameters': the accumulators whose hooks
+  /// move each gradient into flat_grads_ (held: a parameter keeps its own only weakly).
+  std::vector<GradAccumulator> main_grad_hooks_;
   torch::Tensor param_shard_;  ///< stage 3: (shard), the only copy of the parameters
   torch::Tensor grad_shard_;   ///< stages 2-3: (shard), made by the first backward
   torch::Tensor exp_avg_;      ///< stage 0: (padded); stages 1-3: (shard); after step 1
@@ -356,8 +364,8 @@ class ZeroEngine {
 /// rank's file is in place, rank 0 writes @p dir/COMPLETE (with W), atomically too: a save that
 /// dies halfway leaves no COMPLETE, and load_sharded() refuses it. Collective: every rank calls
 /// it; @p dir must exist.
-/// @throws UsageError("--save-sharded") for an HSDP engine (its replicas would write one file),
-///   and for a bf16 engine (these checkpoints hold fp32 parameters and moments only).
+/// In bf16 the parameters saved are the fp32 master weights (shard_state()).
+/// @throws UsageError("--save-sharded") for an HSDP engine (its replicas would write one file).
 void save_sharded(ZeroEngine& engine, const std::string& dir);
 
 /// Elements [@p begin, @p end) of unit @p unit's unpadded range (0 <= begin <= end <=
@@ -383,7 +391,7 @@ torch::Tensor read_unit_range(const FlatLayout& layout, size_t unit, int64_t beg
 /// file that only some ranks read stops every rank. Given.
 /// @throws UsageError("--load-sharded") when @p dir is not a directory, has no COMPLETE marker
 ///   (the save did not finish), lacks a file, holds another model, or another rank failed; also
-///   for an HSDP engine (these checkpoints are plain ZeRO's) and for a bf16 engine.
+///   for an HSDP engine (these checkpoints are plain ZeRO's).
 void load_sharded(ZeroEngine& engine, const std::string& dir);
 
 /// Gathers the full parameters and writes them on rank 0 to @p file as one archive of named

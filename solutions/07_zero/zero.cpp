@@ -210,6 +210,25 @@ void unbind_grads(const Unit& unit) {
   for (auto p : unit.params) p.mutable_grad().reset();
 }
 
+// Megatron's main_grad (lesson 02's master weights with fp32 gradients): once a parameter's
+// gradient accumulator has written its working-dtype gradient, add it into the parameter's view
+// of the reduce-dtype buffer and free it, so that only the wider buffer outlives backward.
+struct AddToMainGrad : torch::autograd::FunctionPostHook {
+  AddToMainGrad(torch::Tensor p, torch::Tensor main)
+      : param(std::move(p)), main_grad(std::move(main)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    torch::NoGradGuard no_grad;
+    auto& g = param.mutable_grad();
+    if (g.defined()) {
+      main_grad.add_(g);
+      g.reset();
+    }
+    return outputs;
+  }
+  torch::Tensor param, main_grad;
+};
+
 }  // namespace
 
 void free_storage(const torch::Tensor& t) {
@@ -268,10 +287,6 @@ ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptio
   const auto device = model_->parameters().front().device();
   float_options_ = torch::TensorOptions().dtype(torch::kFloat).device(device);
   param_options_ = float_options_.dtype(working_dtype(options_.precision));
-  if (options_.stage < 2 && reduce != options_.precision) {
-    throw UsageError("--reduce-dtype", "stages 0 and 1 reduce in the model's dtype, as DDP does",
-                     "leave the reduce dtype unset below stage 2");
-  }
   reduce_options_ = float_options_.dtype(working_dtype(reduce));
   layout_ = make_layout(model_, comm_.world());
   // The full flat buffer: every unit's parameters one after the other, zeros in the padding.
@@ -378,10 +393,26 @@ float ZeroEngine::forward_backward(const Batch& batch) {
 }
 
 float ZeroEngine::forward_backward_replicated(const Batch& batch) {
-  // The full gradient buffer, made on the first step; every parameter's grad is a view of it.
+  // The full gradient buffer in the reduce dtype, made on the first step. In the working dtype
+  // every parameter's grad is a view of it; in a wider one (bf16 parameters, fp32 reduce: Megatron's
+  // main_grad) a hook adds each parameter's gradient into its view as autograd writes it.
   if (!flat_grads_.defined()) {
-    flat_grads_ = torch::zeros({layout_.padded}, param_options_);
-    for (const Unit& unit : layout_.units) bind_grads(unit, flat_grads_, unit.offset);
+    flat_grads_ = torch::zeros({layout_.padded}, reduce_options_);
+    if (reduce_options_.dtype() == param_options_.dtype()) {
+      for (const Unit& unit : layout_.units) bind_grads(unit, flat_grads_, unit.offset);
+    } else {
+      for (const Unit& unit : layout_.units) {
+        int64_t off = unit.offset;
+        for (size_t k = 0; k < unit.params.size(); ++k) {
+          const int64_t numel = c10::multiply_integers(unit.shapes[k]);
+          auto accumulator = grad_accumulator(unit.params[k]);
+          accumulator->add_post_hook(std::make_unique<AddToMainGrad>(
+              unit.params[k], flat_grads_.narrow(0, off, numel).view(unit.shapes[k])));
+          main_grad_hooks_.push_back(std::move(accumulator));
+          off += numel;
+        }
+      }
+    }
   } else {
     flat_grads_.zero_();
   }
@@ -696,14 +727,13 @@ torch::Tensor ZeroEngine::full_parameters() {
 }
 
 ZeroEngine::ShardState ZeroEngine::shard_state() {
-  if (master_.defined()) {
-    throw std::logic_error(
-        "shard_state: fp32 training only (a bf16 engine's state is its master "
-        "weights, which this layout does not hold)");
-  }
   ShardState s;
   s.step = step_;
-  s.params = options_.stage <= 2 ? shard_of_full(flat_params_) : param_shard_.clone();
+  if (master_.defined()) {  // bf16: the weights are the fp32 master weights, not their rounding
+    s.params = options_.stage == 0 ? shard_of_full(master_) : master_.clone();
+  } else {
+    s.params = options_.stage <= 2 ? shard_of_full(flat_params_) : param_shard_.clone();
+  }
   if (!exp_avg_.defined()) {
     s.exp_avg = torch::zeros({layout_.shard}, float_options_);
     s.exp_avg_sq = torch::zeros({layout_.shard}, float_options_);
@@ -719,11 +749,6 @@ ZeroEngine::ShardState ZeroEngine::shard_state() {
 
 void ZeroEngine::load_owned_state(const torch::Tensor& params, const torch::Tensor& exp_avg,
                                   const torch::Tensor& exp_avg_sq, int64_t step) {
-  if (master_.defined()) {
-    throw std::logic_error(
-        "load_owned_state: fp32 training only (a bf16 engine's state is its "
-        "master weights)");
-  }
   torch::NoGradGuard no_grad;
   const int64_t whole_params = options_.stage <= 2 ? layout_.numel : layout_.shard;
   const int64_t whole_moments = options_.stage == 0 ? layout_.numel : layout_.shard;
@@ -739,8 +764,15 @@ void ZeroEngine::load_owned_state(const torch::Tensor& params, const torch::Tens
   auto here = [&](const torch::Tensor& t) {
     return t.to(float_options_, /*non_blocking=*/false, /*copy=*/true).contiguous();
   };
+  // bf16: @p params are the fp32 master weights, kept in the moments' layout; the parameters
+  // become their rounding to bf16.
   if (options_.stage <= 2) {
-    flat_params_.copy_(pad_full(here(params)));  // the parameters stay views of it
+    const torch::Tensor full = pad_full(here(params));
+    flat_params_.copy_(full);  // the parameters stay views of it
+    if (master_.defined()) master_ = options_.stage == 0 ? full : shard_of_full(full);
+  } else if (master_.defined()) {
+    master_ = here(params);
+    param_shard_ = master_.to(param_options_);
   } else {
     param_shard_ = here(params);
   }
@@ -821,10 +853,6 @@ void save_sharded(ZeroEngine& engine, const std::string& dir) {
     throw UsageError("--save-sharded", "this lesson's checkpoints are for plain ZeRO, not HSDP",
                      "drop --hsdp, or save without it");
   }
-  if (engine.precision() != Precision::kFp32) {
-    throw UsageError("--save-sharded", "this lesson's checkpoints hold fp32 training only",
-                     "pass --precision fp32 to save");
-  }
   const auto s = engine.shard_state();
   torch::serialize::OutputArchive archive;
   archive.write("params", s.params.cpu());
@@ -857,10 +885,6 @@ void load_sharded(ZeroEngine& engine, const std::string& dir) {
   if (engine.replicate_comm() != nullptr) {
     throw UsageError("--load-sharded", "this lesson's checkpoints are for plain ZeRO, not HSDP",
                      "drop --hsdp, or load without it");
-  }
-  if (engine.precision() != Precision::kFp32) {
-    throw UsageError("--load-sharded", "this lesson's checkpoints hold fp32 training only",
-                     "pass --precision fp32 to load");
   }
   // How many ranks saved it: the N in the COMPLETE marker, written last by a finished save.
   if (!std::filesystem::is_directory(dir)) {

@@ -737,6 +737,10 @@ TEST(L07LedgerGiven, Bf16StageFormulasAndThePapersFigureOne) {
   EXPECT_DOUBLE_EQ(total(2, w, bf16, psi), 2.0 * psi + 14.0 * psi / w);
   EXPECT_DOUBLE_EQ(total(3, w, bf16, psi), 16.0 * psi / w);
   EXPECT_DOUBLE_EQ(total(2, w, fp32, psi), 2.0 * psi + 16.0 * psi / w);  // an fp32 shard gradient
+  // Megatron's distributed optimizer table (docs, "Distributed Optimizer"): bf16 parameters with
+  // fp32 gradients take 18 bytes a parameter unsharded and 6 + 12/d as its ZeRO-1.
+  EXPECT_DOUBLE_EQ(total(0, w, fp32, psi), 18.0 * psi);
+  EXPECT_DOUBLE_EQ(total(1, w, fp32, psi), 6.0 * psi + 12.0 * psi / w);
   const auto s1 = predict_stage_memory(psi, 1, w, bf16);
   EXPECT_DOUBLE_EQ(s1.master, 4.0 * psi / w);
   EXPECT_DOUBLE_EQ(s1.optimizer, 8.0 * psi / w);
@@ -750,8 +754,11 @@ TEST(L07LedgerGiven, Bf16StageFormulasAndThePapersFigureOne) {
   }
   // Bytes sent a step: the working dtype's gathers, the reduce dtype's reduce-scatters.
   EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 0, w, true, bf16, bf16), 2.0 * 0.75 * 2 * psi);
-  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 1, w, true, bf16, fp32), 2.0 * 0.75 * 2 * psi)
-      << "stage 1 reduces in the working dtype";
+  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 1, w, true, bf16, bf16), 2.0 * 0.75 * 2 * psi);
+  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 1, w, true, bf16, fp32), 0.75 * (4 + 2) * psi)
+      << "stage 1 reduce-scatters in the reduce dtype, gathers in the working dtype";
+  EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 0, w, true, bf16, fp32), 0.75 * (4 + 4) * psi)
+      << "stage 0 allreduces in the reduce dtype";
   EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 2, w, true, bf16, fp32), 0.75 * (4 + 2) * psi);
   EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 3, w, true, bf16, bf16), 3.0 * 0.75 * 2 * psi);
   EXPECT_DOUBLE_EQ(predict_stage_comm(psi, 3, w, false, bf16, fp32), 0.75 * (4 + 2) * psi);
@@ -851,8 +858,9 @@ TEST(L07Bf16, StageZeroAndThreeRanksMatchTheBf16Baseline) {
 
 // At W = 2 the two ranks' bf16 gradients add up the same way in every stage (one addition, then
 // an exact halving), and AdamW is elementwise: every sharded stage, with prefetch, recomputation
-// or without resharding, gives stage 0's master weights bit for bit; reducing in fp32, stages 2
-// and 3 give each other's.
+// or without resharding, gives stage 0's master weights bit for bit; reducing in fp32, every
+// stage gives every other's (stages 0-1 through Megatron's main_grad, 2-3 through a cast copy of
+// each unit's gradient: the same fp32 sums of the same bf16 gradients).
 TEST(L07Bf16, ShardedStagesEqualStageZeroBitForBit) {
   SKIP_WITHOUT_GLOO_BF16();
   const GptConfig config = tiny(true);
@@ -876,7 +884,64 @@ TEST(L07Bf16, ShardedStagesEqualStageZeroBitForBit) {
   const auto two = train(config, 2, 2, batch, steps, false, false, true, 0, bf16, fp32);
   const auto three = train(config, 3, 2, batch, steps, false, true, true, 0, bf16, fp32);
   EXPECT_TRUE(torch::equal(two.params, three.params)) << "reducing in fp32: stage 3 != stage 2";
+  for (int stage : {0, 1}) {
+    const auto got = train(config, stage, 2, batch, steps, false, false, true, 0, bf16, fp32);
+    EXPECT_TRUE(torch::equal(got.params, two.params))
+        << "reducing in fp32: stage " << stage << " != stage 2";
+  }
   EXPECT_FALSE(torch::equal(two.params, zero.params)) << "an fp32 reduce-scatter rounds less";
+}
+
+// A bf16 checkpoint holds the fp32 master weights and both moments: saved by stage 1 after 3
+// steps and loaded by stage 3 (from other initial weights), 3 more steps give the master weights
+// of 6 uninterrupted steps bit for bit (at W = 2 the stages agree bit for bit, above), and the
+// bf16 parameters are their rounding. A checkpoint of the bf16 parameters would resume from
+// weights rounded to 8 bits and fail here.
+TEST(L07Bf16, CheckpointResumesBitForBit) {
+  SKIP_WITHOUT_GLOO_BF16();
+  const GptConfig config = tiny(true);
+  const auto bf16 = Precision::kBf16;
+  const int64_t batch = 4;
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("l07_bf16_ckpt_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const ByteDataset data = ByteDataset::builtin();
+  auto engine_run = [&](int stage, uint64_t seed, int64_t from, int64_t to, bool save,
+                        torch::Tensor* out) {
+    run_ranks(
+        2,
+        [&](RankContext& ctx) {
+          Gpt model(config);
+          init_weights(model, seed);
+          ZeroOptions o;
+          o.stage = stage;
+          o.precision = bf16;
+          ZeroEngine engine(model, ctx.comm, o);
+          if (from > 0) {
+            load_sharded(engine, dir.string());
+            EXPECT_EQ(engine.steps_done(), from);
+          }
+          for (int64_t step = from; step < to; ++step) {
+            const int64_t rows = batch / 2;
+            engine.forward_backward(data.batch(1, step, rows, config.ctx, ctx.rank * rows));
+            engine.optimizer_step();
+          }
+          if (save) save_sharded(engine, dir.string());
+          auto params = engine.full_parameters();
+          if (ctx.rank == 0 && out != nullptr) *out = params;
+        },
+        kTimeout);
+  };
+  engine_run(1, 1, 0, 3, /*save=*/true, nullptr);
+  torch::Tensor resumed;
+  engine_run(3, 99, 3, 6, /*save=*/false, &resumed);
+  const auto whole = train(config, 0, 2, batch, 6, false, false, true, 0, bf16, bf16);
+  ASSERT_TRUE(resumed.defined());
+  EXPECT_EQ(resumed.scalar_type(), torch::kFloat) << "the master weights";
+  EXPECT_TRUE(torch::equal(resumed, whole.params))
+      << "saved at step 3 by stage 1 and resumed by stage 3: not the uninterrupted run's weights";
+  std::filesystem::remove_all(dir);
 }
 
 // HSDP in bf16, stages 2 and 3 on 4 ranks (shard groups of 2, replicated twice): the replicas'
@@ -916,8 +981,10 @@ TEST(L07Bf16, ParametersAreTheMasterWeightsRounded) {
   }
 }
 
-// On the wire (RecordingComm, from outside the engine): bf16 halves every stage's bytes; stage 2
-// reducing in fp32 sends (4 + 2) / (4 + 4) of fp32's. The engine's own count agrees.
+// On the wire (RecordingComm, from outside the engine): bf16 halves every stage's bytes; reducing
+// in fp32, every stage's reductions travel in fp32 and its gathers in bf16 (stage 2: (4 + 2) /
+// (4 + 4) of fp32's; stage 0, whose allreduce is all reduction, fp32's). The engine's own count
+// agrees.
 TEST(L07Bf16, BytesOnTheWireFollowTheDtypes) {
   SKIP_WITHOUT_GLOO_BF16();
   const auto bf16 = Precision::kBf16, fp32 = Precision::kFp32;
@@ -927,14 +994,16 @@ TEST(L07Bf16, BytesOnTheWireFollowTheDtypes) {
     const auto half = train(tiny(true), stage, 2, 4, 2, false, false, true, 0, bf16, bf16);
     EXPECT_EQ(2 * half.bytes.back(), full.bytes.back());
     EXPECT_EQ(half.counted.back(), half.bytes.back()) << "CountingComm counts element_size()";
-    if (stage >= 2) {
-      const auto mixed = train(tiny(true), stage, 2, 4, 2, false, false, true, 0, bf16, fp32);
+    const auto mixed = train(tiny(true), stage, 2, 4, 2, false, false, true, 0, bf16, fp32);
+    if (stage == 0) {
+      EXPECT_EQ(mixed.bytes.back(), full.bytes.back()) << "an fp32 allreduce";
+    } else {
       // The reduce-scatters in fp32, the gathers in bf16: 2 more bytes for each of the (W-1)/W
       // of the padded elements a rank sends in the reduce-scatters.
       EXPECT_EQ(mixed.bytes.back() - half.bytes.back(), half.layout.padded / 2 * 2);
-      if (stage == 2) EXPECT_EQ(4 * mixed.bytes.back(), 3 * full.bytes.back());
-      EXPECT_EQ(mixed.counted.back(), mixed.bytes.back());
+      if (stage <= 2) EXPECT_EQ(4 * mixed.bytes.back(), 3 * full.bytes.back());
     }
+    EXPECT_EQ(mixed.counted.back(), mixed.bytes.back());
   }
 }
 
@@ -959,8 +1028,14 @@ TEST(L07Bf16, StatesPerRankAreTheLedgersToTheByte) {
   install_counting_allocator();
   const GptConfig config = tiny(true);
   const auto bf16 = Precision::kBf16, fp32 = Precision::kFp32;
-  for (const auto& c : std::vector<std::pair<int, Precision>>{
-           {0, bf16}, {1, bf16}, {2, bf16}, {3, bf16}, {2, fp32}, {3, fp32}}) {
+  for (const auto& c : std::vector<std::pair<int, Precision>>{{0, bf16},
+                                                              {1, bf16},
+                                                              {2, bf16},
+                                                              {3, bf16},
+                                                              {0, fp32},
+                                                              {1, fp32},
+                                                              {2, fp32},
+                                                              {3, fp32}}) {
     const int stage = c.first;
     const Precision reduce = c.second;
     SCOPED_TRACE(testing::Message() << "stage " << stage << ", reduce " << precision_name(reduce));
@@ -992,7 +1067,9 @@ TEST(L07Bf16, StatesPerRankAreTheLedgersToTheByte) {
         kTimeout);
     const auto want = predict_stage_memory(layout.padded, stage, 2, bf16, reduce);
     EXPECT_EQ(got[0], want.params) << "bf16 parameters";
-    EXPECT_EQ(got[1], want.grads) << "gradients (stages 2-3: the shard's, in the reduce dtype)";
+    EXPECT_EQ(got[1], want.grads)
+        << "gradients, in the reduce dtype (stages 0-1: the whole buffer, Megatron's main_grad "
+           "in fp32, no bf16 gradient left; stages 2-3: the shard's)";
     EXPECT_EQ(got[2], want.master) << "fp32 master weights";
     EXPECT_EQ(got[3], want.optimizer) << "AdamW's two fp32 moments";
   }
@@ -1023,10 +1100,12 @@ TEST(L07Bf16, UnsupportedCombinationsAreUsageErrors) {
   ZeroOptions reduce;
   reduce.reduce = Precision::kBf16;
   EXPECT_EQ(flag_of(reduce), "--reduce-dtype");
-  ZeroOptions bf16;
-  bf16.precision = Precision::kBf16;
-  bf16.reduce = Precision::kBf16;
-  EXPECT_EQ(flag_of(bf16), kGlooBf16 ? "--save-sharded" : "--precision");
+  if (!kGlooBf16) {  // on 2.x a bf16 engine saves (L07Bf16.CheckpointResumesBitForBit)
+    ZeroOptions bf16;
+    bf16.precision = Precision::kBf16;
+    bf16.reduce = Precision::kBf16;
+    EXPECT_EQ(flag_of(bf16), "--precision");
+  }
 }
 
 }  // namespace

@@ -31,14 +31,15 @@ TEST(L07ProgramGiven, BadInputExitsTwoNamingTheFlag) {
       {{"--timeout-s", "0"}, "--timeout-s"},
       {{"--backend", "mpi"}, "--backend"},
       {{"--precision", "fp16"}, "--precision"},
-      {{"--reduce-dtype", "fp32"}, "--reduce-dtype"},
-      {{"--precision", "bf16", "--stage", "1", "--reduce-dtype", "fp32"}, "--reduce-dtype"}};
+      {{"--reduce-dtype", "fp32"}, "--reduce-dtype"}};
   ::dtc::test::expect_usage_errors("lesson07", cases, run_program);
-  // bf16 checkpoints are refused before training; on 1.13, bf16 itself is.
-  const std::vector<BadInput> bf16 = {
-      {{"--precision", "bf16", "--stage", "1", "--save-sharded", "/tmp/l07-never"},
-       kGlooBf16 ? "--save-sharded" : "--precision"}};
-  ::dtc::test::expect_usage_errors("lesson07", bf16, run_program);
+  // On 1.13 bf16 itself is refused before training, checkpoint or not.
+  if (!kGlooBf16) {
+    const std::vector<BadInput> bf16 = {
+        {{"--precision", "bf16", "--stage", "1", "--save-sharded", "/tmp/l07-never"},
+         "--precision"}};
+    ::dtc::test::expect_usage_errors("lesson07", bf16, run_program);
+  }
 }
 
 }  // namespace
