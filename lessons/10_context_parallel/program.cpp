@@ -369,10 +369,12 @@ void print_report(std::ostream& out, const CpConfig& c, const Grid& grid, const 
   print_volumes(out, "a 7B-class layer (h 4096), 128k tokens, bf16, cp 8", 1, 131072, 4096, 8, 2);
   fmt::print(
       out,
-      "\n  The ring sends as much as the all-gather forward, in cp - 1 steps, each hidden\n"
-      "  behind a block's attention; Ulysses sends cp/2 times less forward per rank, but\n"
-      "  needs heads % cp == 0. With grouped-query attention K and V shrink (Llama 3 405B: 8 KV\n"
-      "  heads for 128 query heads, 1/16 of q), which makes gathering them cheap.\n");
+      "\n  The ring sends as much as the all-gather forward, in cp - 1 steps, each posted\n"
+      "  before a block's attention so that it can hide behind it. With multi-head attention\n"
+      "  (this model) Ulysses sends cp/2 times less forward per rank and needs heads % cp == 0;\n"
+      "  with grouped-query attention (G query heads per KV head) K and V shrink G times, the\n"
+      "  ratio falls to cp/(G+1), and Ulysses needs cp <= KV heads. Llama 3 405B (128 query\n"
+      "  heads, 8 KV, G = 16) at cp 8: the all-gather sends less than Ulysses.\n");
 }
 
 void print_memory(std::ostream& out, const CpConfig& c, const Grid& grid, int64_t predicted,
