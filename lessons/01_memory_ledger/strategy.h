@@ -215,7 +215,10 @@ double link_gbps(const Cluster& cluster, Strategy s, const Mix& mix);
 ///     holds s/cp of the tokens, and its queries' rows of the attention scores; but the
 ///     all-gather CP the planner costs (kCp below) keeps the WHOLE sequence's K and V for
 ///     backward, not its 1/cp share: unless recompute is kFull, each layer holds
-///     2 s b kv_dim (1 - 1/cp) / tp more 16-bit values (lesson 10 measures it, L10Memory.*);
+///     2 s b kv_dim (1 - 1/cp) / tp more 16-bit values (lesson 10 measures it, L10Memory.*).
+///     That is lesson 10's implementation, an upper bound: Transformer Engine's all-gather CP
+///     (Megatron's cp_comm_type "all_gather") saves only the local K and V and gathers them
+///     again in backward, one more all-gather a layer for none of this memory;
 ///   - the interleaved schedule (v > 1) keeps more in flight: the first stage holds the
 ///     activations of ceil(L/pp) (pp + (pp-1)/v) layers instead of ceil(L/pp) pp, which is
 ///     Korthikanti et al. 2022 sec. 4.2.3's L (1 + (pp-1)/(pp v)) when pp divides L (Megatron's

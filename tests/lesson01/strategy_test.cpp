@@ -710,6 +710,17 @@ TEST(L01Plan, Gpt3OnH100sAsNeMo) {
   EXPECT_EQ(p.eval.mix.pp, 8) << "NeMo: PP 8";
   EXPECT_GT(p.eval.mix.virtual_stages, 1) << "NeMo: interleaved (VP 6)";
   EXPECT_EQ(p.eval.mix.cp, 1) << "2048 tokens: no chunk of kMinCpTokens";
+  // The GPT presets resolve --attention auto to eager (Korthikanti's Table 2 counts the s^2
+  // scores); the recipe runs a fused attention, which keeps none: then the same layout needs no
+  // recomputation.
+  EXPECT_EQ(p.eval.mix.recompute, Recompute::kSelective) << "eager attention's s^2 scores";
+  PlanRequest flash = r;
+  flash.setup.attention = Attention::kFlash;
+  const Plan f = plan(flash);
+  ASSERT_TRUE(f.fits);
+  EXPECT_EQ(f.eval.mix.recompute, Recompute::kNone) << "a fused attention keeps no scores";
+  EXPECT_EQ(f.eval.mix.tp, 4);
+  EXPECT_EQ(f.eval.mix.pp, 8);
 }
 
 TEST(L01Plan, Llama3At8kContextParallelAsNeMo) {
