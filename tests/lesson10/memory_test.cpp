@@ -3,6 +3,7 @@
 // the closed forms of program.h (predict_activation_bytes: what each layer keeps, tensor by
 // tensor, README section 6), to the byte. At a sequence where the scores dominate: s = 256,
 // h = 32, 4 heads, so a s^2 b (262,144 scores) is twice 16 s b h (131,072).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
