@@ -22,7 +22,7 @@ CTEST_FLAGS ?= --output-on-failure --timeout 300 -j $(shell nproc)
 TORCH_PYTHON ?= $(DTC_VENV)/bin/python
 TORCH_PREFIX = $$($(TORCH_PYTHON) -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')
 
-.PHONY: help deps deps-light configure configure-light build build-light test run exercises readme-output \
+.PHONY: help deps deps-light deps-tools configure configure-light build build-light test run exercises readme-output \
         check-exercises format tidy docs slides clean grade mutants
 
 help:
@@ -48,6 +48,7 @@ DTC_BUNDLE ?=
 BUNDLE_FLAG = $(if $(DTC_BUNDLE),-DDTC_BUNDLE="$(abspath $(DTC_BUNDLE))")
 DEPS_PRIMARY := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-primary.stamp)
 DEPS_LIGHT := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-light.stamp)
+DEPS_TOOLS := $(if $(DTC_SKIP_DEPS),,$(DTC_CACHE)/deps-tools.stamp)
 
 # --- dependencies --------------------------------------------------------------------------
 $(DTC_CACHE)/deps-%.stamp: scripts/install-deps.sh scripts/paths.sh scripts/packages.txt
@@ -55,6 +56,8 @@ $(DTC_CACHE)/deps-%.stamp: scripts/install-deps.sh scripts/paths.sh scripts/pack
 	@mkdir -p $(DTC_CACHE) && touch $@
 deps: $(DTC_CACHE)/deps-primary.stamp
 deps-light: $(DTC_CACHE)/deps-light.stamp
+# The slide, docs and lint tools: only the targets that use them install them.
+deps-tools: $(DTC_CACHE)/deps-tools.stamp
 
 # --- configure and build -------------------------------------------------------------------
 $(BUILD)/build.ninja: | $(DEPS_PRIMARY)
@@ -119,10 +122,10 @@ mutants: | $(DEPS_PRIMARY)
 check-exercises:
 	python3 scripts/exercises.py check
 
-format:
+format: | $(DEPS_TOOLS)
 	python3 scripts/check_format.py --fix
 
-docs:
+docs: | $(DEPS_TOOLS)
 	bash scripts/check_docs.sh build/docs
 
 # The READMEs' quoted program output (blocks marked <!-- output: ... -->), measured again.
@@ -130,12 +133,12 @@ readme-output: build
 	python3 scripts/readme_output.py --build $(BUILD) $(if $(LESSONS),--lessons $(LESSONS))
 
 # Slides: charts from the programs' JSON, HTML (self-contained) and PDF per deck, checked.
-slides: configure
+slides: configure | $(DEPS_TOOLS)
 	cmake --build $(BUILD)
 	python3 scripts/slides.py --build $(BUILD) --check --screenshots --pdf
 	@echo "Slides: $(BUILD)/slides/NN_topic.html and .pdf; screenshots in $(BUILD)/slides/shots/"
 
-tidy: configure
+tidy: configure | $(DEPS_TOOLS)
 	run-clang-tidy -quiet -p $(BUILD) '(common/src|lessons|solutions)/.*\.cpp$$'
 
 clean:

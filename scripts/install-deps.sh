@@ -2,9 +2,12 @@
 # Installs everything the course needs on a fresh Debian 12 machine. Idempotent: a second
 # run checks and returns in seconds. Called by the Makefile when something is missing.
 #
-#   scripts/install-deps.sh            # both LibTorch paths (what `make test` needs)
-#   scripts/install-deps.sh primary    # PyPI torch 2.x in the course venv + Debian tools
-#   scripts/install-deps.sh light      # Debian's libtorch-dev 1.13 + Debian tools
+#   scripts/install-deps.sh            # both LibTorch paths and the tools (what `make test` needs)
+#   scripts/install-deps.sh primary    # a learner's: PyPI torch 2.x in the course venv, the
+#                                      # compilers and libraries (`make run`, `make test-lessonNN`)
+#   scripts/install-deps.sh light      # Debian's libtorch-dev 1.13, the compilers and libraries
+#   scripts/install-deps.sh tools      # the instructor's: slides, docs and lint (`make slides`,
+#                                      # `make docs`, `make format`; `make test` checks them)
 #   scripts/install-deps.sh venv       # only the venv, no Debian package (DTC_VENV and
 #                                      # DTC_TORCH_VERSION choose where and which torch)
 #
@@ -14,8 +17,8 @@
 set -euo pipefail
 
 what=${1:-all}
-case "$what" in all|primary|light|base|venv) ;; *)
-  echo "install-deps.sh: unknown argument '$what'. Use one of: all, primary, light, base, venv." >&2
+case "$what" in all|primary|light|tools|base|venv) ;; *)
+  echo "install-deps.sh: unknown argument '$what'. Use one of: all, primary, light, tools, base, venv." >&2
   exit 2 ;;
 esac
 
@@ -41,6 +44,7 @@ packages_of() {
 read -r -a base_pkgs <<<"$(packages_of base)"
 read -r -a primary_pkgs <<<"$(packages_of primary)"
 read -r -a light_pkgs <<<"$(packages_of light)"
+read -r -a tools_pkgs <<<"$(packages_of tools)"
 
 apt_missing() {
   local missing=()
@@ -50,16 +54,27 @@ apt_missing() {
   echo "${missing[@]:-}"
 }
 
+# apt_install WHAT PKG...: installs the missing ones, saying first what they are for and what
+# they take (apt's own estimate: download and disk).
 apt_install() {
-  local missing
+  local what=$1 missing
+  shift
   missing=$(apt_missing "$@")
   [ -z "$missing" ] && return 0
-  echo "== apt: installing $missing"
+  echo "== apt: installing $what: $missing"
   local t0=$SECONDS before after
   before=$(df --output=used -B1M / | tail -1)
   if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
     $sudo_ apt-get update -q
   fi
+  # shellcheck disable=SC2086
+  $sudo_ apt-get install -s --no-install-recommends $missing 2>/dev/null |
+    awk '/^Inst /{n++} END {printf "   %d Debian packages with what they need", n}' || true
+  # shellcheck disable=SC2086
+  $sudo_ apt-get install --assume-no --no-install-recommends $missing 2>/dev/null |
+    sed -n 's/^Need to get \([^ ]* [^ ]*\).*/: \1 to download/p; s/^After this operation, \([^ ]* [^ ]*\) of additional.*/, \1 on disk/p' |
+    tr -d '\n' || true
+  echo
   # shellcheck disable=SC2086
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -q --no-install-recommends $missing
   after=$(df --output=used -B1M / | tail -1)
@@ -108,11 +123,14 @@ install_venv() {
   echo "$(date -Is) venv [torch==$DTC_TORCH_VERSION]: $((SECONDS - t0)) s, $size MB on disk" | tee -a "$log"
 }
 
-[ "$what" = venv ] || apt_install "${base_pkgs[@]}"
+case "$what" in venv|tools) ;; *) apt_install "compilers, CMake and the course's libraries" "${base_pkgs[@]}" ;; esac
 case "$what" in
   venv) install_venv ;;
-  all) apt_install "${primary_pkgs[@]}" "${light_pkgs[@]}"; install_venv ;;
-  primary) apt_install "${primary_pkgs[@]}"; install_venv ;;
-  light) apt_install "${light_pkgs[@]}" ;;
+  all) apt_install "both LibTorch paths' own" "${primary_pkgs[@]}" "${light_pkgs[@]}"
+       apt_install "the slide, docs and lint tools" "${tools_pkgs[@]}"; install_venv ;;
+  primary) apt_install "the primary path's own" "${primary_pkgs[@]}"; install_venv ;;
+  light) apt_install "the light path (Debian's LibTorch 1.13)" "${light_pkgs[@]}" ;;
+  tools) apt_install "the slide, docs and lint tools (make slides, make docs, make format)" \
+           "${tools_pkgs[@]}" ;;
 esac
 echo "install-deps.sh: $what ready (log: $log)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: everything CI checks, on both LibTorch paths.
-#   1. install what is missing (scripts/install-deps.sh, idempotent);
+#   1. install what is missing (scripts/install-deps.sh, idempotent), the instructor's slide,
+#      docs and lint tools included (a learner's `make run` installs none of them);
 #   2. primary path (build/, PyPI torch 2.x) and light path (build-light/, Debian 1.13):
 #      configure, build everything, run every test except the learner suites, which fail on the
 #      untouched exercises by design; the bite checks (lessonNN.bite) run those instead and
@@ -31,6 +32,9 @@ run_path() {
   local t0=$SECONDS
   if ! make --no-print-directory "$deps_target"; then fail_step "$path" "install" 1; return; fi
   if ! make --no-print-directory "$configure_target"; then fail_step "$path" "configure" 1; return; fi
+  # A build folder configured before the tools were installed (a learner's `make run`) has not
+  # found clang-format: configure it again, which looks again (seconds).
+  if ! cmake "$build" >/dev/null; then fail_step "$path" "configure" 1; return; fi
   # Build everything that can be built (-k 0), then test what was built: each target that did not
   # build is one failure here, and its tests fail in ctest as <target>_NOT_BUILT.
   local blog build_failures=0
@@ -58,6 +62,9 @@ run_path() {
   [ "$rc" -eq 0 ] || status=1
 }
 
+if [ -z "${DTC_SKIP_DEPS:-}" ] && ! make --no-print-directory deps-tools; then
+  fail_step tools "install" 1
+fi
 for path in $paths; do
   case $path in
     primary) run_path primary build deps configure ;;
