@@ -46,14 +46,23 @@ fi
 abs_prog=$(cd "$(dirname "$prog")" && pwd)/$(basename "$prog")
 echo "lesson $nn, $flavour: $prog --gtest_brief=1   (one test: --gtest_filter='Suite.Test')"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-(cd "$build" && timeout -k 5 "$limit" "$abs_prog" --gtest_brief=1) 2>&1 | tee "$log"
+json=$(mktemp --suffix=.json)
+trap 'rm -f "$log" "$json"' EXIT
+(cd "$build" && timeout -k 5 "$limit" "$abs_prog" --gtest_brief=1 --gtest_output="json:$json") 2>&1 |
+  tee "$log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" -eq 1 ]; then
   # Brief mode prints no list of what failed: the list, in the order the tests ran.
   failed=$(sed -n 's/^\[  FAILED  \] \([^ ]*\) (.*/\1/p' "$log")
   echo "[  FAILED  ] $(echo "$failed" | wc -l) tests, in the order they ran (start with the first):"
   echo "$failed" | sed 's/^/[  FAILED  ] /'
+fi
+# The learner's summary: how many tests pass, part by part of the exercise, and what to do next
+# (scripts/test_summary.py).
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+lesson_dir=$(ls -d "$here/../lessons/${nn}_"* 2>/dev/null | head -1)
+if [ "$flavour" = learner ] && [ "$rc" -le 1 ] && [ -n "$lesson_dir" ]; then
+  python3 "$here/test_summary.py" "$json" "$lesson_dir" "$nn" || true
 fi
 [ "$rc" -le 1 ] && exit "$rc"
 
