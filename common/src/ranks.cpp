@@ -39,6 +39,10 @@ void run_ranks(int world, const std::function<void(RankContext&)>& body,
         ctx.world = world;
         ctx.store = store;
         ctx.comm = new_comm(store, r, world, BackendKind::kGloo, timeout);
+        // Every rank connected before any body runs: a body that returns at once would
+        // otherwise tear its process group down while a peer is still connecting, and that
+        // peer would fail with gloo's "Connection closed by peer" instead of its own error.
+        ctx.comm->barrier()->wait();
         body(ctx);
       } catch (const c10::Error& e) {
         error = e.what_without_backtrace();  // LibTorch's 12-frame backtrace helps no learner

@@ -1078,7 +1078,7 @@ TEST(L07Bf16, StatesPerRankAreTheLedgersToTheByte) {
 // fp16 needs a loss scaler (lesson 02), an fp32 model reduces in fp32, and bf16 checkpoints are
 // not this lesson's: usage errors naming the flag. On 1.13, bf16 itself.
 TEST(L07Bf16, UnsupportedCombinationsAreUsageErrors) {
-  auto flag_of = [](const ZeroOptions& o) {
+  auto flag_of = [](const ZeroOptions& o, const std::string& dir = "/nonexistent-l07-dir") {
     std::string flag;
     run_ranks(
         1,
@@ -1086,7 +1086,7 @@ TEST(L07Bf16, UnsupportedCombinationsAreUsageErrors) {
           try {
             Gpt model(tiny(true));
             ZeroEngine engine(model, ctx.comm, o);
-            save_sharded(engine, "/nonexistent-l07-dir");
+            save_sharded(engine, dir);
           } catch (const UsageError& e) {
             flag = e.subject();
           }
@@ -1100,11 +1100,18 @@ TEST(L07Bf16, UnsupportedCombinationsAreUsageErrors) {
   ZeroOptions reduce;
   reduce.reduce = Precision::kBf16;
   EXPECT_EQ(flag_of(reduce), "--reduce-dtype");
-  if (!kGlooBf16) {  // on 2.x a bf16 engine saves (L07Bf16.CheckpointResumesBitForBit)
-    ZeroOptions bf16;
-    bf16.precision = Precision::kBf16;
-    bf16.reduce = Precision::kBf16;
+  ZeroOptions bf16;
+  bf16.precision = Precision::kBf16;
+  bf16.reduce = Precision::kBf16;
+  if (!kGlooBf16) {
     EXPECT_EQ(flag_of(bf16), "--precision");
+  } else {  // a bf16 engine saves its master weights (L07Bf16.CheckpointResumesBitForBit)
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("l07_bf16_save_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    EXPECT_EQ(flag_of(bf16, dir.string()), "") << "bf16 checkpoints are not refused";
+    EXPECT_TRUE(std::filesystem::exists(dir / "COMPLETE"));
+    std::filesystem::remove_all(dir);
   }
 }
 
