@@ -282,10 +282,12 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local_in,
                                            Comm& tp, int64_t vocab_size) {
   // TODO(L08): the mean loss from per-rank parts, a few allreduces of N numbers each,
   //   exact for logits in the thousands, padding columns (id >= vocab_size) out of the softmax
-  //   (README section 5 and its hints)
+  //   (L08Modules.VocabParallelCrossEntropyMatchesTheFullOne, L08Vocabulary.*; README section 5
+  //   hints)
   DTC_TODO("L08", "the mean loss from per-rank parts, a few allreduces of N numbers each, "
                   "exact for logits in the thousands, padding columns (id >= vocab_size) out of the softmax "
-                  "(README section 5 and its hints)");
+                  "(L08Modules.VocabParallelCrossEntropyMatchesTheFullOne, L08Vocabulary.*; README section 5 "
+                  "hints)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -368,4 +370,4 @@ torch::Tensor TpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l08
-// exercise generated from solutions/08_tensor_parallel/tensor_parallel.cpp by scripts/exercises.py; checksum efaeff1df43acd11
+// exercise generated from solutions/08_tensor_parallel/tensor_parallel.cpp by scripts/exercises.py; checksum d731d46c4b17f227

@@ -224,7 +224,7 @@ TORCH_MODULE(VocabParallelEmbedding);
 /// of its gradient, within one fp32 op; finite for logits in the thousands, where fp32's exp
 /// overflows; and only vectors of N numbers cross the TP group, never the N x V logits.
 /// README section 5 gives the identity to start from, and hints.
-/// With a padded vocabulary (L08Modules.PaddedVocabularyMatchesTheFullOne), columns of id
+/// With a padded vocabulary (L08Vocabulary.PaddedVocabularyMatchesTheFullOne), columns of id
 /// vocab_size and above are padding: they take no part in the softmax (as if their logits were
 /// -inf), so the loss and the real columns' gradients are those of the unpadded V columns, and
 /// the padding columns' gradient is 0.

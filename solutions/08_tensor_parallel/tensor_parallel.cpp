@@ -307,7 +307,8 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local_in,
                                            Comm& tp, int64_t vocab_size) {
   // BEGIN SOLUTION: the mean loss from per-rank parts, a few allreduces of N numbers each,
   //   exact for logits in the thousands, padding columns (id >= vocab_size) out of the softmax
-  //   (README section 5 and its hints)
+  //   (L08Modules.VocabParallelCrossEntropyMatchesTheFullOne, L08Vocabulary.*; README section 5
+  //   hints)
   const int64_t local_vocab = logits_local_in.size(1);
   torch::Tensor logits_local = logits_local_in;
   if (vocab_size > 0 && vocab_begin + local_vocab > vocab_size) {
