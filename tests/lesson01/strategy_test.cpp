@@ -507,6 +507,25 @@ TEST(L01Evaluate, TimesAddUp) {
   EXPECT_TRUE(e.batch_ok);
 }
 
+// A pipeline is fed only with at least as many micro-batches as stages (Narayanan et al. 2021
+// sec. 2.2: m >= p): llama3-70b as dp 2 x tp 8 x pp 4 with micro-batches of 1 gets m = B / 2,
+// fed at B = 8 (m = 4), not at B = 6 (m = 3), although every replica still gets a micro-batch.
+TEST(L01Evaluate, APipelineNeedsAtLeastAsManyMicroBatchesAsStages) {
+  Mix mix;
+  mix.tp = 8;
+  mix.dp = 2;
+  mix.pp = 4;
+  mix.micro_batch = 1;
+  const Evaluation fed = evaluate(request("llama3-70b", "dgx-h100", 64, 2048, 8), mix);
+  EXPECT_DOUBLE_EQ(fed.micro_batches, 4);
+  EXPECT_TRUE(fed.batch_ok) << "m = 4 micro-batches for 4 stages";
+  const Evaluation starved = evaluate(request("llama3-70b", "dgx-h100", 64, 2048, 6), mix);
+  EXPECT_DOUBLE_EQ(starved.micro_batches, 3);
+  EXPECT_FALSE(starved.batch_ok)
+      << "m = 3 micro-batches for 4 stages: 1F1B never leaves its warm-up, yet the mix was "
+         "counted as fed";
+}
+
 // ---------------------------------------------------------------------------------------------
 // The decision tree
 // ---------------------------------------------------------------------------------------------
