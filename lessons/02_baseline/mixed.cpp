@@ -97,29 +97,7 @@ void LossScaler::update(bool found_inf) {
 // gradient into an fp32 buffer (Megatron-LM's main_grad) and frees it.
 struct MasterWeights::Hooks {
   using Buffers = std::vector<torch::Tensor>;
-  struct MoveToFp32 : torch::autograd::FunctionPostHook {
-    MoveToFp32(torch::Tensor p, std::shared_ptr<Buffers> b, size_t i)
-        : param(std::move(p)), buffers(std::move(b)), index(i) {}
-    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                              const torch::autograd::variable_list&) override {
-      torch::NoGradGuard no_grad;
-      auto& g = param.mutable_grad();
-      auto& buffer = (*buffers)[index];
-      if (g.defined()) {
-        if (buffer.defined()) {
-          buffer.add_(g);
-        } else {
-          buffer = g.to(torch::kFloat);
-        }
-        g.reset();
-      }
-      return outputs;
-    }
-    torch::Tensor param;
-    std::shared_ptr<Buffers> buffers;  // shared: a hook may outlive its MasterWeights
-    size_t index;
-  };
-  std::shared_ptr<Buffers> buffers = std::make_shared<Buffers>();
+  std::shared_ptr<Buffers> buffers = std::make_shared<Buffers>();  // a hook may outlive us
   std::vector<GradAccumulator> accumulators;  // held: a parameter keeps its own only weakly
 };
 
@@ -143,10 +121,15 @@ MasterWeights::MasterWeights(Gpt& model, const TrainConfig& config,
     hooks_ = std::make_unique<Hooks>();
     hooks_->buffers->resize(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
-      auto accumulator = grad_accumulator(params_[i]);
-      accumulator->add_post_hook(
-          std::make_unique<Hooks::MoveToFp32>(params_[i], hooks_->buffers, i));
-      hooks_->accumulators.push_back(std::move(accumulator));
+      hooks_->accumulators.push_back(
+          take_each_gradient(params_[i], [buffers = hooks_->buffers, i](const torch::Tensor& g) {
+            auto& buffer = (*buffers)[i];
+            if (buffer.defined()) {
+              buffer.add_(g);
+            } else {
+              buffer = g.to(torch::kFloat);
+            }
+          }));
     }
   }
 }
@@ -188,4 +171,4 @@ float train_step_mixed(Gpt& model, MasterWeights& master, LossScaler* scaler, co
 }
 
 }  // namespace dtc::l02
-// exercise generated from solutions/02_baseline/mixed.cpp by scripts/exercises.py; checksum 41e3888cf334c63a
+// exercise generated from solutions/02_baseline/mixed.cpp by scripts/exercises.py; checksum 2603ab27a9dfd1ba

@@ -189,25 +189,6 @@ void unbind_grads(const Unit& unit) {
   for (auto p : unit.params) p.mutable_grad().reset();
 }
 
-// Megatron's main_grad (lesson 02's master weights with fp32 gradients): once a parameter's
-// gradient accumulator has written its working-dtype gradient, add it into the parameter's view
-// of the reduce-dtype buffer and free it, so that only the wider buffer outlives backward.
-struct AddToMainGrad : torch::autograd::FunctionPostHook {
-  AddToMainGrad(torch::Tensor p, torch::Tensor main)
-      : param(std::move(p)), main_grad(std::move(main)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    torch::NoGradGuard no_grad;
-    auto& g = param.mutable_grad();
-    if (g.defined()) {
-      main_grad.add_(g);
-      g.reset();
-    }
-    return outputs;
-  }
-  torch::Tensor param, main_grad;
-};
-
 }  // namespace
 
 void free_storage(const torch::Tensor& t) {
@@ -384,10 +365,9 @@ float ZeroEngine::forward_backward_replicated(const Batch& batch) {
         int64_t off = unit.offset;
         for (size_t k = 0; k < unit.params.size(); ++k) {
           const int64_t numel = c10::multiply_integers(unit.shapes[k]);
-          auto accumulator = grad_accumulator(unit.params[k]);
-          accumulator->add_post_hook(std::make_unique<AddToMainGrad>(
-              unit.params[k], flat_grads_.narrow(0, off, numel).view(unit.shapes[k])));
-          main_grad_hooks_.push_back(std::move(accumulator));
+          auto main_grad = flat_grads_.narrow(0, off, numel).view(unit.shapes[k]);
+          main_grad_hooks_.push_back(take_each_gradient(
+              unit.params[k], [main_grad](const torch::Tensor& g) { main_grad.add_(g); }));
           off += numel;
         }
       }
@@ -882,4 +862,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum 80c81be7ef56c6bc
+// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum edf1aedb163304c9

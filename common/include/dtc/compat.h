@@ -36,6 +36,7 @@
 #endif
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -199,6 +200,32 @@ using GradAccumulator =
 /// @p leaf's gradient accumulator (made now if the leaf has none yet).
 inline GradAccumulator grad_accumulator(const torch::Tensor& leaf) {
   return torch::autograd::impl::grad_accumulator(leaf);
+}
+
+/// Megatron's main_grad: each time backward has written @p leaf's grad(), @p take receives it
+/// (to add into a wider buffer) and the grad is freed at once, so that only what @p take keeps
+/// outlives backward. Returns the hooked accumulator: hold it for as long as the hook should run.
+inline GradAccumulator take_each_gradient(const torch::Tensor& leaf,
+                                          std::function<void(const torch::Tensor&)> take) {
+  struct Take : torch::autograd::FunctionPostHook {
+    Take(torch::Tensor l, std::function<void(const torch::Tensor&)> f)
+        : leaf(std::move(l)), take(std::move(f)) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      torch::NoGradGuard no_grad;
+      auto& g = leaf.mutable_grad();
+      if (g.defined()) {
+        take(g);
+        g.reset();
+      }
+      return outputs;
+    }
+    torch::Tensor leaf;
+    std::function<void(const torch::Tensor&)> take;
+  };
+  GradAccumulator accumulator = grad_accumulator(leaf);
+  accumulator->add_post_hook(std::make_unique<Take>(leaf, std::move(take)));
+  return accumulator;
 }
 
 /// The key of parameter @p param in Optimizer::state(): its TensorImpl pointer in 2.x, and that
