@@ -107,13 +107,35 @@ inline c10::intrusive_ptr<Comm> new_gloo_comm(
 }
 
 #if defined(DTC_HAVE_NCCL)
+#if TORCH_VERSION_MAJOR >= 2
+/// ProcessGroupNCCL, ended with abort() when its last holder lets go. That is what its own
+/// destructor does too, after warning "destroy_process_group() was not called before program
+/// exit": a warning about Python's global process group that a C++ program, which has none, got
+/// on every NCCL run (seen with torch 2.11 on a GPU). abort() does not flush: every course program
+/// waits on each Work before it lets its communicators go.
+class NcclComm final : public c10d::ProcessGroupNCCL {
+ public:
+  using c10d::ProcessGroupNCCL::ProcessGroupNCCL;
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  ~NcclComm() override {
+    try {
+      abort();
+    } catch (...) {  // a destructor must not throw; the base destructor aborts again if needed
+    }
+  }
+};
+#else
+using NcclComm = c10d::ProcessGroupNCCL;
+#endif
+
 /// An NCCL communicator over the current CUDA device.
 inline c10::intrusive_ptr<Comm> new_nccl_comm(const c10::intrusive_ptr<c10d::Store>& store,
                                               int rank, int size,
                                               std::chrono::milliseconds timeout) {
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  return c10::make_intrusive<NcclComm>(store, rank, size, options);
 }
 #endif
 
@@ -358,12 +380,24 @@ struct CudaMemoryStats {
   int64_t peak_reserved = 0;
 };
 
+#if defined(DTC_HAVE_CUDA)
+/// Initialises CUDA (and with it the caching allocator) the way the first CUDA tensor does. The
+/// allocator's statistics refuse a device before that ("Invalid device argument ...: did you
+/// call init?", seen on torch 2.11 when a program measures before its first CUDA tensor). An
+/// empty tensor allocates nothing, so the statistics do not move.
+inline void init_cuda_allocator(int device) {
+  (void)torch::empty({0}, torch::TensorOptions().device(torch::kCUDA,
+                                                        static_cast<c10::DeviceIndex>(device)));
+}
+#endif
+
 /// The caching allocator's statistics for @p device (index 0 of each StatArray: the aggregate
 /// over small and large pools; the same layout in 1.13 and 2.x).
 inline CudaMemoryStats cuda_memory_stats(int device) {
   CudaMemoryStats out;
 #if defined(DTC_HAVE_CUDA)
   if (cuda_device_count() == 0) return out;
+  init_cuda_allocator(device);
   const auto stats =
       c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
   out.allocated = stats.allocated_bytes[0].current;
@@ -379,6 +413,7 @@ inline CudaMemoryStats cuda_memory_stats(int device) {
 inline void reset_cuda_peak_memory(int device) {
 #if defined(DTC_HAVE_CUDA)
   if (cuda_device_count() > 0) {
+    init_cuda_allocator(device);
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
   }
 #endif
