@@ -386,8 +386,8 @@ struct CudaMemoryStats {
 /// call init?", seen on torch 2.11 when a program measures before its first CUDA tensor). An
 /// empty tensor allocates nothing, so the statistics do not move.
 inline void init_cuda_allocator(int device) {
-  (void)torch::empty({0}, torch::TensorOptions().device(torch::kCUDA,
-                                                        static_cast<c10::DeviceIndex>(device)));
+  (void)torch::empty(
+      {0}, torch::TensorOptions().device(torch::kCUDA, static_cast<c10::DeviceIndex>(device)));
 }
 #endif
 
