@@ -401,6 +401,11 @@ INSTANTIATE_TEST_SUITE_P(AllStages, L07Stages, testing::Values(0, 1, 2, 3),
                            return "stage" + std::to_string(info.param);
                          });
 
+#define SKIP_WITHOUT_GLOO_BF16()                                             \
+  if (!kGlooBf16)                                                            \
+  GTEST_SKIP() << "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid " \
+                  "scalar type\"): bf16 ZeRO runs on LibTorch 2.x"
+
 // What a rank holds, seen by the counting allocator (per thread) at each collective it calls:
 // ZeRO's point is memory, so the learner suite measures it. A model whose blocks are much
 // larger than their activations (h 64, 6 blocks, 1 row of 16 tokens): a block's unit is about
@@ -417,7 +422,9 @@ struct Held {
   std::vector<int64_t> backward_scatters;  // thread bytes at each block's reduce-scatter
 };
 
-Held held_during_one_step(int stage, bool recompute = false, int64_t ctx = 4, bool reshard = true) {
+Held held_during_one_step(int stage, bool recompute = false, int64_t ctx = 4, bool reshard = true,
+                          Precision precision = Precision::kFp32,
+                          Precision reduce = Precision::kFp32) {
   GptConfig config = tiny(true);
   config.layers = 6;
   config.ctx = ctx;
@@ -432,13 +439,15 @@ Held held_during_one_step(int stage, bool recompute = false, int64_t ctx = 4, bo
         o.stage = stage;
         o.recompute = recompute;
         o.reshard_after_forward = reshard;
+        o.precision = precision;
+        o.reduce = reduce;
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
         ZeroEngine engine(model, rec, o);
         const Batch batch = ByteDataset::builtin().batch(1, 0, 1, config.ctx, ctx.rank);
         rec->clear();
         engine.forward_backward(batch);
         if (ctx.rank != 0) return;
-        held.unit_bytes = engine.layout().units[1].padded * 4;
+        held.unit_bytes = engine.layout().units[1].padded * (precision == Precision::kBf16 ? 2 : 4);
         const auto gathers = rec->events("allgather");
         const auto scatters = rec->events("alltoall");
         const size_t blocks = static_cast<size_t>(config.layers);
@@ -526,6 +535,19 @@ TEST(L07Memory, Stage2KeepsOnlyGradientShards) {
                               "from the last block's reduce-scatter to the first one's",
                               "stage 2 must free a unit's full gradient once it is "
                               "reduce-scattered");
+}
+
+// The same in bf16 with the reduction in fp32 (the paper's 2 + 2 + 12 with Megatron's fp32
+// reduce): the bf16 gradient buffer and the fp32 copy that is reduce-scattered are two tensors,
+// so freeing what was sent does not free the buffer. A unit here is its bf16 buffer's bytes.
+TEST(L07Memory, Stage2KeepsOnlyGradientShardsInBf16WithAnFp32Reduce) {
+  SKIP_WITHOUT_GLOO_BF16();
+  const Held h = held_during_one_step(2, false, 4, true, Precision::kBf16, Precision::kFp32);
+  expect_held_under_two_units(h.backward_scatters, h.unit_bytes,
+                              "bf16, fp32 reduce: from the last block's reduce-scatter to the "
+                              "first one's",
+                              "stage 2 must let go of a unit's bf16 gradient buffer once its "
+                              "fp32 copy is on its way");
 }
 
 // PyTorch's own training of the same model on the same batches (lesson 02's reference case).
@@ -717,11 +739,6 @@ TEST(L07Checkpoint, AnUnfinishedSaveIsRefused) {
 // ---------------------------------------------------------------------------------------------
 // bf16: ZeRO's own layout, 2 + 2 + 12 bytes per parameter
 // ---------------------------------------------------------------------------------------------
-
-#define SKIP_WITHOUT_GLOO_BF16()                                             \
-  if (!kGlooBf16)                                                            \
-  GTEST_SKIP() << "LibTorch 1.13's gloo has no bf16 collectives (\"Invalid " \
-                  "scalar type\"): bf16 ZeRO runs on LibTorch 2.x"
 
 // The ZeRO paper's formulas (sec. 5, Fig. 1) and communication volumes in bf16, closed forms.
 // Given code.
