@@ -76,8 +76,15 @@ Mesh Mesh::build(int world, const std::vector<MeshDim>& dims) {
     }
   }
   if (asked.empty()) asked = "a mesh of degree 1";
+  // The flag at fault when the degrees do not fit: the last one given a degree (the one the
+  // caller listed last, its fastest), else the inferred one.
+  const MeshDim* last_given = nullptr;
+  for (const MeshDim& d : dims) {
+    if (d.degree > 0) last_given = &d;
+  }
+  if (!last_given) last_given = inferred;
   if (inferred) {
-    const std::string flag = inferred->flag.empty() ? inferred->name : inferred->flag;
+    const std::string flag = last_given->flag.empty() ? last_given->name : last_given->flag;
     if (world % product != 0) {
       throw UsageError(
           flag,
@@ -90,9 +97,7 @@ Mesh Mesh::build(int world, const std::vector<MeshDim>& dims) {
     }
     mesh.sizes_[mesh.index(inferred->name)] = static_cast<int>(world / product);
   } else if (product != world) {
-    // Name the last flag given (the fastest dimension the caller listed) as the culprit.
-    const MeshDim& last = dims.empty() ? MeshDim{"tp", 1, "--tp"} : dims.back();
-    throw UsageError(last.flag.empty() ? last.name : last.flag,
+    throw UsageError(last_given->flag.empty() ? last_given->name : last_given->flag,
                      fmt::format("{} needs {} ranks, but this run has {} (the world size "
                                  "torchrun started)",
                                  asked, product, world),

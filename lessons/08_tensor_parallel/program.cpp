@@ -24,55 +24,18 @@ namespace dtc::l08 {
 // The rank grid
 // ---------------------------------------------------------------------------------------------
 
-std::vector<int> Grid::tp_group(int rank) const {
-  std::vector<int> ranks;
-  for (int t = 0; t < tp; ++t) ranks.push_back(dp_rank(rank) * tp + t);
-  return ranks;
+Mesh make_mesh(int world, int dp, int tp) {
+  // Neither given: all ranks split each layer (tp inferred, dp 1).
+  if (dp == 0 && tp == 0) dp = 1;
+  return Mesh::build(world, {{"dp_replicate", dp, "--dp"}, {"tp", tp, "--tp"}});
 }
 
-std::vector<int> Grid::dp_group(int rank) const {
-  std::vector<int> ranks;
-  for (int d = 0; d < dp; ++d) ranks.push_back(d * tp + tp_rank(rank));
-  return ranks;
-}
-
-Grid make_grid(int world, int dp, int tp) {
-  if (dp < 0 || tp < 0 || (dp == 0 && tp == 0)) {
-    if (dp < 0)
-      throw UsageError("--dp", fmt::format("is {}, must be at least 1", dp), "e.g. --dp 2");
-    if (tp < 0)
-      throw UsageError("--tp", fmt::format("is {}, must be at least 1", tp), "e.g. --tp 2");
-    return Grid{world, 1, world};  // neither given: all ranks split each layer
-  }
-  const char* culprit = tp == 0 ? "--dp" : "--tp";  // the flag that was given (tp if both)
-  const int dp_given = dp, tp_given = tp;
-  if (dp == 0) dp = world % tp == 0 ? world / tp : 0;
-  if (tp == 0) tp = world % dp == 0 ? world / dp : 0;
-  if (dp < 1 || tp < 1 || dp * tp != world) {
-    const bool both = dp_given > 0 && tp_given > 0;
-    const int product = both ? dp_given * tp_given : std::max(dp_given, tp_given);
-    const std::string asked = both ? fmt::format("--dp {} x --tp {}", dp_given, tp_given)
-                                   : fmt::format("{} {}", culprit, product);
-    throw UsageError(
-        culprit,
-        fmt::format(
-            "{} needs {} ranks, but this run has {} (the world size torchrun started)", asked,
-            both ? std::to_string(product) : fmt::format("a multiple of {}", product), world),
-        fmt::format("launch torchrun --nproc_per_node {}, or choose degrees whose product is {}",
-                    product, world));
-  }
-  return Grid{world, dp, tp};
-}
-
-Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& grid, int rank,
+Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
                    BackendKind backend, std::chrono::milliseconds timeout,
                    const std::string& master_addr) {
-  Groups g;
-  g.tp = new_subgroup(store, fmt::format("tp{}", grid.dp_rank(rank)), grid.tp_group(rank), rank,
-                      backend, timeout, master_addr);
-  g.dp = new_subgroup(store, fmt::format("dp{}", grid.tp_rank(rank)), grid.dp_group(rank), rank,
-                      backend, timeout, master_addr);
-  return g;
+  const MeshGroups groups(store, mesh, rank, {{"tp"}, {"dp_replicate"}}, backend, timeout,
+                          master_addr);
+  return Groups{groups.get({"tp"}), groups.get({"dp_replicate"})};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -208,7 +171,7 @@ void print_volume(std::ostream& out, const std::string& what, int64_t b, int64_t
 // The grid the flags ask for. Neither --dp nor --tp: tp = the world size when the model splits
 // that many ways (2 or 4 ranks here), else the largest tp that divides both (8 GPUs, 4 heads:
 // tp 4 x dp 2).
-Grid choose_grid(int world, const Options& o, const GptConfig& model) {
+Mesh choose_mesh(int world, const Options& o, const GptConfig& model) {
   int tp = o.tp;
   for (int t = world; o.tp == 0 && o.dp == 0 && t >= 1 && tp == 0; --t) {
     if (world % t != 0) continue;
@@ -218,12 +181,12 @@ Grid choose_grid(int world, const Options& o, const GptConfig& model) {
     } catch (const UsageError&) {
     }
   }
-  const Grid grid = make_grid(world, o.dp, tp);
-  validate_tp(model, grid.tp);
-  return grid;
+  const Mesh mesh = make_mesh(world, o.dp, tp);
+  validate_tp(model, mesh.size("tp"));
+  return mesh;
 }
 
-void print_report(std::ostream& out, const TrainConfig& c, const Grid& grid, const StepLog& log) {
+void print_report(std::ostream& out, const TrainConfig& c, const Mesh& mesh, const StepLog& log) {
   const auto& losses = log.losses();
   fmt::print(out, "\n  trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.1f} s\n",
              losses.size(), losses.front(), losses.back(), log.tokens_per_s(), log.elapsed_s());
@@ -231,9 +194,9 @@ void print_report(std::ostream& out, const TrainConfig& c, const Grid& grid, con
              "\nCommunication volume of tensor parallelism (Megatron: 2 allreduces forward, 2\n"
              "backward, per layer, each of the b x s x h activations; ring allreduce sends\n"
              "2(tp-1)/tp of it per rank):\n");
-  print_volume(out, fmt::format("this run, {}", precision_name(c.precision)), c.batch / grid.dp,
-               c.model.ctx, c.model.hidden, grid.tp, c.precision == Precision::kFp32 ? 4 : 2,
-               c.model.layers);
+  print_volume(out, fmt::format("this run, {}", precision_name(c.precision)),
+               c.batch / mesh.size("dp_replicate"), c.model.ctx, c.model.hidden, mesh.size("tp"),
+               c.precision == Precision::kFp32 ? 4 : 2, c.model.layers);
   print_volume(out, "GPT-3 175B layer, bf16, tp 8", 1, 2048, 12288, 8, 2, 96);
   fmt::print(
       out,
@@ -247,11 +210,12 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   // 1. Configuration, checked on every rank before the network is touched.
   const TrainConfig c = t.run_config();
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
-  const Grid grid = choose_grid(job.env.world_size, o, c.model);
+  const Mesh mesh = choose_mesh(job.env.world_size, o, c.model);
+  const int dp = mesh.size("dp_replicate"), tp = mesh.size("tp");
   check_precision(c.precision, /*bf16_collectives=*/true);
-  if (c.batch % grid.dp != 0) {
+  if (c.batch % dp != 0) {
     throw UsageError("--global-batch",
-                     fmt::format("{} sequences do not split over dp {}", c.batch, grid.dp),
+                     fmt::format("{} sequences do not split over dp {}", c.batch, dp),
                      "pass a global batch that --dp divides");
   }
 
@@ -259,23 +223,23 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
   job.connect();
   Groups groups =
-      make_groups(job.store, grid, job.rank(), job.backend, job.timeout, job.env.master_addr);
+      make_groups(job.store, mesh, job.rank(), job.backend, job.timeout, job.env.master_addr);
   // with --trace, on the timeline by group, each span with its group's global ranks
-  groups.tp = job.traced(groups.tp, "tp", grid.tp_group(job.rank()));
-  groups.dp = job.traced(groups.dp, "dp", grid.dp_group(job.rank()));
+  groups.tp = job.traced(groups.tp, "tp", mesh.group(job.rank(), {"tp"}));
+  groups.dp = job.traced(groups.dp, "dp", mesh.group(job.rank(), {"dp_replicate"}));
   const bool talk = job.rank0() && !t.train.json;
   if (talk) {
     print_banner(
         out, "Lesson 08: tensor parallelism", job, c.model, count_parameters(*Gpt(c.model)),
         {{"grid", fmt::format("{} ranks = dp {} x tp {} (tp fastest: TP groups are consecutive "
                               "ranks)",
-                              grid.world, grid.dp, grid.tp)},
-         {"split", fmt::format("each rank: {} of {} heads, MLP {} of {}, vocabulary rows {} of {}",
-                               c.model.heads / grid.tp, c.model.heads, c.model.ffn() / grid.tp,
-                               c.model.ffn(), padded_vocab(c.model.vocab, grid.tp) / grid.tp,
-                               padded_vocab(c.model.vocab, grid.tp))},
+                              mesh.world(), dp, tp)},
+         {"split",
+          fmt::format("each rank: {} of {} heads, MLP {} of {}, vocabulary rows {} of {}",
+                      c.model.heads / tp, c.model.heads, c.model.ffn() / tp, c.model.ffn(),
+                      padded_vocab(c.model.vocab, tp) / tp, padded_vocab(c.model.vocab, tp))},
          {"train", fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per replica), seed {}",
-                               c.lr, t.train.steps, c.batch, c.batch / grid.dp, c.seed)},
+                               c.lr, t.train.steps, c.batch, c.batch / dp, c.seed)},
          {"numerics", c.precision == Precision::kFp32
                           ? std::string("precision fp32, recompute none")
                           : fmt::format("precision {} (fp32 master weights), recompute none",
@@ -297,13 +261,13 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   job.finish();
   if (!job.rank0()) return kExitOk;
   if (t.train.json) {
-    const CommVolume v = tp_comm_volume(c.batch / grid.dp, c.model.ctx, c.model.hidden, grid.tp,
+    const CommVolume v = tp_comm_volume(c.batch / dp, c.model.ctx, c.model.hidden, tp,
                                         c.precision == Precision::kFp32 ? 4 : 2);
     nlohmann::json j = run_json(log, t.train.steps, job.device);
     j["param_digest"] = digest;
-    j["world"] = grid.world;
-    j["dp"] = grid.dp;
-    j["tp"] = grid.tp;
+    j["world"] = mesh.world();
+    j["dp"] = dp;
+    j["tp"] = tp;
     j["config"] = config_json(c.model, c.batch, c.seed, c.lr);
     j["precision"] = precision_name(c.precision);
     j["recompute"] = recompute_name(Recompute::kNone);
@@ -316,7 +280,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     print_json_line(out, j);
     return kExitOk;
   }
-  print_report(out, c, grid, log);
+  print_report(out, c, mesh, log);
   return kExitOk;
 }
 

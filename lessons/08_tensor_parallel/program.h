@@ -1,5 +1,5 @@
 // Lesson 08's program, and the given pieces around your tensor-parallel modules: the dp x tp rank
-// grid (lesson 03's layout), its subgroups, the training loop with data-parallel gradient
+// grid (a dtc::Mesh), its subgroups, the training loop with data-parallel gradient
 // averaging, and the communication volume per layer (so that tests can run them in-process).
 #pragma once
 
@@ -15,33 +15,22 @@
 
 #include "dtc/compat.h"
 #include "dtc/dist.h"
+#include "dtc/mesh.h"
 #include "tensor_parallel.h"
 
 namespace dtc::l08 {
 
 // ---------------------------------------------------------------------------------------------
-// The rank grid (given; lesson 03's layout with pp = 1, written out here again because lesson
-// 03's grid is an exercise of its own)
+// The rank grid (given): a dtc::Mesh of dp_replicate x tp
 // ---------------------------------------------------------------------------------------------
 
-/// dp x tp = world, Megatron-LM's order: tp fastest, rank = tp_rank + TP * dp_rank. A TP group
-/// is TP consecutive ranks (one node, NVLink); a DP group strides by TP.
-struct Grid {
-  int world = 1;
-  int dp = 1;
-  int tp = 1;
-  int tp_rank(int rank) const { return rank % tp; }
-  int dp_rank(int rank) const { return rank / tp; }
-  /// The TP group of @p rank: TP consecutive ranks, sorted.
-  std::vector<int> tp_group(int rank) const;
-  /// The DP group of @p rank: the ranks with the same tp_rank, sorted.
-  std::vector<int> dp_group(int rank) const;
-};
-
-/// @brief The grid for @p world ranks from --dp and --tp (0 = not given): neither given ->
-///   tp = world, dp = 1; one given -> the other is world / it.
+/// @brief The dp x tp mesh for @p world ranks from --dp and --tp (0 = not given): neither given
+///   -> tp = world, dp = 1; one given -> the other is world / it. tp is the fastest dimension, as
+///   in Megatron-LM: rank = tp_rank + tp * dp_rank, a TP group is tp consecutive ranks (one node,
+///   NVLink), a DP group (dimension "dp_replicate": each replica holds the whole TP-split model)
+///   strides by tp.
 /// @throws UsageError (--dp or --tp) when a degree is below 1 or dp * tp != world.
-Grid make_grid(int world, int dp, int tp);
+Mesh make_mesh(int world, int dp, int tp);
 
 /// This rank's two communicators.
 struct Groups {
@@ -49,8 +38,8 @@ struct Groups {
   c10::intrusive_ptr<Comm> dp;  ///< this rank's DP group
 };
 
-/// Builds @p rank's TP and DP groups over @p store (dtc::new_subgroup, TP first, then DP).
-Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& grid, int rank,
+/// Builds @p rank's TP and DP groups over @p store (dtc::MeshGroups, TP first, then DP).
+Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
                    BackendKind backend, std::chrono::milliseconds timeout,
                    const std::string& master_addr = "127.0.0.1");
 

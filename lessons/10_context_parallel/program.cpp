@@ -25,75 +25,20 @@ namespace dtc::l10 {
 // The rank grid
 // ---------------------------------------------------------------------------------------------
 
-std::vector<int> Grid::tp_group(int rank) const {
-  std::vector<int> ranks;
-  for (int t = 0; t < tp; ++t) ranks.push_back(rank - tp_rank(rank) + t);
-  return ranks;
-}
-
-std::vector<int> Grid::cp_group(int rank) const {
-  std::vector<int> ranks;
-  for (int c = 0; c < cp; ++c) ranks.push_back(tp_rank(rank) + tp * (c + cp * dp_rank(rank)));
-  return ranks;
-}
-
-std::vector<int> Grid::replica_group(int rank) const {
-  std::vector<int> ranks;
-  for (int r = tp_rank(rank); r < world; r += tp) ranks.push_back(r);
-  return ranks;
-}
-
-Grid make_grid(int world, int dp, int cp, int tp) {
-  if (dp < 0) throw UsageError("--dp", fmt::format("is {}, must be at least 1", dp), "e.g. --dp 2");
-  if (cp < 0) throw UsageError("--cp", fmt::format("is {}, must be at least 1", cp), "e.g. --cp 2");
-  if (tp < 0) throw UsageError("--tp", fmt::format("is {}, must be at least 1", tp), "e.g. --tp 2");
+Mesh make_mesh(int world, int dp, int cp, int tp) {
   if (tp == 0) tp = 1;
-  if (world % tp != 0) {
-    throw UsageError("--tp", fmt::format("{} does not divide the world size {}", tp, world),
-                     "choose --tp, --cp and --dp whose product is the number of ranks");
-  }
-  const int rest = world / tp;
-  if (dp == 0 && cp == 0) return Grid{world, 1, rest, tp};  // neither: cp takes what is left
-  const char* culprit = cp == 0 ? "--dp" : "--cp";
-  const int dp_given = dp, cp_given = cp;
-  if (dp == 0) dp = rest % cp == 0 ? rest / cp : 0;
-  if (cp == 0) cp = rest % dp == 0 ? rest / dp : 0;
-  if (dp < 1 || cp < 1 || dp * cp * tp != world) {
-    // Name what was asked for (the inferred degree left out) and the world size it needs.
-    std::string asked = fmt::format("--tp {}", tp);
-    int64_t product = tp;
-    if (dp_given) {
-      asked += fmt::format(" x --dp {}", dp_given);
-      product *= dp_given;
-    }
-    if (cp_given) {
-      asked += fmt::format(" x --cp {}", cp_given);
-      product *= cp_given;
-    }
-    const bool inferred = dp_given == 0 || cp_given == 0;
-    throw UsageError(
-        culprit,
-        fmt::format(
-            "{} needs {} ranks, but this run has {} (the world size torchrun started)", asked,
-            inferred ? fmt::format("a multiple of {}", product) : std::to_string(product), world),
-        fmt::format("launch torchrun --nproc_per_node {}{}, or choose degrees whose product is "
-                    "{}",
-                    product, inferred ? fmt::format(" (or {})", 2 * product) : "", world));
-  }
-  return Grid{world, dp, cp, tp};
+  if (dp == 0 && cp == 0) dp = 1;  // neither: cp takes what is left
+  // Listed so that the flag blamed for a mismatch is the one the learner gave last: cp, else
+  // tp when only tp was given (dtc::Mesh blames the last dimension given a degree).
+  return Mesh::build(world, {{"dp_replicate", dp, "--dp"}, {"tp", tp, "--tp"}, {"cp", cp, "--cp"}});
 }
 
-Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& grid, int rank,
+Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
                    BackendKind backend, std::chrono::milliseconds timeout,
                    const std::string& master_addr) {
-  Groups g;
-  g.tp = new_subgroup(store, fmt::format("tp{}", rank / grid.tp), grid.tp_group(rank), rank,
-                      backend, timeout, master_addr);
-  g.cp = new_subgroup(store, fmt::format("cp{}.{}", grid.dp_rank(rank), grid.tp_rank(rank)),
-                      grid.cp_group(rank), rank, backend, timeout, master_addr);
-  g.replicas = new_subgroup(store, fmt::format("replicas{}", grid.tp_rank(rank)),
-                            grid.replica_group(rank), rank, backend, timeout, master_addr);
-  return g;
+  const MeshGroups groups(store, mesh, rank, {{"tp"}, {"cp"}, {"dp_replicate", "cp"}}, backend,
+                          timeout, master_addr);
+  return Groups{groups.get({"tp"}), groups.get({"cp"}), groups.get({"dp_replicate", "cp"})};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -358,14 +303,14 @@ void print_volumes(std::ostream& out, const std::string& what, int64_t b, int64_
   }
 }
 
-void print_report(std::ostream& out, const CpConfig& c, const Grid& grid, const StepLog& log) {
+void print_report(std::ostream& out, const CpConfig& c, const Mesh& mesh, const StepLog& log) {
   const auto& losses = log.losses();
   fmt::print(out, "\n  trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.1f} s\n",
              losses.size(), losses.front(), losses.back(), log.tokens_per_s(), log.elapsed_s());
   fmt::print(out, "\nWhat attention sends (closed forms; the ring's dK/dV travel in fp32):\n");
   const double e = c.run.precision == Precision::kFp32 ? 4 : 2;
-  print_volumes(out, "this run", c.run.batch / grid.dp, c.run.model.ctx, c.run.model.hidden,
-                grid.cp, e);
+  print_volumes(out, "this run", c.run.batch / mesh.size("dp_replicate"), c.run.model.ctx,
+                c.run.model.hidden, mesh.size("cp"), e);
   print_volumes(out, "a 7B-class layer (h 4096), 128k tokens, bf16, cp 8", 1, 131072, 4096, 8, 2);
   fmt::print(
       out,
@@ -377,11 +322,11 @@ void print_report(std::ostream& out, const CpConfig& c, const Grid& grid, const 
       "  heads, 8 KV, G = 16) at cp 8: the all-gather sends less than Ulysses.\n");
 }
 
-void print_memory(std::ostream& out, const CpConfig& c, const Grid& grid, int64_t predicted,
+void print_memory(std::ostream& out, const CpConfig& c, const Mesh& mesh, int64_t predicted,
                   int64_t per_layer, const std::vector<int64_t>& measured) {
   const GptConfig& m = c.run.model;
   const int64_t e = c.run.precision == Precision::kFp32 ? 4 : 2;
-  const int64_t rows = c.run.batch / grid.dp;
+  const int64_t rows = c.run.batch / mesh.size("dp_replicate");
   fmt::print(out, "\nActivations one forward keeps for backward, per rank (counting allocator):\n");
   if (measured.empty()) {
     fmt::print(out, "  (not measured on {}: the counting allocator sees the CPU)\n", "this device");
@@ -397,7 +342,7 @@ void print_memory(std::ostream& out, const CpConfig& c, const Grid& grid, int64_
                m.layers);
   }
   fmt::print(out, "  predicted per layer {} bytes{}\n", with_commas(per_layer),
-             grid.tp == 1 ? std::string()
+             mesh.size("tp") == 1 ? std::string()
              : c.sequence_parallel
                  ? std::string(" (tp: every term / tp, sequence parallelism)")
                  : std::string(" (tp: the LayerNorm regions whole on each TP rank)"));
@@ -418,8 +363,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   c.zigzag = o.zigzag;
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
   c.sequence_parallel = o.sequence_parallel;
-  const Grid grid = make_grid(job.env.world_size, o.dp, o.cp, o.tp);
-  check_config(c, grid.dp, grid.cp, grid.tp);
+  const Mesh mesh = make_mesh(job.env.world_size, o.dp, o.cp, o.tp);
+  check_config(c, mesh.size("dp_replicate"), mesh.size("cp"), mesh.size("tp"));
 
   // 2. Build: the counting allocator (CPU: each rank's activations), the process group, then
   // this rank's TP, CP and replica groups.
@@ -427,34 +372,36 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
   job.connect();
   Groups groups =
-      make_groups(job.store, grid, job.rank(), job.backend, job.timeout, job.env.master_addr);
+      make_groups(job.store, mesh, job.rank(), job.backend, job.timeout, job.env.master_addr);
   // with --trace, on the timeline by group, each span with its group's global ranks
-  groups.tp = job.traced(groups.tp, "tp", grid.tp_group(job.rank()));
-  groups.cp = job.traced(groups.cp, "cp", grid.cp_group(job.rank()));
-  groups.replicas = job.traced(groups.replicas, "replicas", grid.replica_group(job.rank()));
+  groups.tp = job.traced(groups.tp, "tp", mesh.group(job.rank(), {"tp"}));
+  groups.cp = job.traced(groups.cp, "cp", mesh.group(job.rank(), {"cp"}));
+  groups.replicas =
+      job.traced(groups.replicas, "replicas", mesh.group(job.rank(), {"dp_replicate", "cp"}));
   c10::intrusive_ptr<Comm> cp = groups.cp;
   if (o.no_overlap) cp = c10::make_intrusive<WaitingComm>(cp);
-  Comm* tp = grid.tp > 1 ? groups.tp.get() : nullptr;
+  Comm* tp = mesh.size("tp") > 1 ? groups.tp.get() : nullptr;
   const bool talk = job.rank0() && !t.train.json;
   if (talk) {
-    const int64_t tl = c.run.model.ctx / grid.cp;
+    const int64_t tl = c.run.model.ctx / mesh.size("cp");
     print_banner(
         out, "Lesson 10: context parallelism", job, c.run.model,
         count_parameters(*Gpt(c.run.model)),
-        {{"grid", fmt::format("{} ranks = tp {} x cp {} x dp {} (tp fastest, then cp){}",
-                              grid.world, grid.tp, grid.cp, grid.dp,
-                              grid.tp == 1          ? std::string()
-                              : c.sequence_parallel ? std::string(", sequence parallel over tp")
-                                                    : std::string(", no sequence parallelism"))},
+        {{"grid",
+          fmt::format("{} ranks = tp {} x cp {} x dp {} (tp fastest, then cp){}", mesh.world(),
+                      mesh.size("tp"), mesh.size("cp"), mesh.size("dp_replicate"),
+                      mesh.size("tp") == 1  ? std::string()
+                      : c.sequence_parallel ? std::string(", sequence parallel over tp")
+                                            : std::string(", no sequence parallelism"))},
          {"split",
           fmt::format("each rank: {} of {} tokens a sequence{}, {} attention", tl, c.run.model.ctx,
-                      c.zigzag ? fmt::format(" (zig-zag: chunks r and {}-r of {})", 2 * grid.cp - 1,
-                                             2 * grid.cp)
+                      c.zigzag ? fmt::format(" (zig-zag: chunks r and {}-r of {})",
+                                             2 * mesh.size("cp") - 1, 2 * mesh.size("cp"))
                                : std::string(" (contiguous)"),
                       attention_name(c.attention))},
-         {"train",
-          fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per replica), seed {}",
-                      c.run.lr, t.train.steps, c.run.batch, c.run.batch / grid.dp, c.run.seed)},
+         {"train", fmt::format("AdamW lr {:g}, {} steps, global batch {} ({} per replica), seed {}",
+                               c.run.lr, t.train.steps, c.run.batch,
+                               c.run.batch / mesh.size("dp_replicate"), c.run.seed)},
          {"numerics", c.run.precision == Precision::kFp32
                           ? std::string("precision fp32, recompute none")
                           : fmt::format("precision {} (fp32 master weights), recompute none",
@@ -476,13 +423,14 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   // the closed form (predict_activation_bytes).
   const int64_t e = c.run.precision == Precision::kFp32 ? 4 : 2;
   const GptConfig& m = c.run.model;
-  const int64_t rows = c.run.batch / grid.dp;
-  const int64_t predicted = grid.tp > 1
-                                ? -1
-                                : predict_activation_bytes(c.attention, m.layers, rows, m.ctx,
-                                                           m.hidden, m.heads, m.vocab, grid.cp, e);
-  const int64_t per_layer = predict_layer_activation_bytes(
-      c.attention, rows, m.ctx, m.hidden, m.heads, grid.cp, e, grid.tp, c.sequence_parallel);
+  const int64_t rows = c.run.batch / mesh.size("dp_replicate");
+  const int64_t predicted =
+      mesh.size("tp") > 1 ? -1
+                          : predict_activation_bytes(c.attention, m.layers, rows, m.ctx, m.hidden,
+                                                     m.heads, m.vocab, mesh.size("cp"), e);
+  const int64_t per_layer =
+      predict_layer_activation_bytes(c.attention, rows, m.ctx, m.hidden, m.heads, mesh.size("cp"),
+                                     e, mesh.size("tp"), c.sequence_parallel);
   std::vector<int64_t> measured;
   if (job.device.is_cpu()) {
     Gpt fresh = make_gpt(m, c.run.seed, job.device);
@@ -497,17 +445,17 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     MasterAdamW cast(tp == nullptr ? static_cast<torch::nn::Module&>(*model->gpt)
                                    : static_cast<torch::nn::Module&>(*split->model),
                      c.run.precision, adamw_options(c.run));  // bf16: the model in bf16
-    const Batch batch =
-        ByteDataset::builtin().batch(c.run.seed, 0, rows, m.ctx, grid.dp_rank(job.rank()) * rows);
+    const Batch batch = ByteDataset::builtin().batch(c.run.seed, 0, rows, m.ctx,
+                                                     mesh.coord(job.rank(), "dp_replicate") * rows);
     Batch mine;
-    mine.inputs = shard_sequence(batch.inputs, cp->getRank(), grid.cp, c.zigzag);
-    mine.targets = shard_sequence(batch.targets, cp->getRank(), grid.cp, c.zigzag);
-    torch::Tensor all = torch::zeros({grid.world}, torch::kLong);
+    mine.inputs = shard_sequence(batch.inputs, cp->getRank(), mesh.size("cp"), c.zigzag);
+    mine.targets = shard_sequence(batch.targets, cp->getRank(), mesh.size("cp"), c.zigzag);
+    torch::Tensor all = torch::zeros({mesh.world()}, torch::kLong);
     all[job.rank()] = tp == nullptr ? measure_activation_bytes(model, mine)
                                     : measure_activation_bytes(split, mine);
     std::vector<torch::Tensor> t{all};
     job.comm->allreduce(t)->wait();
-    for (int r = 0; r < grid.world; ++r) measured.push_back(all[r].item<int64_t>());
+    for (int r = 0; r < mesh.world(); ++r) measured.push_back(all[r].item<int64_t>());
   }
 
   // 4. Report, 5. finish.
@@ -515,15 +463,16 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   if (!job.rank0()) return kExitOk;
   if (t.train.json) {
     const double e = c.run.precision == Precision::kFp32 ? 4 : 2;
-    const AttentionVolume v = attention_volume(c.attention, c.run.batch / grid.dp, c.run.model.ctx,
-                                               c.run.model.hidden, grid.cp);
+    const AttentionVolume v =
+        attention_volume(c.attention, c.run.batch / mesh.size("dp_replicate"), c.run.model.ctx,
+                         c.run.model.hidden, mesh.size("cp"));
     nlohmann::json j = run_json(log, t.train.steps, job.device);
     j["param_digest"] = digest;
-    j["world"] = grid.world;
+    j["world"] = mesh.world();
     j["launcher"] = launcher_name(job.env.launcher);
-    j["dp"] = grid.dp;
-    j["cp"] = grid.cp;
-    j["tp"] = grid.tp;
+    j["dp"] = mesh.size("dp_replicate");
+    j["cp"] = mesh.size("cp");
+    j["tp"] = mesh.size("tp");
     j["sequence_parallel"] = c.sequence_parallel;
     j["attention"] = attention_name(c.attention);
     j["zigzag"] = c.zigzag;
@@ -543,8 +492,8 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     print_json_line(out, j);
     return kExitOk;
   }
-  print_report(out, c, grid, log);
-  print_memory(out, c, grid, predicted, per_layer, measured);
+  print_report(out, c, mesh, log);
+  print_memory(out, c, mesh, predicted, per_layer, measured);
   return kExitOk;
 }
 

@@ -17,6 +17,7 @@
 #include "context_parallel.h"
 #include "dtc/compat.h"
 #include "dtc/dist.h"
+#include "dtc/mesh.h"
 #include "dtc/observe.h"
 #include "sequence_parallel.h"
 
@@ -26,42 +27,24 @@ namespace dtc::l10 {
 // The rank grid (given)
 // ---------------------------------------------------------------------------------------------
 
-/// tp x cp x dp = world in Llama 3's order (sec. 3.3.2: [TP, CP, PP, DP], TP fastest):
-/// rank = tp_rank + tp (cp_rank + cp dp_rank). A TP group is tp consecutive ranks (one node's
-/// NVLink), a CP group strides by tp; the replicas of a weight shard are the cp x dp ranks with
-/// the same tp_rank.
-struct Grid {
-  int world = 1;
-  int dp = 1;
-  int cp = 1;
-  int tp = 1;
-  int tp_rank(int rank) const { return rank % tp; }
-  int cp_rank(int rank) const { return rank / tp % cp; }
-  int dp_rank(int rank) const { return rank / (tp * cp); }
-  /// The TP group of @p rank: tp consecutive ranks, sorted.
-  std::vector<int> tp_group(int rank) const;
-  /// The CP group of @p rank: cp ranks tp apart, sorted.
-  std::vector<int> cp_group(int rank) const;
-  /// The ranks that hold the same weights as @p rank (its shard, with tp > 1): the cp x dp ranks
-  /// with its tp_rank, sorted. Gradients are summed over them.
-  std::vector<int> replica_group(int rank) const;
-};
-
-/// @brief The grid for @p world ranks from --dp, --cp and --tp (0 = not given): tp 1 unless
+/// @brief The mesh for @p world ranks from --dp, --cp and --tp (0 = not given): tp 1 unless
 ///   given; then neither dp nor cp -> cp = world / tp, dp 1; one given -> the other is what is
-///   left.
+///   left. Dimensions dp_replicate x cp x tp, tp fastest (dtc::Mesh's order): rank = tp_rank +
+///   tp (cp_rank + cp dp_rank). A TP group is tp consecutive ranks (one node's NVLink), a CP
+///   group strides by tp; the replicas of a weight shard are the dp x cp ranks with the same
+///   tp_rank (the group over {"dp_replicate", "cp"}).
 /// @throws UsageError (--dp, --cp or --tp) when a degree is below 1 or tp * cp * dp != world.
-Grid make_grid(int world, int dp, int cp, int tp = 1);
+Mesh make_mesh(int world, int dp, int cp, int tp = 1);
 
 /// This rank's communicators.
 struct Groups {
   c10::intrusive_ptr<Comm> tp;        ///< its TP group
   c10::intrusive_ptr<Comm> cp;        ///< its CP group
-  c10::intrusive_ptr<Comm> replicas;  ///< the ranks that hold its weights (replica_group)
+  c10::intrusive_ptr<Comm> replicas;  ///< the ranks that hold its weights (dp_replicate x cp)
 };
 
-/// Builds @p rank's groups over @p store (dtc::new_subgroup: TP, then CP, then the replicas).
-Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Grid& grid, int rank,
+/// Builds @p rank's groups over @p store (dtc::MeshGroups: TP, then CP, then the replicas).
+Groups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
                    BackendKind backend, std::chrono::milliseconds timeout,
                    const std::string& master_addr = "127.0.0.1");
 

@@ -111,9 +111,12 @@ TEST(Mesh, BadDegreesAreUsageErrorsNamingTheFlag) {
   EXPECT_NE(mismatch.find("--nproc_per_node 6"), std::string::npos) << mismatch;
 
   const std::string indivisible = subject_of(6, {{"dp_shard", 0, "--dp"}, {"tp", 4, "--tp"}});
-  EXPECT_EQ(indivisible.rfind("--dp | ", 0), 0u) << indivisible;
+  EXPECT_EQ(indivisible.rfind("--tp | ", 0), 0u)
+      << "the flag given, not the one inferred: " << indivisible;
   EXPECT_NE(indivisible.find("needs a multiple of 4 ranks, but this run has 6"), std::string::npos)
       << indivisible;
+
+  EXPECT_EQ(subject_of(6, {{"dp_shard", 4, "--dp"}, {"tp", 0, "--tp"}}).rfind("--dp | ", 0), 0u);
 
   const std::string two_inferred = subject_of(4, {{"dp_shard", 0, "--dp"}, {"cp", 0, "--cp"}});
   EXPECT_EQ(two_inferred.rfind("--cp | ", 0), 0u) << two_inferred;

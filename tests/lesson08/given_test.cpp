@@ -76,24 +76,24 @@ TEST(L08CheckGiven, ShardTakesEqualSlices) {
 // Megatron-LM's order (megatron/core/parallel_state.py): tp fastest. 4 ranks, dp 2 x tp 2:
 // TP groups [0,1] [2,3], DP groups [0,2] [1,3].
 TEST(L08GridGiven, MegatronOrderOnFourRanks) {
-  const Grid g = make_grid(4, 2, 2);
-  EXPECT_EQ(g.tp_group(0), (std::vector<int>{0, 1}));
-  EXPECT_EQ(g.tp_group(3), (std::vector<int>{2, 3}));
-  EXPECT_EQ(g.dp_group(0), (std::vector<int>{0, 2}));
-  EXPECT_EQ(g.dp_group(3), (std::vector<int>{1, 3}));
-  EXPECT_EQ(g.tp_rank(3), 1);
-  EXPECT_EQ(g.dp_rank(3), 1);
+  const Mesh g = make_mesh(4, 2, 2);
+  EXPECT_EQ(g.group(0, {"tp"}), (std::vector<int>{0, 1}));
+  EXPECT_EQ(g.group(3, {"tp"}), (std::vector<int>{2, 3}));
+  EXPECT_EQ(g.group(0, {"dp_replicate"}), (std::vector<int>{0, 2}));
+  EXPECT_EQ(g.group(3, {"dp_replicate"}), (std::vector<int>{1, 3}));
+  EXPECT_EQ(g.coord(3, "tp"), 1);
+  EXPECT_EQ(g.coord(3, "dp_replicate"), 1);
 }
 
 TEST(L08GridGiven, DefaultsAndErrors) {
-  const Grid all_tp = make_grid(4, 0, 0);
-  EXPECT_EQ(all_tp.tp, 4);
-  EXPECT_EQ(all_tp.dp, 1);
-  EXPECT_EQ(make_grid(4, 2, 0).tp, 2);
-  EXPECT_EQ(make_grid(8, 0, 2).dp, 4);
-  EXPECT_THROW(make_grid(4, 3, 0), UsageError);
-  EXPECT_THROW(make_grid(4, 2, 4), UsageError);
-  EXPECT_THROW(make_grid(4, 0, -1), UsageError);
+  const Mesh all_tp = make_mesh(4, 0, 0);
+  EXPECT_EQ(all_tp.size("tp"), 4);
+  EXPECT_EQ(all_tp.size("dp_replicate"), 1);
+  EXPECT_EQ(make_mesh(4, 2, 0).size("tp"), 2);
+  EXPECT_EQ(make_mesh(8, 0, 2).size("dp_replicate"), 4);
+  EXPECT_THROW(make_mesh(4, 3, 0), UsageError);
+  EXPECT_THROW(make_mesh(4, 2, 4), UsageError);
+  EXPECT_THROW(make_mesh(4, 0, -1), UsageError);
 }
 
 // Closed form (Korthikanti et al. 2022, arXiv:2205.05198, section 4.2.1: tensor parallelism does

@@ -41,14 +41,14 @@ void expect_matches(const std::string& ref_name, int dp, int tp, int64_t vocab =
   // The single-process baseline (lesson 02's training step), in plain LibTorch.
   const test::BaselineRun base = test::plain_baseline(c, steps);
   const auto& baseline = base.losses;
-  const Grid grid = make_grid(dp * tp, dp, tp);
+  const Mesh mesh = make_mesh(dp * tp, dp, tp);
   std::mutex mu;
-  std::vector<std::vector<float>> got(static_cast<size_t>(grid.world));
+  std::vector<std::vector<float>> got(static_cast<size_t>(mesh.world()));
   nlohmann::json digest;  // the TP model's parameters, shards summed over the grid (rank 0's)
   run_ranks(
-      grid.world,
+      mesh.world(),
       [&](RankContext& ctx) {
-        const Groups g = make_groups(ctx.store, grid, ctx.rank, BackendKind::kGloo, kTimeout);
+        const Groups g = make_groups(ctx.store, mesh, ctx.rank, BackendKind::kGloo, kTimeout);
         nlohmann::json d;
         auto losses = train_tp(c, *g.tp, *g.dp, steps, torch::kCPU, {}, &d, overlap_dgrad);
         std::lock_guard<std::mutex> lock(mu);
@@ -79,7 +79,7 @@ void expect_matches(const std::string& ref_name, int dp, int tp, int64_t vocab =
     EXPECT_NEAR(a["sum"].get<double>(), b["sum"].get<double>(),
                 kFp32Steps.rtol * scale + kFp32Steps.atol);
   }
-  for (int r = 0; r < grid.world; ++r) {
+  for (int r = 0; r < mesh.world(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     ASSERT_EQ(got[static_cast<size_t>(r)].size(), pytorch.size());
     EXPECT_TENSOR_CLOSE(torch::tensor(got[static_cast<size_t>(r)]), torch::tensor(baseline),
@@ -148,14 +148,14 @@ TEST(L08Bf16, TpMatchesTheBf16BaselineWithinThePolicy) {
   const double floor = between.rho_bf16();
   for (const auto& [dp, tp] : std::vector<std::pair<int, int>>{{1, 2}, {2, 2}}) {
     SCOPED_TRACE(testing::Message() << "dp " << dp << " x tp " << tp);
-    const Grid grid = make_grid(dp * tp, dp, tp);
+    const Mesh mesh = make_mesh(dp * tp, dp, tp);
     std::mutex mu;
     test::RhoSums sums;
     std::vector<float> losses;
     run_ranks(
-        grid.world,
+        mesh.world(),
         [&](RankContext& ctx) {
-          const Groups g = make_groups(ctx.store, grid, ctx.rank, BackendKind::kGloo, kTimeout);
+          const Groups g = make_groups(ctx.store, mesh, ctx.rank, BackendKind::kGloo, kTimeout);
           std::vector<torch::Tensor> w;
           auto l = train_tp(c, *g.tp, *g.dp, steps, torch::kCPU, {}, nullptr, false, &w);
           // The same shards of the baselines' weights, cut by TpGpt's constructor.

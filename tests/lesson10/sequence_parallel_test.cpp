@@ -133,14 +133,14 @@ void expect_matches_baseline(const std::string& ref_name, const SpCase& k) {
   c.sequence_parallel = k.sequence_parallel;
   const auto steps = static_cast<int64_t>(ref.losses.size());
   const test::BaselineRun base = test::plain_baseline(c.run, steps);
-  const Grid grid = make_grid(k.tp * k.cp * k.dp, k.dp, k.cp, k.tp);
+  const Mesh mesh = make_mesh(k.tp * k.cp * k.dp, k.dp, k.cp, k.tp);
   std::mutex mu;
   std::vector<float> losses;
   nlohmann::json digest;
   run_ranks(
-      grid.world,
+      mesh.world(),
       [&](RankContext& ctx) {
-        const Groups g = make_groups(ctx.store, grid, ctx.rank, BackendKind::kGloo, kTimeout);
+        const Groups g = make_groups(ctx.store, mesh, ctx.rank, BackendKind::kGloo, kTimeout);
         nlohmann::json d;
         auto l = train_cp(c, *g.cp, *g.replicas, steps, torch::kCPU, {}, &d, nullptr, g.tp.get());
         std::lock_guard<std::mutex> lock(mu);
@@ -192,13 +192,13 @@ std::vector<int64_t> measure(const SpCase& k, int64_t layers) {
   run.model.heads = 4;
   run.model.ctx = 64;
   run.batch = 2;
-  const Grid grid = make_grid(k.tp * k.cp * k.dp, k.dp, k.cp, k.tp);
+  const Mesh mesh = make_mesh(k.tp * k.cp * k.dp, k.dp, k.cp, k.tp);
   std::mutex mu;
-  std::vector<int64_t> got(static_cast<size_t>(grid.world));
+  std::vector<int64_t> got(static_cast<size_t>(mesh.world()));
   run_ranks(
-      grid.world,
+      mesh.world(),
       [&](RankContext& ctx) {
-        const Groups g = make_groups(ctx.store, grid, ctx.rank, BackendKind::kGloo, kTimeout);
+        const Groups g = make_groups(ctx.store, mesh, ctx.rank, BackendKind::kGloo, kTimeout);
         TpCpGpt model(make_gpt(run.model, run.seed), *g.tp, *g.cp, k.attention, k.zigzag,
                       k.sequence_parallel);
         const Batch batch = ByteDataset::builtin().batch(run.seed, 0, run.batch, run.model.ctx);
@@ -294,10 +294,10 @@ TEST(L10SeqParTrainingGiven, RefusesWhatDoesNotSplit) {
         }
       },
       kTimeout);
-  EXPECT_THROW(make_grid(4, 0, 0, 3), UsageError) << "tp 3 does not divide 4 ranks";
+  EXPECT_THROW(make_mesh(4, 0, 0, 3), UsageError) << "tp 3 does not divide 4 ranks";
   // --cp 3 started as one process: the error names the world size and what to launch.
   try {
-    make_grid(1, 0, 3, 1);
+    make_mesh(1, 0, 3, 1);
     ADD_FAILURE() << "--cp 3 on one rank must be refused";
   } catch (const UsageError& e) {
     const std::string what = e.what();
@@ -307,11 +307,11 @@ TEST(L10SeqParTrainingGiven, RefusesWhatDoesNotSplit) {
     EXPECT_NE(what.find("--nproc_per_node 3"), std::string::npos) << what;
     EXPECT_EQ(what.find("dp 0"), std::string::npos) << "no degree of 0 in the message: " << what;
   }
-  const Grid g = make_grid(8, 0, 2, 2);
-  EXPECT_EQ(g.dp, 2);
-  EXPECT_EQ(g.cp_group(5), (std::vector<int>{5, 7})) << "tp fastest, then cp";
-  EXPECT_EQ(g.replica_group(5), (std::vector<int>{1, 3, 5, 7}));
-  EXPECT_EQ(g.tp_group(5), (std::vector<int>{4, 5}));
+  const Mesh g = make_mesh(8, 0, 2, 2);
+  EXPECT_EQ(g.size("dp_replicate"), 2);
+  EXPECT_EQ(g.group(5, {"cp"}), (std::vector<int>{5, 7})) << "tp fastest, then cp";
+  EXPECT_EQ(g.group(5, {"dp_replicate", "cp"}), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(g.group(5, {"tp"}), (std::vector<int>{4, 5}));
 }
 
 }  // namespace

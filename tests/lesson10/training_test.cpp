@@ -63,15 +63,16 @@ void expect_matches_baseline(const std::string& ref_name, const Case& k, int64_t
   c.zigzag = k.zigzag;
   if (steps == 0) steps = static_cast<int64_t>(ref.losses.size());
   const test::BaselineRun base = test::plain_baseline(c.run, steps);
-  const Grid grid = make_grid(k.dp * k.cp, k.dp, k.cp);
+  const Mesh mesh = make_mesh(k.dp * k.cp, k.dp, k.cp);
   std::mutex mu;
-  std::vector<std::vector<float>> losses(static_cast<size_t>(grid.world));
-  std::vector<std::vector<torch::Tensor>> weights(static_cast<size_t>(grid.world));
+  std::vector<std::vector<float>> losses(static_cast<size_t>(mesh.world()));
+  std::vector<std::vector<torch::Tensor>> weights(static_cast<size_t>(mesh.world()));
   run_ranks(
-      grid.world,
+      mesh.world(),
       [&](RankContext& ctx) {
-        auto cp = new_subgroup(ctx.store, "cp" + std::to_string(grid.dp_rank(ctx.rank)),
-                               grid.cp_group(ctx.rank), ctx.rank, BackendKind::kGloo, kTimeout);
+        auto cp =
+            new_subgroup(ctx.store, mesh.group_name(ctx.rank, {"cp"}), mesh.group(ctx.rank, {"cp"}),
+                         ctx.rank, BackendKind::kGloo, kTimeout);
         std::vector<torch::Tensor> w;
         auto l = train_cp(c, *cp, *ctx.comm, steps, torch::kCPU, {}, nullptr, &w);
         std::lock_guard<std::mutex> lock(mu);
@@ -81,7 +82,7 @@ void expect_matches_baseline(const std::string& ref_name, const Case& k, int64_t
       kTimeout);
   SCOPED_TRACE(name(k));
   const auto names = Gpt(c.run.model)->named_parameters().keys();
-  for (int r = 0; r < grid.world; ++r) {
+  for (int r = 0; r < mesh.world(); ++r) {
     const auto& w = weights[static_cast<size_t>(r)];
     ASSERT_EQ(w.size(), base.params.size()) << "rank " << r << ": every parameter";
     for (size_t i = 0; i < w.size(); ++i) {
@@ -116,17 +117,18 @@ void expect_gradients_match(const Case& k, int64_t heads = 4) {
       .backward();
   std::vector<torch::Tensor> want;
   for (const auto& p : base->parameters()) want.push_back(p.grad());
-  const Grid grid = make_grid(k.dp * k.cp, k.dp, k.cp);
+  const Mesh mesh = make_mesh(k.dp * k.cp, k.dp, k.cp);
   std::mutex mu;
-  std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(grid.world));
+  std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(mesh.world()));
   run_ranks(
-      grid.world,
+      mesh.world(),
       [&](RankContext& ctx) {
-        auto cp = new_subgroup(ctx.store, "cp" + std::to_string(grid.dp_rank(ctx.rank)),
-                               grid.cp_group(ctx.rank), ctx.rank, BackendKind::kGloo, kTimeout);
+        auto cp =
+            new_subgroup(ctx.store, mesh.group_name(ctx.rank, {"cp"}), mesh.group(ctx.rank, {"cp"}),
+                         ctx.rank, BackendKind::kGloo, kTimeout);
         Gpt full = make_gpt(run.model, run.seed);
         CpGpt model(full, *cp, k.attention, k.zigzag);
-        const int64_t rows = run.batch / k.dp, first = grid.dp_rank(ctx.rank) * rows;
+        const int64_t rows = run.batch / k.dp, first = mesh.coord(ctx.rank, "dp_replicate") * rows;
         Batch mine;
         mine.inputs =
             shard_sequence(batch.inputs.narrow(0, first, rows), cp->getRank(), k.cp, k.zigzag);
