@@ -20,6 +20,7 @@
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/memory.h"
+#include "dtc/mesh.h"
 #include "dtc/program.h"
 
 namespace dtc::l07 {
@@ -165,25 +166,19 @@ nlohmann::json digest(ZeroEngine& engine, const FlatLayout& layout, const GptCon
   return param_digest(names, pieces);
 }
 
-// HSDP's groups: shard groups of G consecutive ranks (a node), replicate groups of the ranks
-// with the same place in their shard group (PyTorch's 2-D mesh (W/G, G)).
+// HSDP's groups: a dtc::Mesh of dp_replicate x dp_shard (PyTorch's 2-D mesh (W/G, G)), shard
+// groups of G consecutive ranks (a node), replicate groups of the ranks with the same place in
+// their shard group.
 struct HsdpGroups {
   c10::intrusive_ptr<Comm> shard, replicate;
 };
 
 HsdpGroups hsdp_groups(Job& job, int g) {
-  const int world = job.world(), rank = job.rank();
-  std::vector<int> shard, replicate;
-  for (int r = 0; r < world; ++r) {
-    if (r / g == rank / g) shard.push_back(r);
-    if (r % g == rank % g) replicate.push_back(r);
-  }
-  HsdpGroups groups;
-  groups.shard = new_subgroup(job.store, fmt::format("shard{}", rank / g), shard, rank, job.backend,
-                              job.timeout, job.env.master_addr);
-  groups.replicate = new_subgroup(job.store, fmt::format("replicate{}", rank % g), replicate, rank,
-                                  job.backend, job.timeout, job.env.master_addr);
-  return groups;
+  const Mesh mesh =
+      Mesh::build(job.world(), {{"dp_replicate", 0, "--hsdp"}, {"dp_shard", g, "--hsdp"}});
+  const MeshGroups groups(job.store, mesh, job.rank(), {{"dp_shard"}, {"dp_replicate"}},
+                          job.backend, job.timeout, job.env.master_addr);
+  return HsdpGroups{groups.get({"dp_shard"}), groups.get({"dp_replicate"})};
 }
 
 // The dtype the gradients are reduced and kept in, at every stage: --reduce-dtype, by default
