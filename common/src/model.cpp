@@ -144,11 +144,13 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto q = qkv[0].view({B, T, heads_, D}).transpose(1, 2);
   auto k = qkv[1].view({B, T, heads_, D}).transpose(1, 2);
   auto v = qkv[2].view({B, T, heads_, D}).transpose(1, 2);
-  auto y = checkpoint
-               ? checkpoint(
-                     [](const std::vector<torch::Tensor>& in) { return core(in[0], in[1], in[2]); },
-                     {q, k, v})
-               : core(q, k, v);
+  const AttentionCore run = swapped_core ? swapped_core : AttentionCore(&core);
+  auto y =
+      checkpoint
+          ? checkpoint(
+                [run](const std::vector<torch::Tensor>& in) { return run(in[0], in[1], in[2]); },
+                {q, k, v})
+          : run(q, k, v);
   return c_proj(y);
 }
 
@@ -192,8 +194,8 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
 }
 
 torch::Tensor BlockImpl::forward_body(torch::Tensor x) {
-  x = x + attn(ln_1(x));
-  return x + mlp(ln_2(x));
+  x = x + (attn ? attn(ln_1(x)) : attn_part_.forward(ln_1(x)));
+  return x + (mlp ? mlp(ln_2(x)) : mlp_part_.forward(ln_2(x)));
 }
 
 GptImpl::GptImpl(const GptConfig& c) : config_(c) {
@@ -217,7 +219,14 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   TORCH_CHECK(T <= config_.ctx, "sequence of ", T, " tokens is longer than the context ",
               config_.ctx);
-  auto pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
+  torch::Tensor pos = positions_;
+  if (pos.defined()) {
+    TORCH_CHECK(pos.dim() == 1 && pos.size(0) == T, "Gpt: ", T,
+                " tokens a sequence, but set_positions gave ", pos.sizes(),
+                " positions (one per token)");
+  } else {
+    pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
+  }
   auto x = wte(tokens) + wpe(pos);  // (B, T, h) + (T, h)
   for (const auto& block : *h) x = block->as<Block>()->forward(x);
   TraceSpan span("fwd head");
@@ -228,13 +237,25 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
   return logits;
 }
 
+void GptImpl::set_attention_core(AttentionCore core) {
+  for (const auto& module : *h) {
+    auto block = module->as<Block>();
+    if (block->attn) block->attn->swapped_core = core;
+  }
+}
+
 void GptImpl::set_recompute(Recompute mode, CheckpointFn checkpoint) {
   TORCH_CHECK(mode == Recompute::kNone || checkpoint, "recompute ", recompute_name(mode),
               " needs a checkpoint function");
   for (const auto& module : *h) {
     auto block = module->as<Block>();
     block->checkpoint = mode == Recompute::kFull ? checkpoint : CheckpointFn();
-    block->attn->checkpoint = mode == Recompute::kSelective ? checkpoint : CheckpointFn();
+    TORCH_CHECK(block->attn || mode != Recompute::kSelective,
+                "selective recomputation needs the default attention (block ", block->index,
+                "'s was swapped)");
+    if (block->attn) {
+      block->attn->checkpoint = mode == Recompute::kSelective ? checkpoint : CheckpointFn();
+    }
   }
 }
 

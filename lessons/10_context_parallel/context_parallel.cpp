@@ -429,31 +429,23 @@ CpGptImpl::CpGptImpl(const Gpt& full, Comm& comm, Attention k, bool zz)
   register_module("gpt", gpt);
   positions =
       local_positions(c.ctx, comm.getRank(), comm.getSize(), zigzag).to(full->wte->weight.device());
+  // The same GPT with two parts swapped: its tokens' global positions, and an attention core
+  // that meets the other ranks' tokens (context_attention gives (B, H, Tl, D); the core's
+  // contract is (B, Tl, H x D)).
+  gpt->set_positions(positions);
+  // (By value: the core stays on @p full, which may outlive this wrapper.)
+  gpt->set_attention_core([kind = kind, cp = cp, zigzag = zigzag](const torch::Tensor& q,
+                                                                  const torch::Tensor& k,
+                                                                  const torch::Tensor& v) {
+    const int64_t B = q.size(0), H = q.size(1), tl = q.size(2), D = q.size(3);
+    return context_attention(kind, q, k, v, *cp, zigzag)
+        .transpose(1, 2)
+        .contiguous()
+        .view({B, tl, H * D});
+  });
 }
 
-torch::Tensor CpGptImpl::forward(const torch::Tensor& tokens) {
-  const GptConfig& c = gpt->config();
-  const int64_t B = tokens.size(0), tl = tokens.size(1), C = c.hidden, H = c.heads, D = C / H;
-  TORCH_CHECK(tl == positions.size(0), "CpGpt: ", tl, " tokens a sequence, expected ",
-              positions.size(0), " (this rank's share of the context)");
-  torch::Tensor x = gpt->wte(tokens) + gpt->wpe(positions);  // (B, Tl, h) at their positions
-  for (const auto& module : *gpt->h) {
-    auto block = module->as<Block>();
-    TraceSpan span("fwd block", block->index);  // with --trace (dtc/trace.h)
-    const torch::Tensor input = x;
-    auto qkv = block->attn->c_attn(block->ln_1(x)).split(C, /*dim=*/2);
-    auto q = qkv[0].view({B, tl, H, D}).transpose(1, 2);  // (B, H, Tl, D)
-    auto k = qkv[1].view({B, tl, H, D}).transpose(1, 2);
-    auto v = qkv[2].view({B, tl, H, D}).transpose(1, 2);
-    auto y = context_attention(kind, q, k, v, *cp, zigzag);
-    x = x + block->attn->c_proj(y.transpose(1, 2).contiguous().view({B, tl, C}));
-    x = x + block->mlp(block->ln_2(x));
-    trace_backward(input, x, "bwd block", block->index);
-  }
-  x = gpt->ln_f(x);
-  auto logits = c.tied ? torch::matmul(x, gpt->wte->weight.t()) : gpt->lm_head(x);
-  return logits.to(torch::kFloat);
-}
+torch::Tensor CpGptImpl::forward(const torch::Tensor& tokens) { return gpt->forward(tokens); }
 
 torch::Tensor CpGptImpl::loss(const Batch& batch) {
   const torch::Tensor logits = forward(batch.inputs);  // (B, Tl, V)
@@ -465,4 +457,4 @@ torch::Tensor CpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum 8bb3c2006e8ea979
+// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum fe1044f71b244882

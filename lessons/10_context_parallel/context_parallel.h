@@ -260,10 +260,12 @@ torch::Tensor context_attention(Attention kind, const torch::Tensor& q, const to
 
 /// The course's GPT on this rank's tokens of each sequence: the full model's weights, replicated
 /// on every CP rank; wte, wpe (at the tokens' global positions), LayerNorms, MLPs and the head
-/// token by token; attention through context_attention.
+/// token by token; attention through context_attention. It is dtc::Gpt itself with two parts
+/// swapped (Gpt::set_positions, Gpt::set_attention_core): no block loop of its own.
 class CpGptImpl : public torch::nn::Module {
  public:
-  /// @brief Wraps @p full (its weights, not a copy: train it through this module).
+  /// @brief Wraps @p full (its weights, not a copy: train it through this module), and sets
+  ///   @p full's positions and attention core (they stay set on it).
   /// @throws UsageError (validate_cp) when cp cannot split the model's context this way
   CpGptImpl(const Gpt& full, Comm& cp, Attention kind, bool zigzag);
   /// tokens (B, Tl), this rank's tokens of each sequence -> logits (B, Tl, V), float32

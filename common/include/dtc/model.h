@@ -138,6 +138,12 @@ class MasterAdamW {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
 };
 
+/// The attention core: q, k, v (B, heads, T, D) -> y (B, T, heads x D), the heads
+/// concatenated. CausalSelfAttentionImpl::core by default; context parallelism (lesson 10) swaps
+/// in attention over the whole sequence's keys and values.
+using AttentionCore =
+    std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
+
 /// Causal multi-head self-attention: c_attn (h -> 3h), softmax over earlier positions, c_proj.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -152,6 +158,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear c_proj{nullptr};
   /// Set by GptImpl::set_recompute: when defined, core() runs inside it (selective).
   CheckpointFn checkpoint;
+  /// Set by GptImpl::set_attention_core: when defined, forward() calls it instead of core().
+  AttentionCore swapped_core;
 
  private:
   int64_t heads_;
@@ -170,7 +178,12 @@ class MlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-/// One pre-LayerNorm transformer block.
+/// One pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
+///
+/// Its two sublayers can be swapped for modules that compute the same function another way
+/// (tensor parallelism's split attention and MLP, lesson 08; a mixture of experts in place of the
+/// MLP): swap_attention() and swap_mlp() register the new module under the same name, so the
+/// parameter names (h.{i}.attn.*, h.{i}.mlp.*) and hence param_digest do not change.
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GptConfig& config);
@@ -179,15 +192,36 @@ class BlockImpl : public torch::nn::Module {
   /// The block's computation itself, never checkpointed.
   torch::Tensor forward_body(torch::Tensor x);
 
+  /// Replaces the attention sublayer by @p module (x (B, T, h) -> (B, T, h)), registered as
+  /// "attn". `attn`, the default's typed handle, becomes empty: use the new module's own.
+  template <class ModuleType>
+  void swap_attention(torch::nn::ModuleHolder<ModuleType> module) {
+    replace_module("attn", module);
+    attn_part_ = torch::nn::AnyModule(module);
+    attn = nullptr;
+  }
+  /// Replaces the MLP by @p module (x (B, T, h) -> (B, T, h)), registered as "mlp"; `mlp`
+  /// becomes empty.
+  template <class ModuleType>
+  void swap_mlp(torch::nn::ModuleHolder<ModuleType> module) {
+    replace_module("mlp", module);
+    mlp_part_ = torch::nn::AnyModule(module);
+    mlp = nullptr;
+  }
+
   /// Set by GptImpl::set_recompute: when defined, forward() runs inside it (full).
   CheckpointFn checkpoint;
   /// The block's place in the GPT (h.{index}), for its spans on a trace: "fwd block {index}"
   /// and "bwd block {index}" (dtc/trace.h; nothing happens when tracing is off).
   int64_t index = -1;
   torch::nn::LayerNorm ln_1{nullptr};
-  CausalSelfAttention attn{nullptr};
+  CausalSelfAttention attn{nullptr};  ///< the default attention; empty once swapped
   torch::nn::LayerNorm ln_2{nullptr};
-  Mlp mlp{nullptr};
+  Mlp mlp{nullptr};  ///< the default MLP; empty once swapped
+
+ private:
+  torch::nn::AnyModule attn_part_;  ///< the swapped-in attention, if any
+  torch::nn::AnyModule mlp_part_;   ///< the swapped-in MLP, if any
 };
 TORCH_MODULE(Block);
 
@@ -208,6 +242,13 @@ class GptImpl : public torch::nn::Module {
   /// @p checkpoint; kNone (the default) keeps everything. @p checkpoint must be defined unless
   /// @p mode is kNone.
   void set_recompute(Recompute mode, CheckpointFn checkpoint);
+  /// Every block's attention computes its core through @p core (an undefined one restores
+  /// CausalSelfAttentionImpl::core). Blocks whose attention was swapped are left alone.
+  void set_attention_core(AttentionCore core);
+  /// The global positions of the tokens forward() gets (T, int64), for a model that sees a part
+  /// of each sequence (context parallelism); undefined (the default): 0, 1, ..., T-1.
+  void set_positions(torch::Tensor positions) { positions_ = std::move(positions); }
+  const torch::Tensor& positions() const { return positions_; }
 
   torch::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
@@ -217,6 +258,7 @@ class GptImpl : public torch::nn::Module {
 
  private:
   GptConfig config_;
+  torch::Tensor positions_;
 };
 TORCH_MODULE(Gpt);
 
