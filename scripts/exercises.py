@@ -10,8 +10,11 @@ The solution is the source. In solutions/NN_topic/*.cpp, each region
 
 becomes, in lessons/NN_topic/*.cpp,
 
-    // TODO(LNN): one-line hint, written as an instruction (continued)
-    DTC_TODO("LNN", "one-line hint, ...");
+    // TODO(LNN)
+    DTC_TODO("LNN", "one-line hint, written as an instruction (continued)");
+
+(the hint written once, in the call: its message is what a test that reaches it prints; a long
+one is split into string literals within 100 columns, as clang-format lays them out)
 
 which throws at run time, so an untouched exercise fails its tests loudly. Everything outside
 the regions is copied as it is. The last line of a generated file records a checksum of its
@@ -36,7 +39,10 @@ SOURCE_SUFFIXES = {".cpp", ".cc", ".h", ".hpp"}
 BEGIN = re.compile(r"^(?P<indent>\s*)// BEGIN SOLUTION(?::\s*(?P<hint>.*))?$")
 END = re.compile(r"^\s*// END SOLUTION\s*$")
 CONTINUATION = re.compile(r"^\s*//\s{2,}(?P<text>\S.*)$")
-CHECKSUM = re.compile(r"^// exercise generated from (?P<src>\S+) by scripts/exercises\.py; "
+# The trailer: "// generated from SRC; checksum SUM" (within 100 columns for a path of up to 55
+# characters); the older "// exercise generated from SRC by scripts/exercises.py; checksum SUM" is
+# still read.
+CHECKSUM = re.compile(r"^// (?:exercise )?generated from (?P<src>\S+)(?: by scripts/exercises\.py)?; "
                       r"checksum (?P<sum>[0-9a-f]{16})$")
 
 
@@ -57,6 +63,37 @@ def lesson_tag(path: pathlib.Path) -> str:
 
 def c_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+WIDTH = 100  # .clang-format's ColumnLimit
+
+
+def todo_call(indent: str, tag: str, hint_lines):
+    """The DTC_TODO call that carries the hint, the one place it is written, as clang-format lays
+    it out: on one line when it fits in WIDTH columns, else one string literal per line of the
+    solution's hint (a line too long for WIDTH split at spaces), aligned after the open
+    parenthesis."""
+    one = f'{indent}DTC_TODO("{tag}", "{c_string(" ".join(hint_lines))}");'
+    if len(one) <= WIDTH:
+        return [one]
+    pad = indent + " " * len("DTC_TODO(")
+    room = WIDTH - len(pad) - 4  # two quotes, and ");" after the last piece
+    pieces = []
+    for k, line in enumerate(hint_lines):
+        text = c_string(line) + (" " if k + 1 < len(hint_lines) else "")
+        current = ""
+        for word in text.rstrip(" ").split(" "):
+            candidate = word if not current else current + " " + word
+            if current and len(candidate) + 1 > room:  # + 1: the space the piece keeps
+                pieces.append(current + " ")
+                current = word
+            else:
+                current = candidate
+        pieces.append(current + (" " if text.endswith(" ") else ""))
+    lines = [f'{indent}DTC_TODO("{tag}",']
+    lines += [f'{pad}"{piece}"' for piece in pieces]
+    lines[-1] += ");"
+    return lines
 
 
 def transform(src: pathlib.Path, root: pathlib.Path) -> str:
@@ -92,17 +129,11 @@ def transform(src: pathlib.Path, root: pathlib.Path) -> str:
             raise ExerciseError(f"{src}:{start + 1}: BEGIN SOLUTION is never closed by "
                                 "'// END SOLUTION'")
         i += 1  # skip END
-        out.append(f"{indent}// TODO({tag}): {hint_lines[0]}")
-        out.extend(f"{indent}//   {line}" for line in hint_lines[1:])
-        call = f'{indent}DTC_TODO("{tag}", '
-        literals = [f'"{c_string(line)}' + (' "' if k + 1 < len(hint_lines) else '"')
-                    for k, line in enumerate(hint_lines)]
-        out.append(call + literals[0])
-        out.extend(" " * len(call) + lit for lit in literals[1:])
-        out[-1] += ");"
+        out.append(f"{indent}// TODO({tag})")
+        out.extend(todo_call(indent, tag, hint_lines))
     body = "\n".join(out) + "\n"
     rel = src.relative_to(root).as_posix()
-    return body + f"// exercise generated from {rel} by scripts/exercises.py; checksum {checksum(body)}\n"
+    return body + f"// generated from {rel}; checksum {checksum(body)}\n"
 
 
 def pairs(root: pathlib.Path, lessons=None):

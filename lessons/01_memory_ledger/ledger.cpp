@@ -142,53 +142,51 @@ void validate(const TrainingSetup& s, const ModelConfig* m) {
 // ---------------------------------------------------------------------------------------------
 
 int64_t count_params(const ModelConfig& m) {
-  // TODO(L01): return the exact count of section 4's table, every weight, bias and norm
-  //   vector (llama-7b: 6,738,415,616; gpt2: 124,439,808). Tests: L01Params.*; hints: README
-  //   section 8
-  DTC_TODO("L01", "return the exact count of section 4's table, every weight, bias and norm "
-                  "vector (llama-7b: 6,738,415,616; gpt2: 124,439,808). Tests: L01Params.*; hints: README "
-                  "section 8");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return the exact count of section 4's table, every weight, bias and norm "
+           "vector (llama-7b: 6,738,415,616; gpt2: 124,439,808). Tests: L01Params.*; hints: "
+           "README "
+           "section 8");
 }
 
 BytesPerParam bytes_per_param(Precision precision, Optimizer optimizer, bool fp32_grad_accum) {
-  // TODO(L01): return section 2's table, with the fp32 master copy filed under optimizer
-  //   states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20; mixed with fp32
-  //   gradients, 18). Tests: L01Bytes.*; hints: README section 8
-  DTC_TODO("L01", "return section 2's table, with the fp32 master copy filed under optimizer "
-                  "states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20; mixed with fp32 "
-                  "gradients, 18). Tests: L01Bytes.*; hints: README section 8");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return section 2's table, with the fp32 master copy filed under optimizer "
+           "states (mixed + Adam: 2 + 2 + 12 = 16; with fp32_grad_accum, 20; mixed with fp32 "
+           "gradients, 18). Tests: L01Bytes.*; hints: README section 8");
 }
 
 StateBytes zero_state_bytes(double params, const BytesPerParam& per_param, int zero_stage,
                             int64_t dp) {
-  // TODO(L01): return each state's bytes for params parameters, divided evenly by dp in
-  //   every stage that shards it (ZeRO Figure 1: 7.5B over 64 ranks -> 120, 31.4, 16.6, 1.9 GB).
-  //   Tests: L01Zero.*; hints: README section 8
-  DTC_TODO("L01", "return each state's bytes for params parameters, divided evenly by dp in "
-                  "every stage that shards it (ZeRO Figure 1: 7.5B over 64 ranks -> 120, 31.4, 16.6, 1.9 GB). "
-                  "Tests: L01Zero.*; hints: README section 8");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return each state's bytes for params parameters, divided evenly by dp in "
+           "every stage that shards it (ZeRO Figure 1: 7.5B over 64 ranks -> 120, 31.4, 16.6, "
+           "1.9 GB). "
+           "Tests: L01Zero.*; hints: README section 8");
 }
 
 double activation_bytes_per_layer(const ModelConfig& m, const TrainingSetup& setup) {
-  // TODO(L01): return the bytes of section 5's stored tensors for this block and set-up;
-  //   a GPT block with F = 4h must give every row of Korthikanti's Table 2 (sbh(34 + 5as/h)
-  //   unsplit). Tests: L01Activations.*; hints: README section 8
-  DTC_TODO("L01", "return the bytes of section 5's stored tensors for this block and set-up; "
-                  "a GPT block with F = 4h must give every row of Korthikanti's Table 2 (sbh(34 + 5as/h) "
-                  "unsplit). Tests: L01Activations.*; hints: README section 8");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return the bytes of section 5's stored tensors for this block and set-up; "
+           "a GPT block with F = 4h must give every row of Korthikanti's Table 2 (sbh(34 + "
+           "5as/h) "
+           "unsplit). Tests: L01Activations.*; hints: README section 8");
 }
 
 Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelConfig* model) {
   Ledger out;
   out.params = params;
-  // TODO(L01): fill the rest of out as Ledger documents it: one device's share of a
-  //   replica split by tp * pp (whole blocks and the embedding on the first stage when the model
-  //   is known), its states sharded by ZeRO, and the first stage's activations under 1F1B.
-  //   Tests: L01Ledger.*; hints: README section 8
-  DTC_TODO("L01", "fill the rest of out as Ledger documents it: one device's share of a "
-                  "replica split by tp * pp (whole blocks and the embedding on the first stage when the model "
-                  "is known), its states sharded by ZeRO, and the first stage's activations under 1F1B. "
-                  "Tests: L01Ledger.*; hints: README section 8");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "fill the rest of out as Ledger documents it: one device's share of a "
+           "replica split by tp * pp (whole blocks and the embedding on the first stage when the "
+           "model "
+           "is known), its states sharded by ZeRO, and the first stage's activations under 1F1B. "
+           "Tests: L01Ledger.*; hints: README section 8");
   return out;
 }
 
@@ -200,11 +198,12 @@ double train_time_seconds(double params, double tokens, double peak_flops, doubl
         "{:g}, {:g}, {:g}, {}, {:g})",
         params, tokens, peak_flops, gpus, mfu));
   }
-  // TODO(L01): return the seconds that 6 N D FLOPs take at mfu of every GPU's peak
-  //   (llama2-70b, 1e12 tokens, 1024 GPUs at 40% of 989 TFLOP/s: 11.8 days). Tests: L01Time.*
-  DTC_TODO("L01", "return the seconds that 6 N D FLOPs take at mfu of every GPU's peak "
-                  "(llama2-70b, 1e12 tokens, 1024 GPUs at 40% of 989 TFLOP/s: 11.8 days). Tests: L01Time.*");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return the seconds that 6 N D FLOPs take at mfu of every GPU's peak "
+           "(llama2-70b, 1e12 tokens, 1024 GPUs at 40% of 989 TFLOP/s: 11.8 days). Tests: "
+           "L01Time.*");
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/ledger.cpp by scripts/exercises.py; checksum 23fb995811af0dce
+// generated from solutions/01_memory_ledger/ledger.cpp; checksum db59f058ec376e2c

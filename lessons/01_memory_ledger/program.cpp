@@ -467,7 +467,8 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
 // hsdpN for ZeRO-3 sharded over groups of N data-parallel ranks.
 Mix parse_compare(const std::string& text, const PlanRequest& req) {
   static const std::regex mix_re(
-      R"((\d+)x(\d+)x(\d+)x(\d+)(?::([0-3]|hsdp\d+)(?::(none|selective|full)(?::(\d+)(?::(\d+))?)?)?)?)");
+      R"((\d+)x(\d+)x(\d+)x(\d+))"
+      R"((?::([0-3]|hsdp\d+)(?::(none|selective|full)(?::(\d+)(?::(\d+))?)?)?)?)");
   const auto bad = [&](const std::string& why) {
     return UsageError("--compare", "'" + text + "' " + why,
                       "give DPxTPxPPxCP[:ZERO[:RECOMPUTE[:MICRO[:VIRTUAL]]]], e.g. --compare "

@@ -187,30 +187,28 @@ double recompute_flops_factor(const ModelConfig& model, int64_t seq, Recompute r
 // ---------------------------------------------------------------------------------------------
 
 double collective_bytes(Collective c, double bytes, int64_t n) {
-  // TODO(L01): return what each of n ranks sends: the array's bytes times its collective's
-  //   bus-bandwidth factor (strategy.h); a group of one sends nothing, but send/recv always
-  //   sends its array. Tests: L01Collectives.*
-  DTC_TODO("L01", "return what each of n ranks sends: the array's bytes times its collective's "
-                  "bus-bandwidth factor (strategy.h); a group of one sends nothing, but send/recv always "
-                  "sends its array. Tests: L01Collectives.*");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return what each of n ranks sends: the array's bytes times its collective's "
+           "bus-bandwidth factor (strategy.h); a group of one sends nothing, but send/recv "
+           "always "
+           "sends its array. Tests: L01Collectives.*");
 }
 
 double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix) {
-  // TODO(L01): return README's "one formula per strategy" for s in this mix, every term a
-  //   collective_bytes() (a group of degree 1 sends nothing). Tests: L01Traffic.*; hints:
-  //   README part 2, "The exercise"
-  DTC_TODO("L01", "return README's \"one formula per strategy\" for s in this mix, every term a "
-                  "collective_bytes() (a group of degree 1 sends nothing). Tests: L01Traffic.*; hints: "
-                  "README part 2, \"The exercise\"");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return README's \"one formula per strategy\" for s in this mix, every term a "
+           "collective_bytes() (a group of degree 1 sends nothing). Tests: L01Traffic.*; hints: "
+           "README part 2, \"The exercise\"");
 }
 
 bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node) {
-  // TODO(L01): return whether the group of s spans more than one node under the rank order
-  //   tp, cp, pp, dp; the data-parallel flavours cross when their dp or cp group does.
-  //   Tests: L01Links.*; hints: README part 2, "The exercise"
-  DTC_TODO("L01", "return whether the group of s spans more than one node under the rank order "
-                  "tp, cp, pp, dp; the data-parallel flavours cross when their dp or cp group does. "
-                  "Tests: L01Links.*; hints: README part 2, \"The exercise\"");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return whether the group of s spans more than one node under the rank order "
+           "tp, cp, pp, dp; the data-parallel flavours cross when their dp or cp group does. "
+           "Tests: L01Links.*; hints: README part 2, \"The exercise\"");
 }
 
 // Given: which GPUs of a group share a node, and the bandwidth the group gets.
@@ -245,23 +243,23 @@ double link_gbps(const Cluster& cluster, Strategy s, const Mix& mix) {
 }
 
 Ledger mix_ledger(const PlanRequest& req, const Mix& mix) {
-  // TODO(L01): return part 1's ledger of this mix as strategy.h specifies it: ZeRO over
-  //   dp * cp, sequence parallel with tp, activations per cp, ZeRO-3's gathered layer on top.
-  //   Tests: L01MixLedger.*; hints: README part 2, "The exercise"
-  DTC_TODO("L01", "return part 1's ledger of this mix as strategy.h specifies it: ZeRO over "
-                  "dp * cp, sequence parallel with tp, activations per cp, ZeRO-3's gathered layer on top. "
-                  "Tests: L01MixLedger.*; hints: README part 2, \"The exercise\"");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return part 1's ledger of this mix as strategy.h specifies it: ZeRO over "
+           "dp * cp, sequence parallel with tp, activations per cp, ZeRO-3's gathered layer on "
+           "top. "
+           "Tests: L01MixLedger.*; hints: README part 2, \"The exercise\"");
 }
 
 Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
   Evaluation e;
   e.mix = mix;
-  // TODO(L01): fill every other field of e as Evaluation documents it (traffic: one entry
-  //   per group of degree > 1, in the order dp, tp, pp, cp; step = compute x (1 + bubble) +
-  //   comm). Tests: L01Evaluate.*; hints: README part 2, "The exercise"
-  DTC_TODO("L01", "fill every other field of e as Evaluation documents it (traffic: one entry "
-                  "per group of degree > 1, in the order dp, tp, pp, cp; step = compute x (1 + bubble) + "
-                  "comm). Tests: L01Evaluate.*; hints: README part 2, \"The exercise\"");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "fill every other field of e as Evaluation documents it (traffic: one entry "
+           "per group of degree > 1, in the order dp, tp, pp, cp; step = compute x (1 + bubble) "
+           "+ "
+           "comm). Tests: L01Evaluate.*; hints: README part 2, \"The exercise\"");
   return e;
 }
 
@@ -589,14 +587,14 @@ const Family kFamilies[] = {Family::kDdp, Family::kZero, Family::kTensor, Family
 
 Plan choose_mix(const PlanRequest& req) {
   Plan p;
-  // TODO(L01): fill p.branches (each family's fastest fitting, fed candidate), then
-  //   p.eval, p.family and p.reasons with the fastest of them, a later branch only when it is
-  //   more than kSimplerWithin faster (strategy.h); or the least-memory candidate when nothing
-  //   fits. Tests: L01Plan.*; hints: README part 2, "The exercise"
-  DTC_TODO("L01", "fill p.branches (each family's fastest fitting, fed candidate), then "
-                  "p.eval, p.family and p.reasons with the fastest of them, a later branch only when it is "
-                  "more than kSimplerWithin faster (strategy.h); or the least-memory candidate when nothing "
-                  "fits. Tests: L01Plan.*; hints: README part 2, \"The exercise\"");
+  // TODO(L01)
+  DTC_TODO("L01",
+           "fill p.branches (each family's fastest fitting, fed candidate), then "
+           "p.eval, p.family and p.reasons with the fastest of them, a later branch only when it "
+           "is "
+           "more than kSimplerWithin faster (strategy.h); or the least-memory candidate when "
+           "nothing "
+           "fits. Tests: L01Plan.*; hints: README part 2, \"The exercise\"");
   return p;
 }
 
@@ -802,4 +800,4 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
 }
 
 }  // namespace dtc::l01
-// exercise generated from solutions/01_memory_ledger/strategy.cpp by scripts/exercises.py; checksum 31f4d30c24688625
+// generated from solutions/01_memory_ledger/strategy.cpp; checksum 8d599a810a4531fc

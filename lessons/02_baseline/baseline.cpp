@@ -32,21 +32,20 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(Gpt& model, const TrainConfi
 // ---------------------------------------------------------------------------------------------
 
 torch::Tensor forward_loss(Gpt& model, const Batch& batch) {
-  // TODO(L02): return the mean next-token cross-entropy over all B * T positions, a 0-dim
-  //   tensor that backward() can start from; it must equal PyTorch's on the same batch.
-  //   Tests: L02Step.ForwardLossMatchesPyTorch; README section 5
-  DTC_TODO("L02", "return the mean next-token cross-entropy over all B * T positions, a 0-dim "
-                  "tensor that backward() can start from; it must equal PyTorch's on the same batch. "
-                  "Tests: L02Step.ForwardLossMatchesPyTorch; README section 5");
+  // TODO(L02)
+  DTC_TODO("L02",
+           "return the mean next-token cross-entropy over all B * T positions, a 0-dim "
+           "tensor that backward() can start from; it must equal PyTorch's on the same batch. "
+           "Tests: L02Step.ForwardLossMatchesPyTorch; README section 5");
 }
 
 float train_step(Gpt& model, torch::optim::Optimizer& optimizer, const Batch& batch) {
-  // TODO(L02): one optimizer step driven by this batch's gradients alone (none of the
-  //   previous step's may add in); return the loss from before the update. Tests: L02Step.*;
-  //   README section 5
-  DTC_TODO("L02", "one optimizer step driven by this batch's gradients alone (none of the "
-                  "previous step's may add in); return the loss from before the update. Tests: L02Step.*; "
-                  "README section 5");
+  // TODO(L02)
+  DTC_TODO("L02",
+           "one optimizer step driven by this batch's gradients alone (none of the "
+           "previous step's may add in); return the loss from before the update. Tests: "
+           "L02Step.*; "
+           "README section 5");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -55,12 +54,12 @@ float train_step(Gpt& model, torch::optim::Optimizer& optimizer, const Batch& ba
 
 StateBytes state_bytes(Gpt& model, torch::optim::AdamW& optimizer) {
   StateBytes bytes;
-  // TODO(L02): count the bytes the tensors really hold: after one fp32 step 4, 4 and 8 per
-  //   parameter; before it, 4, 0 and 0 (no gradient, no AdamW state yet). Tests: L02Memory.*;
-  //   hints: README section 6
-  DTC_TODO("L02", "count the bytes the tensors really hold: after one fp32 step 4, 4 and 8 per "
-                  "parameter; before it, 4, 0 and 0 (no gradient, no AdamW state yet). Tests: L02Memory.*; "
-                  "hints: README section 6");
+  // TODO(L02)
+  DTC_TODO("L02",
+           "count the bytes the tensors really hold: after one fp32 step 4, 4 and 8 per "
+           "parameter; before it, 4, 0 and 0 (no gradient, no AdamW state yet). Tests: "
+           "L02Memory.*; "
+           "hints: README section 6");
   return bytes;
 }
 
@@ -70,20 +69,20 @@ StateBytes state_bytes(Gpt& model, torch::optim::AdamW& optimizer) {
 
 void save_checkpoint(const std::string& path, Gpt& model, torch::optim::AdamW& optimizer,
                      int64_t steps_done) {
-  // TODO(L02): write one file at path holding the weights, AdamW's whole state and
-  //   steps_done, under the keys baseline.h names, so that a resumed run matches a straight one
-  //   bit for bit. Tests: L02Checkpoint.*; hints: README section 7
-  DTC_TODO("L02", "write one file at path holding the weights, AdamW's whole state and "
-                  "steps_done, under the keys baseline.h names, so that a resumed run matches a straight one "
-                  "bit for bit. Tests: L02Checkpoint.*; hints: README section 7");
+  // TODO(L02)
+  DTC_TODO("L02",
+           "write one file at path holding the weights, AdamW's whole state and "
+           "steps_done, under the keys baseline.h names, so that a resumed run matches a "
+           "straight one "
+           "bit for bit. Tests: L02Checkpoint.*; hints: README section 7");
 }
 
 int64_t load_checkpoint(const std::string& path, Gpt& model, torch::optim::AdamW& optimizer) {
-  // TODO(L02): restore what save_checkpoint() wrote into this model and optimizer, and
-  //   return its steps_done. Tests: L02Checkpoint.*, L02Program.*; hints: README section 7
-  DTC_TODO("L02", "restore what save_checkpoint() wrote into this model and optimizer, and "
-                  "return its steps_done. Tests: L02Checkpoint.*, L02Program.*; hints: README section 7");
+  // TODO(L02)
+  DTC_TODO("L02",
+           "restore what save_checkpoint() wrote into this model and optimizer, and "
+           "return its steps_done. Tests: L02Checkpoint.*, L02Program.*; hints: README section 7");
 }
 
 }  // namespace dtc::l02
-// exercise generated from solutions/02_baseline/baseline.cpp by scripts/exercises.py; checksum d730c8b88efb3ca6
+// generated from solutions/02_baseline/baseline.cpp; checksum 388391bc1610fe8f

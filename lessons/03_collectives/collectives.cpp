@@ -23,54 +23,54 @@ namespace dtc::l03 {
 // return a Work; ->wait() blocks until this rank's part is done (and throws on a timeout).
 
 at::Tensor tour_broadcast(Comm& comm, int root, int64_t n) {
-  // TODO(L03): rank r offers full({n}, r + 1); every rank returns root's tensor,
-  //   full({n}, root + 1) (L03Tour.Broadcast; the calls: README "The calls you need")
-  DTC_TODO("L03", "rank r offers full({n}, r + 1); every rank returns root's tensor, "
-                  "full({n}, root + 1) (L03Tour.Broadcast; the calls: README \"The calls you need\")");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "rank r offers full({n}, r + 1); every rank returns root's tensor, "
+           "full({n}, root + 1) (L03Tour.Broadcast; the calls: README \"The calls you need\")");
 }
 
 at::Tensor tour_allreduce(Comm& comm, int64_t n) {
-  // TODO(L03): rank r contributes full({n}, r + 1); every rank returns the elementwise sum,
-  //   full({n}, W (W + 1) / 2) (L03Tour.Allreduce)
-  DTC_TODO("L03", "rank r contributes full({n}, r + 1); every rank returns the elementwise sum, "
-                  "full({n}, W (W + 1) / 2) (L03Tour.Allreduce)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "rank r contributes full({n}, r + 1); every rank returns the elementwise sum, "
+           "full({n}, W (W + 1) / 2) (L03Tour.Allreduce)");
 }
 
 at::Tensor tour_allgather(Comm& comm, int64_t n) {
-  // TODO(L03): rank r contributes full({n}, r); every rank returns a (W, n) tensor whose
-  //   row i is rank i's contribution (L03Tour.Allgather)
-  DTC_TODO("L03", "rank r contributes full({n}, r); every rank returns a (W, n) tensor whose "
-                  "row i is rank i's contribution (L03Tour.Allgather)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "rank r contributes full({n}, r); every rank returns a (W, n) tensor whose "
+           "row i is rank i's contribution (L03Tour.Allgather)");
 }
 
 at::Tensor tour_reduce(Comm& comm, int root, int64_t n) {
-  // TODO(L03): rank r contributes full({n}, r + 1); root returns the sum,
-  //   full({n}, W (W + 1) / 2), every other rank at::Tensor() (L03Tour.Reduce)
-  DTC_TODO("L03", "rank r contributes full({n}, r + 1); root returns the sum, "
-                  "full({n}, W (W + 1) / 2), every other rank at::Tensor() (L03Tour.Reduce)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "rank r contributes full({n}, r + 1); root returns the sum, "
+           "full({n}, W (W + 1) / 2), every other rank at::Tensor() (L03Tour.Reduce)");
 }
 
 at::Tensor tour_alltoall(Comm& comm, int64_t chunk) {
-  // TODO(L03): rank r's (W * chunk) input holds 100 r + j in chunk j, meant for rank j;
-  //   return what arrives: chunk j from rank j, 100 j + r (L03Tour.Alltoall)
-  DTC_TODO("L03", "rank r's (W * chunk) input holds 100 r + j in chunk j, meant for rank j; "
-                  "return what arrives: chunk j from rank j, 100 j + r (L03Tour.Alltoall)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "rank r's (W * chunk) input holds 100 r + j in chunk j, meant for rank j; "
+           "return what arrives: chunk j from rank j, 100 j + r (L03Tour.Alltoall)");
 }
 
 at::Tensor tour_send_recv(Comm& comm, int64_t n) {
-  // TODO(L03): rank r passes full({n}, r) to its right neighbour and returns what its left
-  //   one passed, full({n}, (r - 1) mod W); no rank may block another (L03Tour.SendRecvRing)
-  DTC_TODO("L03", "rank r passes full({n}, r) to its right neighbour and returns what its left "
-                  "one passed, full({n}, (r - 1) mod W); no rank may block another (L03Tour.SendRecvRing)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "rank r passes full({n}, r) to its right neighbour and returns what its left "
+           "one passed, full({n}, (r - 1) mod W); no rank may block another "
+           "(L03Tour.SendRecvRing)");
 }
 
 int tour_barrier(Comm& comm, c10d::Store& store, const std::string& prefix) {
-  // TODO(L03): each rank writes "<prefix>arrived/<r>", then, past a barrier, counts the W
-  //   keys: every rank must count W, also when one arrives late and over a TCPStore
-  //   (L03Tour.Barrier; hints: README section 5)
-  DTC_TODO("L03", "each rank writes \"<prefix>arrived/<r>\", then, past a barrier, counts the W "
-                  "keys: every rank must count W, also when one arrives late and over a TCPStore "
-                  "(L03Tour.Barrier; hints: README section 5)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "each rank writes \"<prefix>arrived/<r>\", then, past a barrier, counts the W "
+           "keys: every rank must count W, also when one arrives late and over a TCPStore "
+           "(L03Tour.Barrier; hints: README section 5)");
 }
 
 // =============================================================================================
@@ -112,10 +112,10 @@ GridCoord grid_coords(const RankGrid& grid, int rank) {
   if (rank < 0 || rank >= grid.world) {
     throw std::out_of_range(fmt::format("rank {} is outside the grid of {}", rank, grid.world));
   }
-  // TODO(L03): rank's coordinates in Megatron order (tp varies fastest, pp slowest), so
-  //   that grid_rank(grid, result) == rank (L03Grid.*; hints: README section 6)
-  DTC_TODO("L03", "rank's coordinates in Megatron order (tp varies fastest, pp slowest), so "
-                  "that grid_rank(grid, result) == rank (L03Grid.*; hints: README section 6)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "rank's coordinates in Megatron order (tp varies fastest, pp slowest), so "
+           "that grid_rank(grid, result) == rank (L03Grid.*; hints: README section 6)");
 }
 
 int grid_rank(const RankGrid& grid, const GridCoord& coord) {
@@ -126,36 +126,35 @@ int grid_rank(const RankGrid& grid, const GridCoord& coord) {
                     "dp {} x tp {} x pp {}",
                     coord.dp, coord.tp, coord.pp, grid.dp, grid.tp, grid.pp));
   }
-  // TODO(L03): the inverse of grid_coords: the rank at coord, tp fastest, pp slowest
-  //   (L03Grid.*; hints: README section 6)
-  DTC_TODO("L03", "the inverse of grid_coords: the rank at coord, tp fastest, pp slowest "
-                  "(L03Grid.*; hints: README section 6)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "the inverse of grid_coords: the rank at coord, tp fastest, pp slowest "
+           "(L03Grid.*; hints: README section 6)");
 }
 
 std::vector<int> group_ranks(const RankGrid& grid, int rank, Axis axis) {
-  // TODO(L03): the ranks that share rank's two other coordinates, ascending: one per value
-  //   of axis's coordinate, rank among them (L03Grid.*; hints: README section 6)
-  DTC_TODO("L03", "the ranks that share rank's two other coordinates, ascending: one per value "
-                  "of axis's coordinate, rank among them (L03Grid.*; hints: README section 6)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "the ranks that share rank's two other coordinates, ascending: one per value "
+           "of axis's coordinate, rank among them (L03Grid.*; hints: README section 6)");
 }
 
 std::vector<std::vector<int>> all_groups(const RankGrid& grid, Axis axis) {
-  // TODO(L03): every group along axis once, each sorted, ordered by its smallest member;
-  //   together they hold every rank exactly once (L03Grid.*; hints: README section 6)
-  DTC_TODO("L03", "every group along axis once, each sorted, ordered by its smallest member; "
-                  "together they hold every rank exactly once (L03Grid.*; hints: README section 6)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "every group along axis once, each sorted, ordered by its smallest member; "
+           "together they hold every rank exactly once (L03Grid.*; hints: README section 6)");
 }
 
 GridGroups build_grid_groups(const c10::intrusive_ptr<c10d::Store>& store, const RankGrid& grid,
                              int rank, std::chrono::milliseconds timeout) {
   GridGroups g;
   g.coord = grid_coords(grid, rank);
-  // TODO(L03): g.dp, g.tp, g.pp: a gloo subgroup each (dtc::new_subgroup) over rank's group
-  //   on that axis, named so that all its members, and no other group, use the same name
-  //   (L03GridGroups.*; hints: README section 6)
-  DTC_TODO("L03", "g.dp, g.tp, g.pp: a gloo subgroup each (dtc::new_subgroup) over rank's group "
-                  "on that axis, named so that all its members, and no other group, use the same name "
-                  "(L03GridGroups.*; hints: README section 6)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "g.dp, g.tp, g.pp: a gloo subgroup each (dtc::new_subgroup) over rank's group "
+           "on that axis, named so that all its members, and no other group, use the same name "
+           "(L03GridGroups.*; hints: README section 6)");
   return g;
 }
 
@@ -167,10 +166,11 @@ std::vector<Chunk> ring_chunks(int64_t n, int world) {
   if (n < 0 || world < 1) {
     throw std::invalid_argument(fmt::format("ring_chunks: n = {}, world = {}", n, world));
   }
-  // TODO(L03): W chunks back to back from offset 0 with numpy.array_split's sizes: they sum
-  //   to n, differ by at most one, larger first (L03Ring.ChunksFollowArraySplit; README section 7)
-  DTC_TODO("L03", "W chunks back to back from offset 0 with numpy.array_split's sizes: they sum "
-                  "to n, differ by at most one, larger first (L03Ring.ChunksFollowArraySplit; README section 7)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "W chunks back to back from offset 0 with numpy.array_split's sizes: they sum "
+           "to n, differ by at most one, larger first (L03Ring.ChunksFollowArraySplit; README "
+           "section 7)");
 }
 
 namespace {
@@ -194,32 +194,32 @@ constexpr int kAllGatherTag = 2000;
 at::Tensor ring_reduce_scatter(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_reduce_scatter");
   const std::vector<Chunk> chunks = ring_chunks(flat.numel(), comm.getSize());  // chunk i: rank i's
-  // TODO(L03): in W - 1 steps that send only to r + 1 and receive only from r - 1, make
-  //   chunk r of flat the sum of every rank's chunk r and return a view of it; an empty chunk is
-  //   never a message (L03Ring.*; hints: README section 7)
-  DTC_TODO("L03", "in W - 1 steps that send only to r + 1 and receive only from r - 1, make "
-                  "chunk r of flat the sum of every rank's chunk r and return a view of it; an empty chunk is "
-                  "never a message (L03Ring.*; hints: README section 7)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "in W - 1 steps that send only to r + 1 and receive only from r - 1, make "
+           "chunk r of flat the sum of every rank's chunk r and return a view of it; an empty "
+           "chunk is "
+           "never a message (L03Ring.*; hints: README section 7)");
 }
 
 void ring_all_gather(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_all_gather");
   const std::vector<Chunk> chunks = ring_chunks(flat.numel(), comm.getSize());  // chunk i: rank i's
-  // TODO(L03): in W - 1 steps (send only to r + 1, receive only from r - 1), every chunk i
-  //   of flat comes to hold rank i's chunk i; at the start only chunk r is read; an empty chunk
-  //   is never a message (L03Ring.*; hints: README section 7)
-  DTC_TODO("L03", "in W - 1 steps (send only to r + 1, receive only from r - 1), every chunk i "
-                  "of flat comes to hold rank i's chunk i; at the start only chunk r is read; an empty chunk "
-                  "is never a message (L03Ring.*; hints: README section 7)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "in W - 1 steps (send only to r + 1, receive only from r - 1), every chunk i "
+           "of flat comes to hold rank i's chunk i; at the start only chunk r is read; an empty "
+           "chunk "
+           "is never a message (L03Ring.*; hints: README section 7)");
 }
 
 void ring_allreduce(Comm& comm, const at::Tensor& flat) {
   check_flat(flat, "ring_allreduce");
-  // TODO(L03): flat becomes, on every rank, the elementwise sum over the ranks, from the
-  //   two ring functions above (L03Ring.Allreduce*; hints: README section 7)
-  DTC_TODO("L03", "flat becomes, on every rank, the elementwise sum over the ranks, from the "
-                  "two ring functions above (L03Ring.Allreduce*; hints: README section 7)");
+  // TODO(L03)
+  DTC_TODO("L03",
+           "flat becomes, on every rank, the elementwise sum over the ranks, from the "
+           "two ring functions above (L03Ring.Allreduce*; hints: README section 7)");
 }
 
 }  // namespace dtc::l03
-// exercise generated from solutions/03_collectives/collectives.cpp by scripts/exercises.py; checksum 1c7b94f98f227575
+// generated from solutions/03_collectives/collectives.cpp; checksum 0603813ace82d20d

@@ -29,24 +29,23 @@ namespace {
 }  // namespace
 
 Launcher detect_launcher(const EnvLookup& env) {
-  // TODO(L04): the launcher whose variables are set (torchrun's win over mpirun's); with
-  //   neither, a stray torchrun variable is a UsageError naming it, in the header's order
-  //   (L04Detect.*; hints: README section 9)
-  DTC_TODO("L04", "the launcher whose variables are set (torchrun's win over mpirun's); with "
-                  "neither, a stray torchrun variable is a UsageError naming it, in the header's order "
-                  "(L04Detect.*; hints: README section 9)");
+  // TODO(L04)
+  DTC_TODO("L04",
+           "the launcher whose variables are set (torchrun's win over mpirun's); with "
+           "neither, a stray torchrun variable is a UsageError naming it, in the header's order "
+           "(L04Detect.*; hints: README section 9)");
 }
 
 LaunchInfo parse_torchrun(const EnvLookup& env) {
   LaunchInfo info;
   info.launcher = Launcher::kTorchrun;
   const std::string why = "RANK is set (torchrun sets them together)";
-  // TODO(L04): every field from torchrun's variables: the six required ones must be set,
-  //   the others take the header's defaults, and LOCAL_WORLD_SIZE=0 must reach validate(), not
-  //   a division by zero (L04ParseTorchrun.*; hints: README section 9)
-  DTC_TODO("L04", "every field from torchrun's variables: the six required ones must be set, "
-                  "the others take the header's defaults, and LOCAL_WORLD_SIZE=0 must reach validate(), not "
-                  "a division by zero (L04ParseTorchrun.*; hints: README section 9)");
+  // TODO(L04)
+  DTC_TODO("L04",
+           "every field from torchrun's variables: the six required ones must be set, "
+           "the others take the header's defaults, and LOCAL_WORLD_SIZE=0 must reach validate(), "
+           "not "
+           "a division by zero (L04ParseTorchrun.*; hints: README section 9)");
   return info;
 }
 
@@ -54,12 +53,11 @@ LaunchInfo parse_mpi(const EnvLookup& env) {
   LaunchInfo info;
   info.launcher = Launcher::kMpi;
   const std::string why = "OMPI_COMM_WORLD_RANK is set (mpirun sets them together)";
-  // TODO(L04): every field from mpirun's four variables: the node and the node count come
-  //   from the ranks (header: not from NODE_RANK), the store address as the header says
-  //   (L04ParseMpi.*; hints: README section 9)
-  DTC_TODO("L04", "every field from mpirun's four variables: the node and the node count come "
-                  "from the ranks (header: not from NODE_RANK), the store address as the header says "
-                  "(L04ParseMpi.*; hints: README section 9)");
+  // TODO(L04)
+  DTC_TODO("L04",
+           "every field from mpirun's four variables: the node and the node count come "
+           "from the ranks (header: not from NODE_RANK), the store address as the header says "
+           "(L04ParseMpi.*; hints: README section 9)");
   return info;
 }
 
@@ -68,50 +66,50 @@ void validate(const LaunchInfo& info) {
   const std::string world = var_name(info.launcher, Var::kWorldSize);
   const std::string local_rank = var_name(info.launcher, Var::kLocalRank);
   const std::string local_world = var_name(info.launcher, Var::kLocalWorldSize);
-  // TODO(L04): the first of the header's nine rules that fails throws a UsageError whose
-  //   subject is the variable at fault, as info.launcher spells it; if none fails, return
-  //   (L04Validate.*; hints: README section 9)
-  DTC_TODO("L04", "the first of the header's nine rules that fails throws a UsageError whose "
-                  "subject is the variable at fault, as info.launcher spells it; if none fails, return "
-                  "(L04Validate.*; hints: README section 9)");
+  // TODO(L04)
+  DTC_TODO("L04",
+           "the first of the header's nine rules that fails throws a UsageError whose "
+           "subject is the variable at fault, as info.launcher spells it; if none fails, return "
+           "(L04Validate.*; hints: README section 9)");
 }
 
 LaunchInfo read_launch(const EnvLookup& env) {
-  // TODO(L04): the validated LaunchInfo of whichever launcher started this process; with
-  //   none, rank 0 of 1 that still honours MASTER_ADDR / MASTER_PORT (L04ReadLaunch.*)
-  DTC_TODO("L04", "the validated LaunchInfo of whichever launcher started this process; with "
-                  "none, rank 0 of 1 that still honours MASTER_ADDR / MASTER_PORT (L04ReadLaunch.*)");
+  // TODO(L04)
+  DTC_TODO("L04",
+           "the validated LaunchInfo of whichever launcher started this process; with "
+           "none, rank 0 of 1 that still honours MASTER_ADDR / MASTER_PORT (L04ReadLaunch.*)");
 }
 
 torch::Device pick_device(const LaunchInfo& info, int cuda_devices) {
-  // TODO(L04): the CPU when no CUDA device is visible; the only one when one is visible
-  //   (a GPU bound to each task); else the GPU that this rank's place on the node owns; a rank
-  //   without a GPU is the header's UsageError (L04PickDevice.*)
-  DTC_TODO("L04", "the CPU when no CUDA device is visible; the only one when one is visible "
-                  "(a GPU bound to each task); else the GPU that this rank's place on the node owns; a rank "
-                  "without a GPU is the header's UsageError (L04PickDevice.*)");
+  // TODO(L04)
+  DTC_TODO("L04",
+           "the CPU when no CUDA device is visible; the only one when one is visible "
+           "(a GPU bound to each task); else the GPU that this rank's place on the node owns; a "
+           "rank "
+           "without a GPU is the header's UsageError (L04PickDevice.*)");
 }
 
 void require_ranks(const LaunchInfo& info, int min_ranks, const std::vector<std::string>& argv,
                    const std::string& torchrun) {
-  // TODO(L04): with fewer than min_ranks ranks, the header's UsageError, whose hint is a
-  //   torchrun command that, pasted into a shell, starts this same command line on enough ranks
-  //   (L04RequireRanks.*; hints: README section 9)
-  DTC_TODO("L04", "with fewer than min_ranks ranks, the header's UsageError, whose hint is a "
-                  "torchrun command that, pasted into a shell, starts this same command line on enough ranks "
-                  "(L04RequireRanks.*; hints: README section 9)");
+  // TODO(L04)
+  DTC_TODO("L04",
+           "with fewer than min_ranks ranks, the header's UsageError, whose hint is a "
+           "torchrun command that, pasted into a shell, starts this same command line on enough "
+           "ranks "
+           "(L04RequireRanks.*; hints: README section 9)");
 }
 
 std::string torchrun_command(const MultiNodeJob& job, int node) {
-  // TODO(L04): typed on every node, the commands start one job of hosts x nproc_per_node
-  //   ranks, numbered node by node, its store on hosts[0]:port, every rank running the program
-  //   as given; static: only the node's own number differs; c10d: one command for every node;
-  //   bad input is the header's UsageError (L04Command.*, e2e multinode; hints: README section 9)
-  DTC_TODO("L04", "typed on every node, the commands start one job of hosts x nproc_per_node "
-                  "ranks, numbered node by node, its store on hosts[0]:port, every rank running the program "
-                  "as given; static: only the node's own number differs; c10d: one command for every node; "
-                  "bad input is the header's UsageError (L04Command.*, e2e multinode; hints: README section 9)");
+  // TODO(L04)
+  DTC_TODO("L04",
+           "typed on every node, the commands start one job of hosts x nproc_per_node "
+           "ranks, numbered node by node, its store on hosts[0]:port, every rank running the "
+           "program "
+           "as given; static: only the node's own number differs; c10d: one command for every "
+           "node; "
+           "bad input is the header's UsageError (L04Command.*, e2e multinode; hints: README "
+           "section 9)");
 }
 
 }  // namespace dtc::l04
-// exercise generated from solutions/04_launch/launch_env.cpp by scripts/exercises.py; checksum be19291b0b63ce4f
+// generated from solutions/04_launch/launch_env.cpp; checksum 0aa9751b820db4f2

@@ -44,23 +44,23 @@ template <class KeyOf>
 
 void barrier_with_report(c10d::Store& store, const std::string& name, int rank, int world,
                          std::chrono::milliseconds timeout) {
-  // TODO(L05): announce this rank and return once all world ranks have; by the timeout, throw
-  //   MissingRanksError naming exactly the absent ones, never blocking past it; a rank outside
-  //   [0, world) is std::invalid_argument (L05Barrier.*; hints: README section 5)
-  DTC_TODO("L05", "announce this rank and return once all world ranks have; by the timeout, throw "
-                  "MissingRanksError naming exactly the absent ones, never blocking past it; a rank outside "
-                  "[0, world) is std::invalid_argument (L05Barrier.*; hints: README section 5)");
+  // TODO(L05)
+  DTC_TODO("L05",
+           "announce this rank and return once all world ranks have; by the timeout, throw "
+           "MissingRanksError naming exactly the absent ones, never blocking past it; a rank "
+           "outside "
+           "[0, world) is std::invalid_argument (L05Barrier.*; hints: README section 5)");
 }
 
 void check_fingerprint(c10d::Store& store, int rank, int world, const Fingerprint& mine,
                        std::chrono::milliseconds timeout) {
-  // TODO(L05): publish mine; return only when all world ranks published the same call as
-  //   their collective mine.seq, else throw MissingRanksError (absent at the timeout) or
-  //   CollectiveMismatchError (ranks grouped by call) (L05Fingerprint.*; hints: README section 5)
-  DTC_TODO("L05", "publish mine; return only when all world ranks published the same call as "
-                  "their collective mine.seq, else throw MissingRanksError (absent at the timeout) or "
-                  "CollectiveMismatchError (ranks grouped by call) (L05Fingerprint.*; hints: README section 5)");
+  // TODO(L05)
+  DTC_TODO("L05",
+           "publish mine; return only when all world ranks published the same call as "
+           "their collective mine.seq, else throw MissingRanksError (absent at the timeout) or "
+           "CollectiveMismatchError (ranks grouped by call) (L05Fingerprint.*; hints: README "
+           "section 5)");
 }
 
 }  // namespace dtc::l05
-// exercise generated from solutions/05_nccl_debug/debug_aids.cpp by scripts/exercises.py; checksum 660b78c9dca4a3c9
+// generated from solutions/05_nccl_debug/debug_aids.cpp; checksum 5cfe6df95a54fcdc

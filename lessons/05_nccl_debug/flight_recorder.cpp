@@ -44,13 +44,12 @@ namespace {
 }  // namespace
 
 FrVerdict analyze_flight_recorder(const std::vector<FrDump>& dumps, const std::string& pg_id) {
-  // TODO(L05): each rank's last enqueued and completed sequence numbers for pg_id; the
-  //   first one not completed everywhere; who never called it, who waits in it, what each
-  //   called there, and whether they agree (L05FlightRecorder.*; hints: README section 7)
-  DTC_TODO("L05", "each rank's last enqueued and completed sequence numbers for pg_id; the "
-                  "first one not completed everywhere; who never called it, who waits in it, what each "
-                  "called there, and whether they agree (L05FlightRecorder.*; hints: README section 7)");
+  // TODO(L05)
+  DTC_TODO("L05",
+           "each rank's last enqueued and completed sequence numbers for pg_id; the "
+           "first one not completed everywhere; who never called it, who waits in it, what each "
+           "called there, and whether they agree (L05FlightRecorder.*; hints: README section 7)");
 }
 
 }  // namespace dtc::l05
-// exercise generated from solutions/05_nccl_debug/flight_recorder.cpp by scripts/exercises.py; checksum db4f8bc0987ff020
+// generated from solutions/05_nccl_debug/flight_recorder.cpp; checksum ab6cd1b44fbfde88

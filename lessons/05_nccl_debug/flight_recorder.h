@@ -10,7 +10,8 @@
 // Sequence numbers count each group's collectives from 1, on each rank separately.
 //
 // You write analyze_flight_recorder() in flight_recorder.cpp (TODO(L05)).
-//   make test-lesson05                 # tests/lesson05/flight_recorder_test.cpp (L05FlightRecorder.*)
+//   make test-lesson05                 # tests/lesson05/flight_recorder_test.cpp
+//   (L05FlightRecorder.*)
 //   build/bin/lesson05 fault --case skip-collective --no-check --fr-dump DIR   (under torchrun)
 //   build/bin/lesson05 fr-analyze DIR/rank*.json                              # your analysis
 #pragma once

@@ -23,7 +23,8 @@ NcclLogSummary parse_nccl_log(std::istream& in) {
   static const std::regex ring_re(R"(Channel (\d+)/(\d+) :((?:\s+\d+)+)\s*$)");
   // "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
   static const std::regex conn_re(
-      R"(Channel (\d+)/\d+ : (\d+)\[[0-9a-fx]+\] -> (\d+)\[[0-9a-fx]+\](?: \[(send|receive)\])?.* via (\S+))");
+      R"(Channel (\d+)/\d+ : (\d+)\[[0-9a-fx]+\] -> (\d+)\[[0-9a-fx]+\])"
+      R"((?: \[(send|receive)\])?.* via (\S+))");
   // NCCL's own prefix "node0:3101:3170 [0] NCCL INFO" (after any launcher prefix): the host.
   static const std::regex host_re(R"(([^\s:\[\]]+):\d+:\d+ \[\d+\] $)");
   // "NCCL INFO Trees [0] 1/-1/-1->0->-1 [1] 1/-1/-1->0->-1"

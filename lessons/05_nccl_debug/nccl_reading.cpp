@@ -51,43 +51,43 @@ namespace {
 }  // namespace
 
 std::optional<LinkReading> read_link(const NcclLogSummary& log, int from, int to) {
-  // TODO(L05): the first connection line from -> to (either end's), its family, GPUDirect
-  //   RDMA on any of its lines, and same_node from both ranks' hosts; nullopt when there is none, and
-  //   std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; README section 9)
-  DTC_TODO("L05", "the first connection line from -> to (either end's), its family, GPUDirect "
-                  "RDMA on any of its lines, and same_node from both ranks' hosts; nullopt when there is none, and "
-                  "std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; README section 9)");
+  // TODO(L05)
+  DTC_TODO("L05",
+           "the first connection line from -> to (either end's), its family, GPUDirect "
+           "RDMA on any of its lines, and same_node from both ranks' hosts; nullopt when there "
+           "is none, "
+           "and "
+           "std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; README "
+           "section 9)");
 }
 
 LinkDiagnosis explain_link(const LinkReading& link, const EnvLookup& env) {
-  // TODO(L05): apply the contract's rules: the expected transport is healthy; otherwise
-  //   name the variables set that forced each step down, in the rules' order
-  //   (L05Reading.Explain*; README section 9)
-  DTC_TODO("L05", "apply the contract's rules: the expected transport is healthy; otherwise "
-                  "name the variables set that forced each step down, in the rules' order "
-                  "(L05Reading.Explain*; README section 9)");
+  // TODO(L05)
+  DTC_TODO("L05",
+           "apply the contract's rules: the expected transport is healthy; otherwise "
+           "name the variables set that forced each step down, in the rules' order "
+           "(L05Reading.Explain*; README section 9)");
 }
 
 std::vector<std::string> nccl_pick_interfaces(const std::optional<std::string>& socket_ifname,
                                               const std::vector<std::string>& interfaces) {
-  // TODO(L05): NCCL's rules in the contract: a set value (2 characters or more) is a
-  //   prefix list, '^' excludes, '=' makes names exact; unset tries "ib", "^docker,lo,virbr",
-  //   "docker", "lo", "virbr" in turn (L05Reading.PickInterfaces*; README section 9)
-  DTC_TODO("L05", "NCCL's rules in the contract: a set value (2 characters or more) is a "
-                  "prefix list, '^' excludes, '=' makes names exact; unset tries \"ib\", \"^docker,lo,virbr\", "
-                  "\"docker\", \"lo\", \"virbr\" in turn (L05Reading.PickInterfaces*; README section 9)");
+  // TODO(L05)
+  DTC_TODO("L05",
+           "NCCL's rules in the contract: a set value (2 characters or more) is a "
+           "prefix list, '^' excludes, '=' makes names exact; unset tries \"ib\", "
+           "\"^docker,lo,virbr\", "
+           "\"docker\", \"lo\", \"virbr\" in turn (L05Reading.PickInterfaces*; README section 9)");
 }
 
 std::optional<LinkDiagnosis> check_socket_ifname(const EnvLookup& env,
                                                  const std::vector<std::string>& interfaces,
                                                  const std::string& cluster_interface) {
-  // TODO(L05): what nccl_pick_interfaces() takes for this environment must be exactly
-  //   {cluster_interface}; otherwise say what it takes and the exact-name fix
-  //   (L05Reading.SocketIfname*; README section 9)
-  DTC_TODO("L05", "what nccl_pick_interfaces() takes for this environment must be exactly "
-                  "{cluster_interface}; otherwise say what it takes and the exact-name fix "
-                  "(L05Reading.SocketIfname*; README section 9)");
+  // TODO(L05)
+  DTC_TODO("L05",
+           "what nccl_pick_interfaces() takes for this environment must be exactly "
+           "{cluster_interface}; otherwise say what it takes and the exact-name fix "
+           "(L05Reading.SocketIfname*; README section 9)");
 }
 
 }  // namespace dtc::l05
-// exercise generated from solutions/05_nccl_debug/nccl_reading.cpp by scripts/exercises.py; checksum b30de398cb7094d8
+// generated from solutions/05_nccl_debug/nccl_reading.cpp; checksum 3563366a85bf2202

@@ -28,10 +28,11 @@ namespace dtc::l06 {
 // ---------------------------------------------------------------------------------------------
 
 void broadcast_parameters(torch::nn::Module& module, Comm& comm) {
-  // TODO(L06): every parameter, then every buffer, must end equal to rank 0's, written in
-  //   place and outside autograd (L06Broadcast.*; hints: README step 2, "The calls you need")
-  DTC_TODO("L06", "every parameter, then every buffer, must end equal to rank 0's, written in "
-                  "place and outside autograd (L06Broadcast.*; hints: README step 2, \"The calls you need\")");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "every parameter, then every buffer, must end equal to rank 0's, written in "
+           "place and outside autograd (L06Broadcast.*; hints: README step 2, \"The calls you "
+           "need\")");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -39,17 +40,18 @@ void broadcast_parameters(torch::nn::Module& module, Comm& comm) {
 // ---------------------------------------------------------------------------------------------
 
 void allreduce_gradients_naive(const std::vector<torch::Tensor>& params, Comm& comm) {
-  // TODO(L06): one collective per parameter with a defined grad; on return each such grad is
-  //   the mean over ranks: grads 1, 2, ..., W give (W + 1) / 2 (L06Naive.*; hints: README step 3)
-  DTC_TODO("L06", "one collective per parameter with a defined grad; on return each such grad is "
-                  "the mean over ranks: grads 1, 2, ..., W give (W + 1) / 2 (L06Naive.*; hints: README step 3)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "one collective per parameter with a defined grad; on return each such grad is "
+           "the mean over ranks: grads 1, 2, ..., W give (W + 1) / 2 (L06Naive.*; hints: README "
+           "step 3)");
 }
 
 void allreduce_gradients_flat(const std::vector<torch::Tensor>& params, Comm& comm) {
-  // TODO(L06): the naive version's means with ONE collective for all defined grads; each
-  //   p.grad() keeps its shape (L06Flat.*; hints: README step 4)
-  DTC_TODO("L06", "the naive version's means with ONE collective for all defined grads; each "
-                  "p.grad() keeps its shape (L06Flat.*; hints: README step 4)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "the naive version's means with ONE collective for all defined grads; each "
+           "p.grad() keeps its shape (L06Flat.*; hints: README step 4)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -64,10 +66,11 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<torch::Tensor>
                      "pass a positive size, e.g. --bucket-kb 1024 (PyTorch's default is 25 MB)");
   }
   std::vector<std::vector<size_t>> buckets;
-  // TODO(L06): ddp.h's buckets: the first one holds the LAST parameters, each is closed once
-  //   its bytes reach bucket_bytes, no parameter is split (L06Buckets.*; hints: README step 5)
-  DTC_TODO("L06", "ddp.h's buckets: the first one holds the LAST parameters, each is closed once "
-                  "its bytes reach bucket_bytes, no parameter is split (L06Buckets.*; hints: README step 5)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "ddp.h's buckets: the first one holds the LAST parameters, each is closed once "
+           "its bytes reach bucket_bytes, no parameter is split (L06Buckets.*; hints: README "
+           "step 5)");
   return buckets;
 }
 
@@ -95,10 +98,10 @@ Reducer::Reducer(std::vector<torch::Tensor> params, c10::intrusive_ptr<Comm> com
       }));
     }
   }
-  // TODO(L06): parameter i needs one hook that calls on_grad(i, grad), its id kept for the
-  //   destructor (L06Bucketed.*; hints: README step 5)
-  DTC_TODO("L06", "parameter i needs one hook that calls on_grad(i, grad), its id kept for the "
-                  "destructor (L06Bucketed.*; hints: README step 5)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "parameter i needs one hook that calls on_grad(i, grad), its id kept for the "
+           "destructor (L06Bucketed.*; hints: README step 5)");
 }
 
 void Reducer::lay_out() {
@@ -112,12 +115,11 @@ void Reducer::lay_out() {
   }
   work_.assign(buckets_.size(), {});
   next_to_launch_ = 0;
-  // TODO(L06): parameter i needs a slot (bucket_of_, offset_of_) in its bucket's flat zero
-  //   buffer (the parameters' dtype and device), one buffer per bucket in flat_
-  //   (L06Bucketed.*; hints: README step 5)
-  DTC_TODO("L06", "parameter i needs a slot (bucket_of_, offset_of_) in its bucket's flat zero "
-                  "buffer (the parameters' dtype and device), one buffer per bucket in flat_ "
-                  "(L06Bucketed.*; hints: README step 5)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "parameter i needs a slot (bucket_of_, offset_of_) in its bucket's flat zero "
+           "buffer (the parameters' dtype and device), one buffer per bucket in flat_ "
+           "(L06Bucketed.*; hints: README step 5)");
 }
 
 void Reducer::rebuild_buckets() {
@@ -265,12 +267,12 @@ void Reducer::launch(size_t b) {
 }
 
 void Reducer::on_grad(size_t index, const torch::Tensor& grad) {
-  // TODO(L06): under sync, p's slot holds what p.grad() is about to hold, and each bucket
-  //   launches once complete, never before an earlier one; count them in launched_in_backward_
-  //   (L06Bucketed.*, L06NoSync.*; hints: README step 5)
-  DTC_TODO("L06", "under sync, p's slot holds what p.grad() is about to hold, and each bucket "
-                  "launches once complete, never before an earlier one; count them in launched_in_backward_ "
-                  "(L06Bucketed.*, L06NoSync.*; hints: README step 5)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "under sync, p's slot holds what p.grad() is about to hold, and each bucket "
+           "launches once complete, never before an earlier one; count them in "
+           "launched_in_backward_ "
+           "(L06Bucketed.*, L06NoSync.*; hints: README step 5)");
 }
 
 torch::Tensor Reducer::slot(size_t index) const {
@@ -339,14 +341,13 @@ std::vector<bool> Reducer::unused() {
 
 void Reducer::finish() {
   if (!sync_) return;
-  // TODO(L06): on return every p.grad() is the mean over ranks, also where no hook fired
-  //   (that rank adds its p.grad() or zeros), and the next backward starts afresh; with a
-  //   compression hook the hook has divided; a parameter that no rank used (unused()) keeps its
-  //   p.grad() untouched (L06Bucketed.*, L06CommHook.*; hints: README step 5)
-  DTC_TODO("L06", "on return every p.grad() is the mean over ranks, also where no hook fired "
-                  "(that rank adds its p.grad() or zeros), and the next backward starts afresh; with a "
-                  "compression hook the hook has divided; a parameter that no rank used (unused()) keeps its "
-                  "p.grad() untouched (L06Bucketed.*, L06CommHook.*; hints: README step 5)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "on return every p.grad() is the mean over ranks, also where no hook fired "
+           "(that rank adds its p.grad() or zeros), and the next backward starts afresh; with a "
+           "compression hook the hook has divided; a parameter that no rank used (unused()) "
+           "keeps its "
+           "p.grad() untouched (L06Bucketed.*, L06CommHook.*; hints: README step 5)");
   if (rebuild_due()) rebuild_buckets();  // once, before the next forward
 }
 
@@ -382,20 +383,19 @@ DistributedSampler::DistributedSampler(int64_t size, int num_replicas, int rank,
 }
 
 int64_t DistributedSampler::num_samples() const {
-  // TODO(L06): PyTorch's per-rank count (ddp.h): equal on every rank, the remainder dropped
-  //   with drop_last, padded up otherwise (L06Sampler.*; hints: README section 5)
-  DTC_TODO("L06", "PyTorch's per-rank count (ddp.h): equal on every rank, the remainder dropped "
-                  "with drop_last, padded up otherwise (L06Sampler.*; hints: README section 5)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "PyTorch's per-rank count (ddp.h): equal on every rank, the remainder dropped "
+           "with drop_last, padded up otherwise (L06Sampler.*; hints: README section 5)");
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
   std::vector<int64_t> mine;
-  // TODO(L06): exactly PyTorch's DistributedSampler indices for this rank and epoch: the
-  //   ranks take disjoint positions of one order, num_samples() each (L06Sampler.*; hints:
-  //   README section 5)
-  DTC_TODO("L06", "exactly PyTorch's DistributedSampler indices for this rank and epoch: the "
-                  "ranks take disjoint positions of one order, num_samples() each (L06Sampler.*; hints: "
-                  "README section 5)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "exactly PyTorch's DistributedSampler indices for this rank and epoch: the "
+           "ranks take disjoint positions of one order, num_samples() each (L06Sampler.*; hints: "
+           "README section 5)");
   return mine;
 }
 
@@ -405,19 +405,20 @@ std::vector<int64_t> DistributedSampler::indices() const {
 
 void save_checkpoint(const std::string& path, int rank, torch::nn::Module& module,
                      torch::optim::Optimizer& optimizer, int64_t steps_done) {
-  // TODO(L06): rank 0 alone writes path, atomically (never half a file, no path.tmp left),
-  //   with "model", "optimizer" and "steps_done" (L06Checkpoint.*; hints: README section 4)
-  DTC_TODO("L06", "rank 0 alone writes path, atomically (never half a file, no path.tmp left), "
-                  "with \"model\", \"optimizer\" and \"steps_done\" (L06Checkpoint.*; hints: README section 4)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "rank 0 alone writes path, atomically (never half a file, no path.tmp left), "
+           "with \"model\", \"optimizer\" and \"steps_done\" (L06Checkpoint.*; hints: README "
+           "section 4)");
 }
 
 int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
                         torch::optim::Optimizer& optimizer) {
-  // TODO(L06): restore what save_checkpoint wrote and return steps_done: a resumed run equals
-  //   the uninterrupted one bit for bit (L06Checkpoint.*; hints: README section 4)
-  DTC_TODO("L06", "restore what save_checkpoint wrote and return steps_done: a resumed run equals "
-                  "the uninterrupted one bit for bit (L06Checkpoint.*; hints: README section 4)");
+  // TODO(L06)
+  DTC_TODO("L06",
+           "restore what save_checkpoint wrote and return steps_done: a resumed run equals "
+           "the uninterrupted one bit for bit (L06Checkpoint.*; hints: README section 4)");
 }
 
 }  // namespace dtc::l06
-// exercise generated from solutions/06_ddp/ddp.cpp by scripts/exercises.py; checksum ce23282e04000de6
+// generated from solutions/06_ddp/ddp.cpp; checksum bc0ed0370ad56bd7

@@ -43,7 +43,8 @@ double predict_stage_comm(int64_t psi, int stage, int world, bool reshard_after_
 /// torch::nn::utils::clip_grad_norm_ to @p clip_norm before each step when it is > 0. In bf16,
 /// the scheme of lesson 02's part 5: a bf16 model, AdamW over fp32 master weights from the bf16
 /// gradients cast to fp32, the model the master weights rounded after each step
-/// (dtc::MasterAdamW, clipping the fp32 gradients); Baseline::model then holds the master weights (fp32), the
+/// (dtc::MasterAdamW, clipping the fp32 gradients); Baseline::model then holds the master weights
+/// (fp32), the
 /// weights the engine's full_parameters() returns.
 struct Baseline {
   Gpt model;

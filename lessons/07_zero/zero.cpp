@@ -27,10 +27,10 @@ namespace dtc::l07 {
 int64_t padded_size(int64_t numel, int world) {
   if (world < 1) throw std::invalid_argument("padded_size: world must be at least 1");
   if (numel < 0) throw std::invalid_argument("padded_size: numel must not be negative");
-  // TODO(L07): the smallest multiple of world that is not below numel; 0 stays 0
-  //   (L07Layout.PaddedSizeClosedForm)
-  DTC_TODO("L07", "the smallest multiple of world that is not below numel; 0 stays 0 "
-                  "(L07Layout.PaddedSizeClosedForm)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "the smallest multiple of world that is not below numel; 0 stays 0 "
+           "(L07Layout.PaddedSizeClosedForm)");
 }
 
 FlatLayout make_layout(Gpt& model, int world) {
@@ -80,22 +80,22 @@ Pending CountingComm::reduce_scatter_start(const torch::Tensor& flat) {
               "reduce_scatter: a flat buffer of a multiple of W elements, got ", flat.sizes());
   Pending pending;
   pending.chunk = flat.numel() / w;
-  // TODO(L07): start, without waiting, one collective after which pending.buffer, seen as
-  //   (W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * chunk * e
-  //   bytes, e the element size (L07Comm.ReduceScatter*; calls and hints: README section 8)
-  DTC_TODO("L07", "start, without waiting, one collective after which pending.buffer, seen as "
-                  "(W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * chunk * e "
-                  "bytes, e the element size (L07Comm.ReduceScatter*; calls and hints: README section 8)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "start, without waiting, one collective after which pending.buffer, seen as "
+           "(W, chunk), holds rank j's chunk r of its flat in row j; add the ring's (W-1) * "
+           "chunk * e "
+           "bytes, e the element size (L07Comm.ReduceScatter*; calls and hints: README section "
+           "8)");
   return pending;
 }
 
 torch::Tensor CountingComm::reduce_scatter_finish(Pending& pending) {
-  // TODO(L07): once the collective is done, return chunk r summed over the W ranks, (chunk)
-  //   (empty when chunk is 0), and leave pending empty so that its buffer is freed
-  //   (L07Comm.ReduceScatter*; hints: README section 8)
-  DTC_TODO("L07", "once the collective is done, return chunk r summed over the W ranks, (chunk) "
-                  "(empty when chunk is 0), and leave pending empty so that its buffer is freed "
-                  "(L07Comm.ReduceScatter*; hints: README section 8)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "once the collective is done, return chunk r summed over the W ranks, (chunk) "
+           "(empty when chunk is 0), and leave pending empty so that its buffer is freed "
+           "(L07Comm.ReduceScatter*; hints: README section 8)");
 }
 
 torch::Tensor CountingComm::reduce_scatter(const torch::Tensor& flat) {
@@ -106,12 +106,12 @@ torch::Tensor CountingComm::reduce_scatter(const torch::Tensor& flat) {
 Pending CountingComm::all_gather_start(const torch::Tensor& chunk) {
   Pending pending;
   pending.chunk = chunk.numel();
-  // TODO(L07): start, without waiting, one collective that writes rank j's chunk straight
-  //   into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * chunk * e
-  //   bytes, e the element size (L07Comm.AllGather*; calls and hints: README section 8)
-  DTC_TODO("L07", "start, without waiting, one collective that writes rank j's chunk straight "
-                  "into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * chunk * e "
-                  "bytes, e the element size (L07Comm.AllGather*; calls and hints: README section 8)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "start, without waiting, one collective that writes rank j's chunk straight "
+           "into [j * chunk, (j + 1) * chunk) of a new pending.buffer (W * chunk); add (W-1) * "
+           "chunk * e "
+           "bytes, e the element size (L07Comm.AllGather*; calls and hints: README section 8)");
   return pending;
 }
 
@@ -128,12 +128,12 @@ torch::Tensor CountingComm::all_gather(const torch::Tensor& chunk) {
 }
 
 void CountingComm::all_reduce(torch::Tensor& flat) {
-  // TODO(L07): on return flat holds, in place, its sum over the ranks; add the ring's
-  //   2 (W-1) * (numel / W) * e bytes, e the element size (L07Comm.AllReduce*; calls: README
-  //   section 8)
-  DTC_TODO("L07", "on return flat holds, in place, its sum over the ranks; add the ring's "
-                  "2 (W-1) * (numel / W) * e bytes, e the element size (L07Comm.AllReduce*; calls: README "
-                  "section 8)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "on return flat holds, in place, its sum over the ranks; add the ring's "
+           "2 (W-1) * (numel / W) * e bytes, e the element size (L07Comm.AllReduce*; calls: "
+           "README "
+           "section 8)");
 }
 
 // =============================================================================================
@@ -143,12 +143,12 @@ void CountingComm::all_reduce(torch::Tensor& flat) {
 void adamw_update(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp_avg,
                   torch::Tensor exp_avg_sq, int64_t step, const AdamWOptions& o) {
   torch::NoGradGuard no_grad;
-  // TODO(L07): one torch::optim::AdamW step (the header's four lines, in their order), in
-  //   place on param and both moments and elementwise, so that shards update like the whole
-  //   (L07AdamW.*; hints: README section 8)
-  DTC_TODO("L07", "one torch::optim::AdamW step (the header's four lines, in their order), in "
-                  "place on param and both moments and elementwise, so that shards update like the whole "
-                  "(L07AdamW.*; hints: README section 8)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "one torch::optim::AdamW step (the header's four lines, in their order), in "
+           "place on param and both moments and elementwise, so that shards update like the "
+           "whole "
+           "(L07AdamW.*; hints: README section 8)");
 }
 
 // =============================================================================================
@@ -354,7 +354,8 @@ float ZeroEngine::forward_backward(const Batch& batch) {
 
 float ZeroEngine::forward_backward_replicated(const Batch& batch) {
   // The full gradient buffer in the reduce dtype, made on the first step. In the working dtype
-  // every parameter's grad is a view of it; in a wider one (bf16 parameters, fp32 reduce: Megatron's
+  // every parameter's grad is a view of it; in a wider one (bf16 parameters, fp32 reduce:
+  // Megatron's
   // main_grad) a hook adds each parameter's gradient into its view as autograd writes it.
   if (!flat_grads_.defined()) {
     flat_grads_ = torch::zeros({layout_.padded}, reduce_options_);
@@ -387,12 +388,12 @@ float ZeroEngine::forward_backward_replicated(const Batch& batch) {
   loss.backward();
   const float value = loss.item<float>();
   torch::NoGradGuard no_grad;
-  // TODO(L07): the mean gradient over ranks, where this stage reads it: stage 0 all of
-  //   flat_grads_ (one allreduce); stage 1 this rank's chunk of each unit, sending only what
-  //   reduce-scatters send (L07Stages.*; hints: README sections 4 and 8)
-  DTC_TODO("L07", "the mean gradient over ranks, where this stage reads it: stage 0 all of "
-                  "flat_grads_ (one allreduce); stage 1 this rank's chunk of each unit, sending only what "
-                  "reduce-scatters send (L07Stages.*; hints: README sections 4 and 8)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "the mean gradient over ranks, where this stage reads it: stage 0 all of "
+           "flat_grads_ (one allreduce); stage 1 this rank's chunk of each unit, sending only "
+           "what "
+           "reduce-scatters send (L07Stages.*; hints: README sections 4 and 8)");
   return value;
 }
 
@@ -478,18 +479,16 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   // Stage 3 without recompute keeps each block's gathered buffer (emptied) in gathered[i].
   std::vector<torch::Tensor> inputs(blocks), outputs(blocks), gathered(blocks);
   torch::Tensor x = x0.detach();
-  // TODO(L07): the blocks' forward, one block at a time, keeping in inputs / outputs what
-  //   backward will need: each block's graph from a detached input (stage 2, and stage 3 whose
-  //   gathered parameters are freed, not released, once the block has run); with recompute
-  //   only each block's input. A block's gathered parameters live only while it runs (with
-  //   --prefetch, the next gather overlaps the block). Tests: L07Stages.*, L07Memory.*; hints:
-  //   README section 8
-  DTC_TODO("L07", "the blocks' forward, one block at a time, keeping in inputs / outputs what "
-                  "backward will need: each block's graph from a detached input (stage 2, and stage 3 whose "
-                  "gathered parameters are freed, not released, once the block has run); with recompute "
-                  "only each block's input. A block's gathered parameters live only while it runs (with "
-                  "--prefetch, the next gather overlaps the block). Tests: L07Stages.*, L07Memory.*; hints: "
-                  "README section 8");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "the blocks' forward, one block at a time, keeping in inputs / outputs what "
+           "backward will need: each block's graph from a detached input (stage 2, and stage 3 "
+           "whose "
+           "gathered parameters are freed, not released, once the block has run); with recompute "
+           "only each block's input. A block's gathered parameters live only while it runs (with "
+           "--prefetch, the next gather overlaps the block). Tests: L07Stages.*, L07Memory.*; "
+           "hints: "
+           "README section 8");
 
   auto last = x.detach().requires_grad_();
   auto loss = head_loss(model_, last, batch.targets);
@@ -503,18 +502,16 @@ float ZeroEngine::forward_backward_sharded(const Batch& batch) {
   // as soon as its block is done (the Work runs while the next block computes) and freed.
   Pending reducing;
   size_t reducing_unit = 0;
-  // TODO(L07): the blocks' backward, last block first, each into a zeroed gradient buffer
-  //   of its own that is reduce-scattered while the next block runs backward, then freed (stage
-  //   3 gathers each block again: into the storage its saved activations still view, or, with
-  //   recompute, to recompute it from its input). On exit g is the gradient into block 0's
-  //   input, and the last reduce-scatter is still in flight in reducing / reducing_unit
-  //   (finished below). Tests: L07Stages.*, L07Memory.*; hints: README section 8
-  DTC_TODO("L07", "the blocks' backward, last block first, each into a zeroed gradient buffer "
-                  "of its own that is reduce-scattered while the next block runs backward, then freed (stage "
-                  "3 gathers each block again: into the storage its saved activations still view, or, with "
-                  "recompute, to recompute it from its input). On exit g is the gradient into block 0's "
-                  "input, and the last reduce-scatter is still in flight in reducing / reducing_unit "
-                  "(finished below). Tests: L07Stages.*, L07Memory.*; hints: README section 8");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "the blocks' backward, last block first, each into a zeroed gradient buffer "
+           "of its own that is reduce-scattered while the next block runs backward, then freed "
+           "(stage "
+           "3 gathers each block again: into the storage its saved activations still view, or, "
+           "with "
+           "recompute, to recompute it from its input). On exit g is the gradient into block 0's "
+           "input, and the last reduce-scatter is still in flight in reducing / reducing_unit "
+           "(finished below). Tests: L07Stages.*, L07Memory.*; hints: README section 8");
   x0.backward(g);  // the embeddings' gradients, added to the head's in outer_grads (tied wte)
   x0 = torch::Tensor();
   g = torch::Tensor();
@@ -541,12 +538,12 @@ double ZeroEngine::clip_gradients(double max_norm) {
     owned.push_back(grad_shard_);
   }
   double norm = 0;
-  // TODO(L07): scale every owned gradient by min(1, max_norm / (norm + 1e-6)), where norm
-  //   is the 2-norm of the WHOLE averaged gradient, as torch::nn::utils::clip_grad_norm_ computes
-  //   it on one process; return norm (L07Clip.*; hints: README section 8)
-  DTC_TODO("L07", "scale every owned gradient by min(1, max_norm / (norm + 1e-6)), where norm "
-                  "is the 2-norm of the WHOLE averaged gradient, as torch::nn::utils::clip_grad_norm_ computes "
-                  "it on one process; return norm (L07Clip.*; hints: README section 8)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "scale every owned gradient by min(1, max_norm / (norm + 1e-6)), where norm "
+           "is the 2-norm of the WHOLE averaged gradient, as torch::nn::utils::clip_grad_norm_ "
+           "computes "
+           "it on one process; return norm (L07Clip.*; hints: README section 8)");
   return norm;
 }
 
@@ -555,14 +552,14 @@ void ZeroEngine::optimizer_step() {
   ensure_moments();
   if (options_.clip_norm > 0) last_grad_norm_ = clip_gradients(options_.clip_norm);
   ++step_;
-  // TODO(L07): adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its
-  //   chunk of each unit, with the moments' (and master_'s) matching chunk), through update();
-  //   then stages 1-2 hold every updated parameter in flat_params_ again, sending only what an
-  //   all-gather sends (Psi) (L07Stages.*, L07Bf16.*; hints: README sections 4 and 8)
-  DTC_TODO("L07", "adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its "
-                  "chunk of each unit, with the moments' (and master_'s) matching chunk), through update(); "
-                  "then stages 1-2 hold every updated parameter in flat_params_ again, sending only what an "
-                  "all-gather sends (Psi) (L07Stages.*, L07Bf16.*; hints: README sections 4 and 8)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "adamw_update on exactly what this rank owns (stage 0: everything; 1-3: its "
+           "chunk of each unit, with the moments' (and master_'s) matching chunk), through "
+           "update(); "
+           "then stages 1-2 hold every updated parameter in flat_params_ again, sending only "
+           "what an "
+           "all-gather sends (Psi) (L07Stages.*, L07Bf16.*; hints: README sections 4 and 8)");
 }
 
 torch::Tensor ZeroEngine::gather_shards(const torch::Tensor& shard) {
@@ -691,12 +688,11 @@ torch::Tensor read_unit_range(const FlatLayout& layout, size_t unit, int64_t beg
         layout.units.size(), begin, end, saved_world));
   }
   std::vector<torch::Tensor> parts;  // [begin, end), in order
-  // TODO(L07): the pieces of [begin, end) in order, each narrowed from the file whose
-  //   N-rank chunk of the unit holds it, asking shard_of only for files that hold a piece
-  //   (L07Checkpoint.*; hints: README sections 6 and 8)
-  DTC_TODO("L07", "the pieces of [begin, end) in order, each narrowed from the file whose "
-                  "N-rank chunk of the unit holds it, asking shard_of only for files that hold a piece "
-                  "(L07Checkpoint.*; hints: README sections 6 and 8)");
+  // TODO(L07)
+  DTC_TODO("L07",
+           "the pieces of [begin, end) in order, each narrowed from the file whose "
+           "N-rank chunk of the unit holds it, asking shard_of only for files that hold a piece "
+           "(L07Checkpoint.*; hints: README sections 6 and 8)");
   if (parts.empty()) return torch::empty({0}, torch::kFloat);
   return torch::cat(parts);
 }
@@ -862,4 +858,4 @@ void consolidate(ZeroEngine& engine, const std::string& file) {
 }
 
 }  // namespace dtc::l07
-// exercise generated from solutions/07_zero/zero.cpp by scripts/exercises.py; checksum edf1aedb163304c9
+// generated from solutions/07_zero/zero.cpp; checksum 4197ccb3800fb42e

@@ -26,12 +26,11 @@ namespace dtc::l09 {
 
 StageLayers stage_layers(int64_t layers, int stages, int stage) {
   StageLayers s;
-  // TODO(L09): stage's blocks [first, last) by the header's rule (as even as possible, the
-  //   remainder to the first stages), in closed form, and its embed and head flags
-  //   (L09Split.*; README section 6 hints)
-  DTC_TODO("L09", "stage's blocks [first, last) by the header's rule (as even as possible, the "
-                  "remainder to the first stages), in closed form, and its embed and head flags "
-                  "(L09Split.*; README section 6 hints)");
+  // TODO(L09)
+  DTC_TODO("L09",
+           "stage's blocks [first, last) by the header's rule (as even as possible, the "
+           "remainder to the first stages), in closed form, and its embed and head flags "
+           "(L09Split.*; README section 6 hints)");
   return s;
 }
 
@@ -52,12 +51,11 @@ Stage make_stage(const Gpt& full, int stages, int stage) {
   s.config = config;
   s.stage = stage;
   s.stages = stages;
-  // TODO(L09): s.layers, and the very modules of full that this stage owns (shared, never
-  //   copied): its blocks, the embeddings on stage 0, ln_f and lm_head on the last stage
-  //   (L09Split.*; README section 6 hints)
-  DTC_TODO("L09", "s.layers, and the very modules of full that this stage owns (shared, never "
-                  "copied): its blocks, the embeddings on stage 0, ln_f and lm_head on the last stage "
-                  "(L09Split.*; README section 6 hints)");
+  // TODO(L09)
+  DTC_TODO("L09",
+           "s.layers, and the very modules of full that this stage owns (shared, never "
+           "copied): its blocks, the embeddings on stage 0, ln_f and lm_head on the last stage "
+           "(L09Split.*; README section 6 hints)");
   return s;
 }
 
@@ -150,21 +148,21 @@ std::vector<Op> gpipe_schedule(int stages, int64_t micro_batches, int stage) {
   (void)stages;
   (void)stage;
   std::vector<Op> ops;
-  // TODO(L09): every forward F0 .. F(m-1), then every backward B0 .. B(m-1), on every
-  //   stage (L09Schedule.*)
-  DTC_TODO("L09", "every forward F0 .. F(m-1), then every backward B0 .. B(m-1), on every "
-                  "stage (L09Schedule.*)");
+  // TODO(L09)
+  DTC_TODO("L09",
+           "every forward F0 .. F(m-1), then every backward B0 .. B(m-1), on every "
+           "stage (L09Schedule.*)");
   return ops;
 }
 
 std::vector<Op> one_f_one_b_schedule(int stages, int64_t micro_batches, int stage) {
   std::vector<Op> ops;
-  // TODO(L09): warm-up forwards, then forward-backward pairs, then the backwards left,
-  //   with the shortest warm-up that never waits on a gradient (Figure 4; README section 6 has
-  //   hints; L09Schedule.* checks the papers' orders)
-  DTC_TODO("L09", "warm-up forwards, then forward-backward pairs, then the backwards left, "
-                  "with the shortest warm-up that never waits on a gradient (Figure 4; README section 6 has "
-                  "hints; L09Schedule.* checks the papers' orders)");
+  // TODO(L09)
+  DTC_TODO("L09",
+           "warm-up forwards, then forward-backward pairs, then the backwards left, "
+           "with the shortest warm-up that never waits on a gradient (Figure 4; README section 6 "
+           "has "
+           "hints; L09Schedule.* checks the papers' orders)");
   return ops;
 }
 
@@ -197,22 +195,22 @@ int64_t max_in_flight(const std::vector<Op>& ops) {
 
 c10::intrusive_ptr<c10d::Work> send_tensor(Comm& comm, const torch::Tensor& tensor, int dst,
                                            int tag) {
-  // TODO(L09): start sending the tensor's values to dst with tag, as a group of one, and
-  //   return the Work without waiting for it (L09P2p.*, L09NcclSafe.*; README section 6 lists
-  //   the calls)
-  DTC_TODO("L09", "start sending the tensor's values to dst with tag, as a group of one, and "
-                  "return the Work without waiting for it (L09P2p.*, L09NcclSafe.*; README section 6 lists "
-                  "the calls)");
+  // TODO(L09)
+  DTC_TODO("L09",
+           "start sending the tensor's values to dst with tag, as a group of one, and "
+           "return the Work without waiting for it (L09P2p.*, L09NcclSafe.*; README section 6 "
+           "lists "
+           "the calls)");
 }
 
 torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
                           const torch::Device& device) {
-  // TODO(L09): a fresh float tensor of the shape, on the device, holding the message from
-  //   src with tag, received as a group of one and returned only once it has arrived (L09P2p.*,
-  //   L09NcclSafe.*; README section 6 lists the calls)
-  DTC_TODO("L09", "a fresh float tensor of the shape, on the device, holding the message from "
-                  "src with tag, received as a group of one and returned only once it has arrived (L09P2p.*, "
-                  "L09NcclSafe.*; README section 6 lists the calls)");
+  // TODO(L09)
+  DTC_TODO("L09",
+           "a fresh float tensor of the shape, on the device, holding the message from "
+           "src with tag, received as a group of one and returned only once it has arrived "
+           "(L09P2p.*, "
+           "L09NcclSafe.*; README section 6 lists the calls)");
 }
 
 void deallocate_output(torch::Tensor& output) {
@@ -243,23 +241,23 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepStats stats;
   const auto start = Clock::now();
-  // TODO(L09): run ops in order so that the stage's parameters get the whole batch's mean
-  //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
-  //   returning, a send started together with the next op's receive whenever both go to the same
-  //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values freed
-  //   when deallocate_outputs asks, with recompute only each micro-batch's input kept from its
-  //   forward to its backward, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*,
-  //   L09Recompute.*; README section 6 hints)
-  DTC_TODO("L09", "run ops in order so that the stage's parameters get the whole batch's mean "
-                  "gradient, each micro-batch's tensors freed after its backward, every send waited for before "
-                  "returning, a send started together with the next op's receive whenever both go to the same "
-                  "neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values freed "
-                  "when deallocate_outputs asks, with recompute only each micro-batch's input kept from its "
-                  "forward to its backward, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*, "
-                  "L09Recompute.*; README section 6 hints)");
+  // TODO(L09)
+  DTC_TODO("L09",
+           "run ops in order so that the stage's parameters get the whole batch's mean "
+           "gradient, each micro-batch's tensors freed after its backward, every send waited for "
+           "before "
+           "returning, a send started together with the next op's receive whenever both go to "
+           "the same "
+           "neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values "
+           "freed "
+           "when deallocate_outputs asks, with recompute only each micro-batch's input kept from "
+           "its "
+           "forward to its backward, and stats filled (L09Pipeline.*, L09Memory.*, "
+           "L09NcclSafe.*, "
+           "L09Recompute.*; README section 6 hints)");
   stats.total_s = seconds(Clock::now() - start);
   return stats;
 }
 
 }  // namespace dtc::l09
-// exercise generated from solutions/09_pipeline_parallel/pipeline.cpp by scripts/exercises.py; checksum 9c28775fbe871270
+// generated from solutions/09_pipeline_parallel/pipeline.cpp; checksum 10be6a12ef681c5d

@@ -55,7 +55,8 @@ struct BubbleRow {
   ScheduleKind schedule = ScheduleKind::kGpipe;
   int64_t micro_batches = 1;
   int stages = 1;  ///< p
-  /// per stage: idle / window (empty on CUDA: not measured, see measure_bubbles), where the window is the same for every stage: from a barrier
+  /// per stage: idle / window (empty on CUDA: not measured, see measure_bubbles), where the window
+  /// is the same for every stage: from a barrier
   /// before the step to a barrier after it (so the window ends when the last stage is done)
   std::vector<double> bubble;
   std::vector<double> idle_per_compute;  ///< per stage: idle / compute in the same window

@@ -198,12 +198,12 @@ Rotation start_rotation(const std::vector<torch::Tensor>& tensors, Comm& cp, int
 // ---------------------------------------------------------------------------------------------
 
 void merge_block(torch::Tensor& out, torch::Tensor& lse, const BlockOut& block) {
-  // TODO(L10): (out, lse) become the attention over the keys seen so far and the block's,
-  //   in place, finite for scores in the thousands, rows with lse -inf on either side handled
-  //   (L10Merge.*; README section 2)
-  DTC_TODO("L10", "(out, lse) become the attention over the keys seen so far and the block's, "
-                  "in place, finite for scores in the thousands, rows with lse -inf on either side handled "
-                  "(L10Merge.*; README section 2)");
+  // TODO(L10)
+  DTC_TODO("L10",
+           "(out, lse) become the attention over the keys seen so far and the block's, "
+           "in place, finite for scores in the thousands, rows with lse -inf on either side "
+           "handled "
+           "(L10Merge.*; README section 2)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -212,12 +212,11 @@ void merge_block(torch::Tensor& out, torch::Tensor& lse, const BlockOut& block) 
 
 RingBlock ring_block(int rank, int src, int cp, int64_t local_len, bool zigzag, bool causal) {
   RingBlock b;
-  // TODO(L10): only the (query, key) pairs the causal mask lets through, nothing wholly in
-  //   the future, the same work on every rank with zig-zag (L10Ring.BlockPlan*; README
-  //   section 3)
-  DTC_TODO("L10", "only the (query, key) pairs the causal mask lets through, nothing wholly in "
-                  "the future, the same work on every rank with zig-zag (L10Ring.BlockPlan*; README "
-                  "section 3)");
+  // TODO(L10)
+  DTC_TODO("L10",
+           "only the (query, key) pairs the causal mask lets through, nothing wholly in "
+           "the future, the same work on every rank with zig-zag (L10Ring.BlockPlan*; README "
+           "section 3)");
   return b;
 }
 
@@ -242,12 +241,12 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     sizes.pop_back();
     torch::Tensor lse = torch::full(sizes, -kInf, q.options().dtype(torch::kFloat));
     const torch::Tensor q_pos = local_positions(seq, rank, n, zigzag);
-    // TODO(L10): cp steps, each merging ring_block's part of the visiting K/V block, the
-    //   next block's rotation in flight while this one is computed (L10Ring.*; README section 3
-    //   hints)
-    DTC_TODO("L10", "cp steps, each merging ring_block's part of the visiting K/V block, the "
-                    "next block's rotation in flight while this one is computed (L10Ring.*; README section 3 "
-                    "hints)");
+    // TODO(L10)
+    DTC_TODO("L10",
+             "cp steps, each merging ring_block's part of the visiting K/V block, the "
+             "next block's rotation in flight while this one is computed (L10Ring.*; README "
+             "section 3 "
+             "hints)");
     ctx->save_for_backward({q, k, v, out, lse});
     return out.to(q.scalar_type());
   }
@@ -267,12 +266,12 @@ struct RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     const torch::Tensor q_pos = local_positions(seq, rank, n, zigzag);
     torch::Tensor dq = torch::zeros(q.sizes(), q.options().dtype(torch::kFloat));
     torch::Tensor dk, dv;  // this rank's own K/V gradients, (B, H, Tl, D) float32
-    // TODO(L10): the same cp steps; every rank adds its block_attention_backward
-    //   contribution to the visiting block's dK/dV, which travel one hop a step, cp hops in all,
-    //   the last bringing them home (L10Ring.*; README section 3 hints)
-    DTC_TODO("L10", "the same cp steps; every rank adds its block_attention_backward "
-                    "contribution to the visiting block's dK/dV, which travel one hop a step, cp hops in all, "
-                    "the last bringing them home (L10Ring.*; README section 3 hints)");
+    // TODO(L10)
+    DTC_TODO("L10",
+             "the same cp steps; every rank adds its block_attention_backward "
+             "contribution to the visiting block's dK/dV, which travel one hop a step, cp hops "
+             "in all, "
+             "the last bringing them home (L10Ring.*; README section 3 hints)");
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
             torch::Tensor(),        torch::Tensor(),        torch::Tensor()};
   }
@@ -310,17 +309,17 @@ torch::Tensor seq_to_heads_impl(const torch::Tensor& x, Comm& cp) {
     throw std::invalid_argument(
         fmt::format("seq_to_heads: {} heads do not split over cp {}", H, n));
   }
-  // TODO(L10): (B, H, Tl, D) -> (B, H/cp, cp Tl, D): this rank's heads, every rank's tokens
-  //   in rank order, with one alltoall (L10Ulysses.*; README section 4 hints)
-  DTC_TODO("L10", "(B, H, Tl, D) -> (B, H/cp, cp Tl, D): this rank's heads, every rank's tokens "
-                  "in rank order, with one alltoall (L10Ulysses.*; README section 4 hints)");
+  // TODO(L10)
+  DTC_TODO("L10",
+           "(B, H, Tl, D) -> (B, H/cp, cp Tl, D): this rank's heads, every rank's tokens "
+           "in rank order, with one alltoall (L10Ulysses.*; README section 4 hints)");
 }
 
 torch::Tensor heads_to_seq_impl(const torch::Tensor& x, Comm& cp) {
-  // TODO(L10): (B, H/cp, cp Tl, D) -> (B, H, Tl, D), undoing seq_to_heads exactly, with one
-  //   alltoall (L10Ulysses.*; README section 4 hints)
-  DTC_TODO("L10", "(B, H/cp, cp Tl, D) -> (B, H, Tl, D), undoing seq_to_heads exactly, with one "
-                  "alltoall (L10Ulysses.*; README section 4 hints)");
+  // TODO(L10)
+  DTC_TODO("L10",
+           "(B, H/cp, cp Tl, D) -> (B, H, Tl, D), undoing seq_to_heads exactly, with one "
+           "alltoall (L10Ulysses.*; README section 4 hints)");
 }
 
 struct SeqToHeadsFn : public torch::autograd::Function<SeqToHeadsFn> {
@@ -379,17 +378,17 @@ struct GatherSequenceFn : public torch::autograd::Function<GatherSequenceFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
     [[maybe_unused]] Comm& cp = comm_from(comm);
-    // TODO(L10): (B, H, Tl, D) -> (B, H, cp Tl, D), rank j's rows at [j Tl, (j+1) Tl), with
-    //   one allgather (L10AllGather.*; README section 5 hints)
-    DTC_TODO("L10", "(B, H, Tl, D) -> (B, H, cp Tl, D), rank j's rows at [j Tl, (j+1) Tl), with "
-                    "one allgather (L10AllGather.*; README section 5 hints)");
+    // TODO(L10)
+    DTC_TODO("L10",
+             "(B, H, Tl, D) -> (B, H, cp Tl, D), rank j's rows at [j Tl, (j+1) Tl), with "
+             "one allgather (L10AllGather.*; README section 5 hints)");
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     [[maybe_unused]] Comm& cp = comm_of(ctx);
-    // TODO(L10): the gradient of this rank's rows summed over every rank's copy, with one
-    //   alltoall (L10AllGather.*; README section 5 hints)
-    DTC_TODO("L10", "the gradient of this rank's rows summed over every rank's copy, with one "
-                    "alltoall (L10AllGather.*; README section 5 hints)");
+    // TODO(L10)
+    DTC_TODO("L10",
+             "the gradient of this rank's rows summed over every rank's copy, with one "
+             "alltoall (L10AllGather.*; README section 5 hints)");
   }
 };
 
@@ -457,4 +456,4 @@ torch::Tensor CpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/context_parallel.cpp by scripts/exercises.py; checksum fe1044f71b244882
+// generated from solutions/10_context_parallel/context_parallel.cpp; checksum 2e810458ae0812b2

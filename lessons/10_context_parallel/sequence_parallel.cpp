@@ -1,4 +1,5 @@
-// Lesson 10, part 5: sequence parallelism. Implements lessons/10_context_parallel/sequence_parallel.h.
+// Lesson 10, part 5: sequence parallelism. Implements
+// lessons/10_context_parallel/sequence_parallel.h.
 //
 // Fill in the TODO(L10) regions below; `make test-lesson10` checks each operator against the
 // gathered computation on 2 and 4 thread-ranks (L10SeqPar.*), then tp x cp training runs
@@ -29,18 +30,18 @@ Comm& comm_of(const AutogradContext* ctx) { return comm_from(ctx->saved_data.at(
 
 // (B, T, ...) partial sums on every TP rank -> rows [t T/tp, (t+1) T/tp) of their sum.
 torch::Tensor reduce_scatter_rows(const torch::Tensor& x, Comm& tp) {
-  // TODO(L10): rank t gets rows [t T/tp, (t+1) T/tp) of the sum over the TP ranks of x,
-  //   (B, T/tp, ...), with one alltoall (L10SeqPar.ReduceScatter*; README section 9 hints)
-  DTC_TODO("L10", "rank t gets rows [t T/tp, (t+1) T/tp) of the sum over the TP ranks of x, "
-                  "(B, T/tp, ...), with one alltoall (L10SeqPar.ReduceScatter*; README section 9 hints)");
+  // TODO(L10)
+  DTC_TODO("L10",
+           "rank t gets rows [t T/tp, (t+1) T/tp) of the sum over the TP ranks of x, "
+           "(B, T/tp, ...), with one alltoall (L10SeqPar.ReduceScatter*; README section 9 hints)");
 }
 
 // (B, T/tp, ...) on every TP rank -> (B, T, ...): rank j's rows at [j T/tp, (j+1) T/tp).
 torch::Tensor all_gather_rows(const torch::Tensor& x, Comm& tp) {
-  // TODO(L10): every TP rank's rows in rank order along dimension 1, with one allgather
-  //   (L10SeqPar.*; README section 9 hints)
-  DTC_TODO("L10", "every TP rank's rows in rank order along dimension 1, with one allgather "
-                  "(L10SeqPar.*; README section 9 hints)");
+  // TODO(L10)
+  DTC_TODO("L10",
+           "every TP rank's rows in rank order along dimension 1, with one allgather "
+           "(L10SeqPar.*; README section 9 hints)");
 }
 
 // g-bar: forward reduce-scatter, backward all-gather (given).
@@ -64,22 +65,23 @@ struct GatherLinearFn : public torch::autograd::Function<GatherLinearFn> {
     const bool has_bias = bias.numel() > 0;  // no bias: an empty tensor (see gather_linear)
     ctx->saved_data["bias"] = has_bias;
     [[maybe_unused]] Comm& tp = comm_from(comm);
-    // TODO(L10): the Linear of every TP rank's rows gathered along the sequence; save only
-    //   this rank's rows (and the weight) for backward (L10SeqPar.GatherLinear*; README section 9
-    //   hints)
-    DTC_TODO("L10", "the Linear of every TP rank's rows gathered along the sequence; save only "
-                    "this rank's rows (and the weight) for backward (L10SeqPar.GatherLinear*; README section 9 "
-                    "hints)");
+    // TODO(L10)
+    DTC_TODO("L10",
+             "the Linear of every TP rank's rows gathered along the sequence; save only "
+             "this rank's rows (and the weight) for backward (L10SeqPar.GatherLinear*; README "
+             "section 9 "
+             "hints)");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     [[maybe_unused]] Comm& tp = comm_of(ctx);
     [[maybe_unused]] const bool has_bias = ctx->saved_data["bias"].toBool();
     const torch::Tensor dy = grads[0];  // (B, T, out/tp)
     torch::Tensor dx, dweight, dbias;
-    // TODO(L10): gather the rows again; dX = dY W summed over the TP ranks onto this rank's
-    //   rows; dW = dY^T X and db over every row (L10SeqPar.GatherLinear*; README section 9 hints)
-    DTC_TODO("L10", "gather the rows again; dX = dY W summed over the TP ranks onto this rank's "
-                    "rows; dW = dY^T X and db over every row (L10SeqPar.GatherLinear*; README section 9 hints)");
+    // TODO(L10)
+    DTC_TODO("L10",
+             "gather the rows again; dX = dY W summed over the TP ranks onto this rank's "
+             "rows; dW = dY^T X and db over every row (L10SeqPar.GatherLinear*; README section 9 "
+             "hints)");
     return {dx, dweight, dbias, torch::Tensor()};
   }
 };
@@ -204,4 +206,4 @@ void TpCpGptImpl::reduce_replicated_gradients() {
 }
 
 }  // namespace dtc::l10
-// exercise generated from solutions/10_context_parallel/sequence_parallel.cpp by scripts/exercises.py; checksum 8961ad15b5c5c0dc
+// generated from solutions/10_context_parallel/sequence_parallel.cpp; checksum 4cd67db9207606d8

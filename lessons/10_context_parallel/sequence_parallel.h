@@ -3,7 +3,8 @@
 //
 // Tensor parallelism (lesson 08) splits every matrix over the TP ranks but leaves the LayerNorm
 // regions (the LayerNorms, the residual stream) and their activations replicated: each TP rank
-// holds the whole (B, T, h) there. Sequence parallelism splits those regions along the sequence over the same TP ranks, and
+// holds the whole (B, T, h) there. Sequence parallelism splits those regions along the sequence
+// over the same TP ranks, and
 // swaps lesson 08's conjugate operators for another pair (the paper's g and g-bar, Fig. 5), with
 // the same bytes on the wire, but for one more all-gather a column-parallel layer in backward
 // (gather_linear gathers its input again):
@@ -82,7 +83,8 @@ class TpCpGptImpl : public torch::nn::Module {
   ///   model's loss, the same on every TP rank. @p batch holds the CP rank's tokens.
   torch::Tensor loss(const Batch& batch);
   /// @brief With sequence parallelism, each TP rank's gradient of a replicated parameter (the
-  ///   LayerNorms, the position embedding, the row-parallel biases) covers its own rows only: sums them over the TP
+  ///   LayerNorms, the position embedding, the row-parallel biases) covers its own rows only: sums
+  ///   them over the TP
   ///   group (Megatron's allreduce of the sequence-parallel parameters' gradients). A no-op
   ///   without. Call after backward.
   void reduce_replicated_gradients();

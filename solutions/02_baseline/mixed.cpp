@@ -1,4 +1,5 @@
-// Lesson 02, parts 4 and 5: recomputation and mixed precision. Implements lessons/02_baseline/mixed.h.
+// Lesson 02, parts 4 and 5: recomputation and mixed precision. Implements
+// lessons/02_baseline/mixed.h.
 //
 // Fill in every TODO(L02) below; `make test-lesson02` checks the checkpoint's gradients and
 // memory, the loss scaler against torch.amp.GradScaler on the same overflows, and bf16/fp16

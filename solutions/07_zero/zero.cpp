@@ -375,7 +375,8 @@ float ZeroEngine::forward_backward(const Batch& batch) {
 
 float ZeroEngine::forward_backward_replicated(const Batch& batch) {
   // The full gradient buffer in the reduce dtype, made on the first step. In the working dtype
-  // every parameter's grad is a view of it; in a wider one (bf16 parameters, fp32 reduce: Megatron's
+  // every parameter's grad is a view of it; in a wider one (bf16 parameters, fp32 reduce:
+  // Megatron's
   // main_grad) a hook adds each parameter's gradient into its view as autograd writes it.
   if (!flat_grads_.defined()) {
     flat_grads_ = torch::zeros({layout_.padded}, reduce_options_);

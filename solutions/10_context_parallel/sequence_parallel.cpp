@@ -1,4 +1,5 @@
-// Lesson 10, part 5: sequence parallelism. Implements lessons/10_context_parallel/sequence_parallel.h.
+// Lesson 10, part 5: sequence parallelism. Implements
+// lessons/10_context_parallel/sequence_parallel.h.
 //
 // Fill in the TODO(L10) regions below; `make test-lesson10` checks each operator against the
 // gathered computation on 2 and 4 thread-ranks (L10SeqPar.*), then tp x cp training runs

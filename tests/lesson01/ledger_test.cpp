@@ -63,7 +63,8 @@ TEST(L01Params, Gpt3PaperSize) {
 
 TEST(L01Params, GroupedQueryAttention) {
   // With GQA the K and V projections are h x (kv * head_dim). Llama 2 70B has 8 kv heads for
-  // its 64 query heads (head size 128): per layer it saves 2 * h * (h - 8 * 128) weights against full MHA.
+  // its 64 query heads (head size 128): per layer it saves 2 * h * (h - 8 * 128) weights against
+  // full MHA.
   ModelConfig gqa = preset("llama2-70b");
   ModelConfig mha = gqa;
   mha.kv_heads = mha.heads;

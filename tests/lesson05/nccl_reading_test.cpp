@@ -243,7 +243,7 @@ TEST(L05Reading, ExplainRejectsWhatCannotBe) {
   EXPECT_THROW(explain_link(link("COLLNET", true), env_of({})), std::invalid_argument);
 }
 
-// --- NCCL_SOCKET_IFNAME ---------------------------------------------------------------------------
+// --- NCCL_SOCKET_IFNAME ------------------------------------------------------------------------
 
 TEST(L05Reading, PickInterfacesUnsetPrefersIbThenSkipsDockerLoVirbr) {
   EXPECT_EQ(nccl_pick_interfaces(std::nullopt, {"lo", "eth0", "docker0", "ib0", "ib1"}),

@@ -116,7 +116,8 @@ TEST(L08Training, PaddedVocabularyMatchesBaseline) {
 // rho = |w - r| / |r - w0| on the fp32 (master) weights. Tensor parallelism rounds where the
 // baseline does not (each rank's partial sum of a row-parallel matmul is rounded to bf16 before
 // the allreduce adds them), so it is another bf16 rounding of the same training: the bound is
-// lesson 02's for PyTorch's autocast, another bf16 scheme (1.5 x the floor); measured 0.9 x. Each rank compares its own shards
+// lesson 02's for PyTorch's autocast, another bf16 scheme (1.5 x the floor); measured 0.9 x. Each
+// rank compares its own shards
 // with the same shards cut from the baselines' full weights (TpGpt's constructor), so no gather
 // is needed; c_attn's bias is left out (its key third has a zero gradient in exact arithmetic,
 // rounding noise in any precision).

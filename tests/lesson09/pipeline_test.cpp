@@ -444,7 +444,8 @@ TEST(L09NcclSafe, EveryTransferIsAGroupAndNothingDeadlocksUnderNcclRules) {
 // last, 1F1B's warm-up) is waited for at the end of the step, not at once: the stage computes
 // its next micro-batch while the message travels. Seen by a RecordingComm: between such a
 // send's group and the first wait() on its Work, the stage issues the next op's send (which it
-// does only after computing that op; a receive it may post before). A send waited for at once gives the same values
+// does only after computing that op; a receive it may post before). A send waited for at once gives
+// the same values
 // and never deadlocks on gloo, so nothing else sees it.
 TEST(L09Overlap, ALoneSendStaysInFlightWhileTheNextMicroBatchComputes) {
   constexpr int kStagesHere = 4;

@@ -5,7 +5,8 @@
 //
 //   test::RhoSums sums;                      // on each rank, over its own pieces of the model
 //   sums.add(w[i], bf16_piece, fp32_piece, w0_piece);
-//   test::expect_bf16_policy(total, floor, test::kOtherRounding, losses, bf16.losses, "the TP run");
+//   test::expect_bf16_policy(total, floor, test::kOtherRounding, losses, bf16.losses, "the TP
+//   run");
 #pragma once
 
 #include <gtest/gtest.h>

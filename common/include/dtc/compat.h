@@ -144,7 +144,8 @@ inline c10::intrusive_ptr<Comm> new_nccl_comm(const c10::intrusive_ptr<c10d::Sto
 // ---------------------------------------------------------------------------------------------
 
 /// Whether a batch of operations on @p comm can be bracketed by comm.startCoalescing() (the same
-/// call on both generations) and end_coalescing(). 2.x asks the backend (gloo's would throw; NCCL runs the group as one
+/// call on both generations) and end_coalescing(). 2.x asks the backend (gloo's would throw; NCCL
+/// runs the group as one
 /// launch, ncclGroupStart/End); on 1.13 always, as the base class's pair does nothing.
 inline bool coalesces(Comm& comm) {
 #if TORCH_VERSION_MAJOR >= 2

@@ -38,7 +38,8 @@
 // clock by two anchors, at the start and when the trace is written: "device_clock" in
 // otherData) and the memory counter is the caching allocator's. That counter is read on the
 // host, which runs ahead of the GPU, but drawn at the span's device end time: on a GPU it may
-// lead the compute it is drawn against by as much as the host is ahead (often milliseconds). A comm span starts at an event recorded on the current stream when the call is
+// lead the compute it is drawn against by as much as the host is ahead (often milliseconds). A comm
+// span starts at an event recorded on the current stream when the call is
 // made (NCCL's stream waits for it: the collective starts no earlier) and ends when a watcher
 // thread sees the Work complete (isCompleted, which on NCCL queries the operation's end event;
 // wait() returns at once on NCCL, so it does not end the span). The ops of a group
@@ -234,7 +235,8 @@ Tracer* saved_tracer(torch::autograd::AutogradContext* ctx);
 /// pairs sends with receives across groups. Empty: the world, whose ranks are global. "bytes"
 /// is this rank's input (a receive's: the bytes received); "wire_bytes" what it sends in NCCL's
 /// ring algorithms (nccl-tests' bus factors: an allreduce 2(n-1)/n of it, an all-gather n - 1
-/// inputs, a receive nothing), the figure to set against a link's bandwidth. The operations of a group (start/endCoalescing) whose
+/// inputs, a receive nothing), the figure to set against a link's bandwidth. The operations of a
+/// group (start/endCoalescing) whose
 /// calls return no Work (NCCL on 2.x) are one span "group" from startCoalescing to the group's
 /// completion, with "ops" (each op, bytes, peer, tag) and their bytes in its args. One thread
 /// issues a group at a time, as c10d requires.
