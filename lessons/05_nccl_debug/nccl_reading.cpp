@@ -56,9 +56,9 @@ std::optional<LinkReading> read_link(const NcclLogSummary& log, int from, int to
            "the first connection line from -> to (either end's), its family, GPUDirect "
            "RDMA on any of its lines, and same_node from both ranks' hosts; nullopt when there "
            "is none, "
-           "and "
-           "std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; README "
-           "section 9)");
+           "and std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; "
+           "README section "
+           "9)");
 }
 
 LinkDiagnosis explain_link(const LinkReading& link, const EnvLookup& env) {
@@ -90,4 +90,4 @@ std::optional<LinkDiagnosis> check_socket_ifname(const EnvLookup& env,
 }
 
 }  // namespace dtc::l05
-// generated from solutions/05_nccl_debug/nccl_reading.cpp; checksum 3563366a85bf2202
+// generated from solutions/05_nccl_debug/nccl_reading.cpp; checksum fcfc17cf5001f447

@@ -1,5 +1,5 @@
 # Lesson 07: ZeRO stages 1-3 (and stage 0, DDP). Links dtc::dist (LibTorch's c10d, gloo).
-dtc_add_lesson(07 DIR 07_zero SOURCES zero.cpp DRIVER program.cpp
+dtc_add_lesson(07 DIR 07_zero SOURCES zero.cpp DRIVER zero_given.cpp program.cpp
                TESTS tests/lesson07/zero_test.cpp tests/lesson07/engine_test.cpp
                      tests/lesson07/program_test.cpp tests/lesson07/timeline_test.cpp
                LIBS dtc::dist TORCH)

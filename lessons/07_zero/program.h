@@ -44,8 +44,7 @@ double predict_stage_comm(int64_t psi, int stage, int world, bool reshard_after_
 /// the scheme of lesson 02's part 5: a bf16 model, AdamW over fp32 master weights from the bf16
 /// gradients cast to fp32, the model the master weights rounded after each step
 /// (dtc::MasterAdamW, clipping the fp32 gradients); Baseline::model then holds the master weights
-/// (fp32), the
-/// weights the engine's full_parameters() returns.
+/// (fp32), the weights the engine's full_parameters() returns.
 struct Baseline {
   Gpt model;
   std::vector<float> losses;

@@ -140,8 +140,8 @@ struct AdamWOptions {
 /// @p exp_avg_sq (same shape), at step @p step (1 on the first update), exactly as
 /// torch::optim::AdamW does it:
 ///   param *= 1 - lr * weight_decay
-///   exp_avg = beta1 exp_avg + (1 - beta1) grad;  exp_avg_sq = beta2 exp_avg_sq + (1 - beta2)
-///   grad^2
+///   exp_avg = beta1 exp_avg + (1 - beta1) grad
+///   exp_avg_sq = beta2 exp_avg_sq + (1 - beta2) grad^2
 ///   denom = sqrt(exp_avg_sq) / sqrt(1 - beta2^step) + eps
 ///   param -= lr / (1 - beta1^step) * exp_avg / denom
 /// Every line is elementwise: updating a shard equals updating the full tensor, shard by shard.

@@ -53,8 +53,8 @@ namespace {
 std::optional<LinkReading> read_link(const NcclLogSummary& log, int from, int to) {
   // BEGIN SOLUTION: the first connection line from -> to (either end's), its family, GPUDirect
   //   RDMA on any of its lines, and same_node from both ranks' hosts; nullopt when there is none,
-  //   and
-  //   std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; README section 9)
+  //   and std::invalid_argument when a rank's host is unknown (L05Reading.ReadLink*; README section
+  //   9)
   const auto it = std::find_if(log.links.begin(), log.links.end(),
                                [&](const NcclLink& l) { return l.from == from && l.to == to; });
   if (it == log.links.end()) return std::nullopt;

@@ -1,6 +1,5 @@
 // Lesson 02 tests of your code, parts 4 and 5 (mixed.cpp): the checkpoint's gradients and memory,
-// the
-// loss scaler against torch.amp.GradScaler, the master-weight step against AdamW in fp32, the
+// the loss scaler against torch.amp.GradScaler, the master-weight step against AdamW in fp32, the
 // bytes of every precision and recompute mode against lesson 01's ledger (counting allocator),
 // and bf16/fp16 training against PyTorch (tests/reference/lesson02_mixed.py).
 #include <gtest/gtest.h>

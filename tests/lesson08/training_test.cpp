@@ -1,8 +1,8 @@
 // Lesson 08 tests, part 3: whole training runs. tp = 2 and tp = 4, and dp = 2 x tp = 2 on 4
 // thread-ranks, against (a) the single-process baseline, trained right here with plain LibTorch
 // (the course's GPT, AdamW, the same weights and batches), and (b) PyTorch's own run of the same
-// model, tests/reference/lesson02_reference.json (tests/reference/lesson02_reference.py).
-// Several fp32 steps with reordered sums: kFp32Steps against the baseline, kFp32VsPyTorch
+// model, tests/reference/lesson02_reference.json (tests/reference/lesson02_reference.py). Several
+// fp32 steps with reordered sums: kFp32Steps against the baseline, kFp32VsPyTorch
 // against PyTorch.
 #include <gtest/gtest.h>
 

@@ -50,8 +50,8 @@ PipelineOptions small_run(ScheduleKind schedule, int64_t micro_batches) {
 }
 
 // The single-process baseline: whole batch, one model, one AdamW (lesson 02's hyperparameters;
-// tests/support/plain_baseline.h).
-// The pipeline, driven by the test: each rank cuts its stage out of its own full model
+// tests/support/plain_baseline.h). The pipeline, driven by the test: each rank cuts its stage out
+// of its own full model
 // (make_stage), runs the schedule (run_schedule) and steps an AdamW over the stage's
 // parameters, as the program does. Each rank then hands back its stage's final parameters by
 // their name in the full model, so that the test compares parameters, not only losses: AdamW's
@@ -445,8 +445,7 @@ TEST(L09NcclSafe, EveryTransferIsAGroupAndNothingDeadlocksUnderNcclRules) {
 // its next micro-batch while the message travels. Seen by a RecordingComm: between such a
 // send's group and the first wait() on its Work, the stage issues the next op's send (which it
 // does only after computing that op; a receive it may post before). A send waited for at once gives
-// the same values
-// and never deadlocks on gloo, so nothing else sees it.
+// the same values and never deadlocks on gloo, so nothing else sees it.
 TEST(L09Overlap, ALoneSendStaysInFlightWhileTheNextMicroBatchComputes) {
   constexpr int kStagesHere = 4;
   for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1f1b}) {

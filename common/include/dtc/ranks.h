@@ -30,9 +30,8 @@ struct RankContext {
 ///   "rank 1 of 2 failed: Timed out waiting 1000ms for recv operation"; LibTorch's errors
 ///   without their backtrace).
 /// If a rank has not returned 2 x timeout + min(5 x timeout, 10 s) after another rank returned (or,
-/// while none
-/// has, 10 x timeout + 60 s after the start: a busy machine is not a hang), prints which ranks
-/// are stuck and exits the process with code 124, so that the test fails instead of hanging.
+/// while none has, 10 x timeout + 60 s after the start: a busy machine is not a hang), prints which
+/// ranks are stuck and exits the process with code 124, so that the test fails instead of hanging.
 void run_ranks(int world, const std::function<void(RankContext&)>& body,
                std::chrono::milliseconds timeout = std::chrono::seconds(10));
 

@@ -38,9 +38,9 @@
 // clock by two anchors, at the start and when the trace is written: "device_clock" in
 // otherData) and the memory counter is the caching allocator's. That counter is read on the
 // host, which runs ahead of the GPU, but drawn at the span's device end time: on a GPU it may
-// lead the compute it is drawn against by as much as the host is ahead (often milliseconds). A comm
-// span starts at an event recorded on the current stream when the call is
-// made (NCCL's stream waits for it: the collective starts no earlier) and ends when a watcher
+// lead the compute it is drawn against by as much as the host is ahead (often milliseconds). A
+// comm span starts at an event recorded on the current stream when the call is made (NCCL's
+// stream waits for it: the collective starts no earlier) and ends when a watcher
 // thread sees the Work complete (isCompleted, which on NCCL queries the operation's end event;
 // wait() returns at once on NCCL, so it does not end the span). The ops of a group
 // (startCoalescing .. endCoalescing, dtc::batch_isend_irecv), which on NCCL have no Work of their
@@ -236,10 +236,9 @@ Tracer* saved_tracer(torch::autograd::AutogradContext* ctx);
 /// is this rank's input (a receive's: the bytes received); "wire_bytes" what it sends in NCCL's
 /// ring algorithms (nccl-tests' bus factors: an allreduce 2(n-1)/n of it, an all-gather n - 1
 /// inputs, a receive nothing), the figure to set against a link's bandwidth. The operations of a
-/// group (start/endCoalescing) whose
-/// calls return no Work (NCCL on 2.x) are one span "group" from startCoalescing to the group's
-/// completion, with "ops" (each op, bytes, peer, tag) and their bytes in its args. One thread
-/// issues a group at a time, as c10d requires.
+/// group (start/endCoalescing) whose calls return no Work (NCCL on 2.x) are one span "group" from
+/// startCoalescing to the group's completion, with "ops" (each op, bytes, peer, tag) and their
+/// bytes in its args. One thread issues a group at a time, as c10d requires.
 class TracingComm : public ForwardingComm {
  public:
   TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer> tracer, std::string group,
