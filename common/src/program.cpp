@@ -325,6 +325,17 @@ nlohmann::json config_json(const GptConfig& model, int64_t batch, uint64_t seed,
           {"batch", batch},         {"seed", seed},           {"lr", lr}};
 }
 
+void add_job_json(nlohmann::json& j, const Job& job, const RunConfig& run, Recompute recompute,
+                  const nlohmann::json& param_digest) {
+  j["world"] = job.world();
+  j["launcher"] = launcher_name(job.env.launcher);
+  j["backend"] = job.backend == BackendKind::kNccl ? "nccl" : "gloo";
+  j["precision"] = precision_name(run.precision);
+  j["recompute"] = recompute_name(recompute);
+  j["config"] = config_json(run.model, run.batch, run.seed, run.lr);
+  j["param_digest"] = param_digest;
+}
+
 nlohmann::json run_json(const StepLog& log, int64_t steps, const torch::Device& device) {
   return run_json(log.losses(), log.tokens_per_s(), steps, device);
 }

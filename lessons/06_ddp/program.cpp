@@ -440,12 +440,13 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
   const bool same_order = epochs && epochs->same_order_in_first_two();
   if (t.train.json) {
     nlohmann::json j = run_json(log, steps, job.device);
-    j["param_digest"] = param_digest(*trainer.model());  // rank 0's replica, after the last step
+    RunConfig run = c;
+    run.precision = Precision::kFp32;  // this lesson trains in fp32
+    add_job_json(j, job, run, Recompute::kNone,
+                 param_digest(*trainer.model()));  // rank 0's replica, after the last step
     j["step_time_s"] = log.median_step_s(/*warmup=*/2);
     j["first_step"] = first;
     j["world_size"] = job.world();
-    j["launcher"] = launcher_name(job.env.launcher);
-    j["backend"] = t.train.backend;
     j["sync"] = sync_name(c.sync);
     j["bucket_kb"] = o.bucket_kb;
     j["buckets"] = buckets;
@@ -454,8 +455,6 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
     j["launched_in_backward"] = in_backward;
     j["accum"] = c.accum;
     j["reduce_dtype"] = o.reduce_dtype;
-    j["precision"] = precision_name(Precision::kFp32);
-    j["recompute"] = recompute_name(Recompute::kNone);
     // every allreduce of a step on this rank, in bytes: the gradients (the buckets, in
     // --reduce-dtype), the 4-byte loss and, with --join, the 4-byte announcement; the
     // parameters' broadcast is not an allreduce
@@ -465,7 +464,6 @@ int report(std::ostream& out, const Job& job, const TrainOptions& t, const Train
     j["replica_divergence"] = divergence;
     j["pitfall"] = o.pitfall;
     if (epochs) j["same_order_in_epochs_0_and_1"] = same_order;
-    j["config"] = config_json(c.model, c.batch, c.seed, c.lr);
     print_json_line(out, j);
     return kExitOk;
   }

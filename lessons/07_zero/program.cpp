@@ -511,12 +511,10 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
   if (t.train.json) {
     nlohmann::json j =
         run_json(runs.back().losses, runs.back().tokens_per_s, t.train.steps, job.device);
-    j["param_digest"] = runs.back().param_digest;
-    j["config"] = config_json(t.model_config(), t.train.global_batch, t.train.seed, t.lr);
-    j["world"] = world;
-    j["precision"] = precision_name(t.precision);
+    add_job_json(j, job, t.run_config(),
+                 runs.back().recompute ? Recompute::kFull : Recompute::kNone,
+                 runs.back().param_digest);
     j["reduce_dtype"] = precision_name(reduce_precision(t, o));
-    j["recompute"] = recompute_name(runs.back().recompute ? Recompute::kFull : Recompute::kNone);
     j["stages"] = nlohmann::json::array();
     j["hsdp"] = o.hsdp;
     for (const auto& r : runs) j["stages"].push_back(stage_json(r));

@@ -264,13 +264,9 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     const CommVolume v = tp_comm_volume(c.batch / dp, c.model.ctx, c.model.hidden, tp,
                                         c.precision == Precision::kFp32 ? 4 : 2);
     nlohmann::json j = run_json(log, t.train.steps, job.device);
-    j["param_digest"] = digest;
-    j["world"] = mesh.world();
+    add_job_json(j, job, c, Recompute::kNone, digest);
     j["dp"] = dp;
     j["tp"] = tp;
-    j["config"] = config_json(c.model, c.batch, c.seed, c.lr);
-    j["precision"] = precision_name(c.precision);
-    j["recompute"] = recompute_name(Recompute::kNone);
     j["comm_per_layer"] = {{"allreduces", v.allreduces},
                            {"bytes_each", v.bytes_each},
                            {"bytes_per_layer", v.bytes_per_layer},

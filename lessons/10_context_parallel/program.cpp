@@ -467,9 +467,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
         attention_volume(c.attention, c.run.batch / mesh.size("dp_replicate"), c.run.model.ctx,
                          c.run.model.hidden, mesh.size("cp"));
     nlohmann::json j = run_json(log, t.train.steps, job.device);
-    j["param_digest"] = digest;
-    j["world"] = mesh.world();
-    j["launcher"] = launcher_name(job.env.launcher);
+    add_job_json(j, job, c.run, Recompute::kNone, digest);
     j["dp"] = mesh.size("dp_replicate");
     j["cp"] = mesh.size("cp");
     j["tp"] = mesh.size("tp");
@@ -477,9 +475,6 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     j["attention"] = attention_name(c.attention);
     j["zigzag"] = c.zigzag;
     j["overlap"] = !o.no_overlap;
-    j["config"] = config_json(c.run.model, c.run.batch, c.run.seed, c.run.lr);
-    j["precision"] = precision_name(c.run.precision);
-    j["recompute"] = recompute_name(Recompute::kNone);
     j["comm_per_layer"] = {{"forward_elements", v.forward},
                            {"backward_elements", v.backward},
                            {"backward_fp32_elements", v.backward_fp32},

@@ -249,6 +249,13 @@ void print_banner(std::ostream& out, const std::string& title, const Job& job,
 /// The model and run settings under "config" in every program's --json line.
 nlohmann::json config_json(const GptConfig& model, int64_t batch, uint64_t seed, double lr);
 
+/// The --json keys every distributed training program shares about its job and run, in one
+/// place: "world" (the ranks), "launcher", "backend" ("gloo" or "nccl"), "precision",
+/// "recompute", "config" (config_json of @p run) and "param_digest". Sets them in @p j; the
+/// program adds its own keys.
+void add_job_json(nlohmann::json& j, const Job& job, const RunConfig& run, Recompute recompute,
+                  const nlohmann::json& param_digest);
+
 /// The --json keys every training program shares: "losses", "tokens_per_s", "steps" and
 /// "device" (each program adds its own, then print_json_line()).
 nlohmann::json run_json(const StepLog& log, int64_t steps, const torch::Device& device);
