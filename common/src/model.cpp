@@ -174,12 +174,12 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return c_proj(torch::gelu(c_fc(x)));  // exact (erf) GELU
 }
 
-BlockImpl::BlockImpl(const GptConfig& c) {
+BlockImpl::BlockImpl(const GptConfig& c, bool sublayers) {
   const auto ln = torch::nn::LayerNormOptions({c.hidden}).eps(1e-5);
   ln_1 = register_module("ln_1", torch::nn::LayerNorm(ln));
-  attn = register_module("attn", CausalSelfAttention(c));
+  if (sublayers) attn = register_module("attn", CausalSelfAttention(c));
   ln_2 = register_module("ln_2", torch::nn::LayerNorm(ln));
-  mlp = register_module("mlp", Mlp(c));
+  if (sublayers) mlp = register_module("mlp", Mlp(c));
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
@@ -194,6 +194,8 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
 }
 
 torch::Tensor BlockImpl::forward_body(torch::Tensor x) {
+  TORCH_CHECK((attn || !attn_part_.is_empty()) && (mlp || !mlp_part_.is_empty()), "block ", index,
+              " was built without sublayers and has not had both swapped in");
   x = x + (attn ? attn(ln_1(x)) : attn_part_.forward(ln_1(x)));
   return x + (mlp ? mlp(ln_2(x)) : mlp_part_.forward(ln_2(x)));
 }

@@ -294,32 +294,27 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local_in,
 // The tensor-parallel GPT
 // ---------------------------------------------------------------------------------------------
 
-TpBlockImpl::TpBlockImpl(const Block& full, int64_t heads, Comm& tp) {
-  const auto ln = torch::nn::LayerNormOptions({full->ln_1->weight.size(0)}).eps(1e-5);
-  ln_1 = register_module("ln_1", torch::nn::LayerNorm(ln));
-  ln_2 = register_module("ln_2", torch::nn::LayerNorm(ln));
-  torch::NoGradGuard no_grad;
-  ln_1->weight.copy_(full->ln_1->weight);
-  ln_1->bias.copy_(full->ln_1->bias);
-  ln_2->weight.copy_(full->ln_2->weight);
-  ln_2->bias.copy_(full->ln_2->bias);
-  attn = register_module("attn", TpAttention(full->attn, heads, tp));
-  mlp = register_module("mlp", TpMlp(full->mlp, tp));
-}
-
-torch::Tensor TpBlockImpl::forward(torch::Tensor x) {
-  x = x + attn(ln_1(x));  // LayerNorm and the residual add run replicated on every TP rank
-  return x + mlp(ln_2(x));
-}
-
 TpGptImpl::TpGptImpl(const Gpt& full, Comm& comm) : tp(&comm), config_(full->config()) {
   validate_tp(config_, comm.getSize());
   wte = register_module("wte", VocabParallelEmbedding(full->wte, comm));
   wpe = register_module("wpe", torch::nn::Embedding(config_.ctx, config_.hidden));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.layers; ++i) {
-    const Block block(std::dynamic_pointer_cast<BlockImpl>(full->h->ptr(i)));
-    h->push_back(TpBlock(block, config_.heads, comm));
+    // The course's block, its LayerNorms copied (replicated on every TP rank), its attention
+    // and MLP swapped for this rank's slices of the full block's.
+    const Block whole(std::dynamic_pointer_cast<BlockImpl>(full->h->ptr(i)));
+    Block block(config_, /*sublayers=*/false);
+    block->index = i;
+    {
+      torch::NoGradGuard no_grad;
+      block->ln_1->weight.copy_(whole->ln_1->weight);
+      block->ln_1->bias.copy_(whole->ln_1->bias);
+      block->ln_2->weight.copy_(whole->ln_2->weight);
+      block->ln_2->bias.copy_(whole->ln_2->bias);
+    }
+    block->swap_attention(TpAttention(whole->attn, config_.heads, comm));
+    block->swap_mlp(TpMlp(whole->mlp, comm));
+    h->push_back(block);
   }
   ln_f =
       register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config_.hidden})));
@@ -335,10 +330,10 @@ TpGptImpl::TpGptImpl(const Gpt& full, Comm& comm) : tp(&comm), config_(full->con
 }
 
 void TpGptImpl::set_overlap_dgrad(bool on) {
-  for (const auto& block : *h) {
-    auto b = block->as<TpBlock>();
-    b->attn->c_attn->overlap_dgrad = on;
-    b->mlp->c_fc->overlap_dgrad = on;
+  for (const auto& module : *h) {
+    auto* block = module->as<BlockImpl>();
+    block->part<TpAttentionImpl>("attn").c_attn->overlap_dgrad = on;
+    block->part<TpMlpImpl>("mlp").c_fc->overlap_dgrad = on;
   }
 }
 
@@ -346,13 +341,9 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   auto pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
   auto x = wte(tokens) + wpe(pos);  // (B, T, h), replicated
-  for (size_t i = 0; i < h->size(); ++i) {
-    const auto index = static_cast<int64_t>(i);
-    TraceSpan span("fwd block", index);  // with --trace (dtc/trace.h)
-    const torch::Tensor input = x;
-    x = h[i]->as<TpBlock>()->forward(x);
-    trace_backward(input, x, "bwd block", index);
-  }
+  // dtc::Block::forward: its spans on a --trace timeline, LayerNorms and residual adds
+  // replicated on every TP rank, the swapped attention and MLP split
+  for (const auto& block : *h) x = block->as<Block>()->forward(x);
   x = ln_f(x);
   // TODO(L08)
   DTC_TODO("L08",
@@ -370,4 +361,4 @@ torch::Tensor TpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l08
-// generated from solutions/08_tensor_parallel/tensor_parallel.cpp; checksum 23b56fce147e25fd
+// generated from solutions/08_tensor_parallel/tensor_parallel.cpp; checksum 34543c9186a96a35

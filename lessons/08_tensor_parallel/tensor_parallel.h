@@ -243,23 +243,11 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local,
 // The tensor-parallel GPT (given, except its output head)
 // ---------------------------------------------------------------------------------------------
 
-/// One pre-LayerNorm block: LayerNorms replicated, attention and MLP split. Given.
-class TpBlockImpl : public torch::nn::Module {
- public:
-  TpBlockImpl(const Block& full, int64_t heads, Comm& tp);
-  /// x (B, T, h) -> (B, T, h), replicated
-  torch::Tensor forward(torch::Tensor x);
-
-  torch::nn::LayerNorm ln_1{nullptr};
-  TpAttention attn{nullptr};
-  torch::nn::LayerNorm ln_2{nullptr};
-  TpMlp mlp{nullptr};
-};
-TORCH_MODULE(TpBlock);
-
 /// The course's GPT split over a TP group: token embedding and output head by vocabulary,
-/// blocks as above, position embedding and LayerNorms replicated (4 allreduces per block and
-/// step: f and g of attention and of the MLP, each once forward and once backward).
+/// position embedding and LayerNorms replicated, and each block the course's dtc::Block with its
+/// attention and MLP swapped for TpAttention and TpMlp (Block::swap_attention, swap_mlp: the
+/// parameter names stay h.{i}.attn.*, h.{i}.mlp.*). 4 allreduces per block and step: f and g of
+/// attention and of the MLP, each once forward and once backward.
 class TpGptImpl : public torch::nn::Module {
  public:
   /// @brief Rank tp.getRank()'s slice of @p full (given): build the full model, init_weights,

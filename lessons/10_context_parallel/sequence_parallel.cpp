@@ -160,17 +160,18 @@ torch::Tensor TpCpGptImpl::loss(const Batch& batch) {
   }
   x = x + model->wpe(pos);  // (B, Tc/tp or Tc, h)
   for (const auto& module : *model->h) {
-    auto block = module->as<l08::TpBlock>();
-    const auto& attn = block->attn;
-    const torch::Tensor qkv = enter(block->ln_1(x), attn->c_attn);  // (B, Tc, 3h/tp), every row
-    const int64_t C = qkv.size(2) / 3, H = attn->local_heads, D = C / H;
+    auto* block = module->as<BlockImpl>();
+    const auto& attn = block->part<l08::TpAttentionImpl>("attn");
+    const torch::Tensor qkv = enter(block->ln_1(x), attn.c_attn);  // (B, Tc, 3h/tp), every row
+    const int64_t C = qkv.size(2) / 3, H = attn.local_heads, D = C / H;
     auto parts = qkv.split(C, /*dim=*/2);
     auto q = parts[0].view({B, tc, H, D}).transpose(1, 2);  // (B, h/tp heads, Tc, D)
     auto k = parts[1].view({B, tc, H, D}).transpose(1, 2);
     auto v = parts[2].view({B, tc, H, D}).transpose(1, 2);
     auto y = context_attention(kind, q, k, v, *cp, zigzag);
-    x = x + leave(y.transpose(1, 2).contiguous().view({B, tc, C}), attn->c_proj);
-    x = x + leave(torch::gelu(enter(block->ln_2(x), block->mlp->c_fc)), block->mlp->c_proj);
+    x = x + leave(y.transpose(1, 2).contiguous().view({B, tc, C}), attn.c_proj);
+    const auto& mlp = block->part<l08::TpMlpImpl>("mlp");
+    x = x + leave(torch::gelu(enter(block->ln_2(x), mlp.c_fc)), mlp.c_proj);
   }
   x = model->ln_f(x);
   const torch::Tensor& w = m.tied ? wte->weight : model->lm_head;  // (Vp/tp, h)
@@ -206,4 +207,4 @@ void TpCpGptImpl::reduce_replicated_gradients() {
 }
 
 }  // namespace dtc::l10
-// generated from solutions/10_context_parallel/sequence_parallel.cpp; checksum 4cd67db9207606d8
+// generated from solutions/10_context_parallel/sequence_parallel.cpp; checksum 517558d3e811389a

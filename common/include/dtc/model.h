@@ -186,7 +186,10 @@ TORCH_MODULE(Mlp);
 /// parameter names (h.{i}.attn.*, h.{i}.mlp.*) and hence param_digest do not change.
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GptConfig& config);
+  /// The block with its LayerNorms and, when @p sublayers, the default attention and MLP;
+  /// without, the two are swapped in afterwards (in that order: their parameters then follow
+  /// ln_1 and ln_2), which spares building full-size ones only to replace them.
+  explicit BlockImpl(const GptConfig& config, bool sublayers = true);
   /// x (B, T, h) -> (B, T, h); inside `checkpoint` when that is set (full recomputation).
   torch::Tensor forward(torch::Tensor x);
   /// The block's computation itself, never checkpointed.
@@ -196,7 +199,7 @@ class BlockImpl : public torch::nn::Module {
   /// "attn". `attn`, the default's typed handle, becomes empty: use the new module's own.
   template <class ModuleType>
   void swap_attention(torch::nn::ModuleHolder<ModuleType> module) {
-    replace_module("attn", module);
+    put_part("attn", module);
     attn_part_ = torch::nn::AnyModule(module);
     attn = nullptr;
   }
@@ -204,9 +207,17 @@ class BlockImpl : public torch::nn::Module {
   /// becomes empty.
   template <class ModuleType>
   void swap_mlp(torch::nn::ModuleHolder<ModuleType> module) {
-    replace_module("mlp", module);
+    put_part("mlp", module);
     mlp_part_ = torch::nn::AnyModule(module);
     mlp = nullptr;
+  }
+  /// The swapped-in attention or MLP as @p ModuleType (TpAttentionImpl, say).
+  /// @throws c10::Error when that part is not a @p ModuleType
+  template <class ModuleType>
+  ModuleType& part(const std::string& name) const {
+    auto* m = named_children()[name]->as<ModuleType>();
+    TORCH_CHECK(m != nullptr, "block ", index, "'s ", name, " is not the module asked for");
+    return *m;
   }
 
   /// Set by GptImpl::set_recompute: when defined, forward() runs inside it (full).
@@ -220,6 +231,14 @@ class BlockImpl : public torch::nn::Module {
   Mlp mlp{nullptr};  ///< the default MLP; empty once swapped
 
  private:
+  template <class ModuleType>
+  void put_part(const std::string& name, torch::nn::ModuleHolder<ModuleType> module) {
+    if (named_children().contains(name)) {
+      replace_module(name, module);
+    } else {
+      register_module(name, module);
+    }
+  }
   torch::nn::AnyModule attn_part_;  ///< the swapped-in attention, if any
   torch::nn::AnyModule mlp_part_;   ///< the swapped-in MLP, if any
 };
