@@ -24,174 +24,13 @@ namespace F = torch::nn::functional;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// ---------------------------------------------------------------------------------------------
-// Given: splitting the sequence, and the attention of one block
-// ---------------------------------------------------------------------------------------------
-
-const char* attention_name(Attention kind) {
-  switch (kind) {
-    case Attention::kRing: return "ring";
-    case Attention::kUlysses: return "ulysses";
-    case Attention::kAllGather: return "allgather";
-  }
-  return "?";
-}
-
-void validate_cp(int64_t seq, int64_t heads, int cp, Attention kind, bool zigzag) {
-  if (cp < 1) {
-    throw UsageError("--cp", fmt::format("is {}, but must be at least 1", cp),
-                     "pass the number of ranks that split each sequence, e.g. --cp 2");
-  }
-  if (zigzag && kind == Attention::kUlysses) {
-    throw UsageError("--zigzag", "does not apply to --attention ulysses",
-                     "Ulysses attends over the whole gathered sequence on each rank, so its "
-                     "work is balanced already: drop --zigzag, or use --attention ring");
-  }
-  const int64_t parts = zigzag ? 2 * cp : cp;
-  if (seq % parts != 0) {
-    std::string fits;
-    for (int c = 1; c <= 64; ++c) {
-      if (seq % (zigzag ? 2 * c : c) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(c);
-    }
-    throw UsageError("--seq",
-                     fmt::format("{} tokens do not split into {} equal chunks ({}cp = {})", seq,
-                                 parts, zigzag ? "2 " : "", parts),
-                     fmt::format("choose --seq a multiple of {}, or a cp that fits {} tokens: {}",
-                                 parts, seq, fits));
-  }
-  if (kind == Attention::kUlysses && heads % cp != 0) {
-    std::string fits;
-    for (int c = 1; c <= heads; ++c) {
-      if (heads % c == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(c);
-    }
-    throw UsageError("--heads",
-                     fmt::format("{} heads do not split over cp {}: Ulysses gives each rank "
-                                 "whole heads",
-                                 heads, cp),
-                     fmt::format("use --cp {} with --heads {}, or --attention ring", fits, heads));
-  }
-}
-
-torch::Tensor local_positions(int64_t seq, int rank, int cp, bool zigzag) {
-  const auto options = torch::dtype(torch::kLong);
-  if (!zigzag) return torch::arange(rank * (seq / cp), (rank + 1) * (seq / cp), options);
-  const int64_t chunk = seq / (2 * cp);
-  return torch::cat({torch::arange(rank * chunk, (rank + 1) * chunk, options),
-                     torch::arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk, options)});
-}
-
-torch::Tensor shard_sequence(const torch::Tensor& x, int rank, int cp, bool zigzag, int64_t dim) {
-  const auto pos = local_positions(x.size(dim), rank, cp, zigzag).to(x.device());
-  return x.index_select(dim, pos).contiguous();
-}
-
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-thread_local BlockObserver observer;
-
-void observe(const torch::Tensor& q, const torch::Tensor& k, bool backward) {
-  if (observer) observer(q.size(2), k.size(2), backward);
-}
-
-// (Tq, Tk) bool: true where key j lies in query i's future.
-torch::Tensor future(const torch::Tensor& q_pos, const torch::Tensor& k_pos,
-                     const torch::Device& device) {
-  return k_pos.to(device).unsqueeze(0) > q_pos.to(device).unsqueeze(1);
-}
-
-// The scores of one block, fp32, the future masked to -inf.
-torch::Tensor block_scores(const torch::Tensor& q, const torch::Tensor& k,
-                           const torch::Tensor& q_pos, const torch::Tensor& k_pos, bool causal) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  torch::Tensor s = q.to(torch::kFloat).matmul(k.to(torch::kFloat).transpose(-2, -1)) * scale;
-  if (causal) s = s.masked_fill(future(q_pos, k_pos, q.device()), -kInf);
-  return s;
-}
-
 Comm& comm_of(const AutogradContext* ctx) { return comm_from(ctx->saved_data.at("comm").toInt()); }
 
 }  // namespace
-
-torch::Tensor masked_attention(const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, const torch::Tensor& q_pos,
-                               const torch::Tensor& k_pos, bool causal) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  torch::Tensor att = q.matmul(k.transpose(-2, -1)) * scale;
-  if (causal) att = att.masked_fill(future(q_pos, k_pos, q.device()), -kInf);
-  return att.softmax(-1).matmul(v);
-}
-
-BlockOut block_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                         const torch::Tensor& q_pos, const torch::Tensor& k_pos, bool causal) {
-  observe(q, k, /*backward=*/false);
-  TraceSpan span("attn");  // with --trace: one span per block on the timeline
-  torch::NoGradGuard no_grad;
-  const torch::Tensor s = block_scores(q, k, q_pos, k_pos, causal);  // (B, H, Tq, Tk)
-  torch::Tensor m = std::get<0>(s.max(-1, /*keepdim=*/true));        // -inf: a row sees nothing
-  m = torch::where(torch::isinf(m), torch::zeros_like(m), m);
-  const torch::Tensor p = (s - m).exp();  // the future: exp(-inf) = 0
-  const torch::Tensor l = p.sum(-1, /*keepdim=*/true);
-  BlockOut b;
-  b.out = p.matmul(v.to(torch::kFloat)) / torch::where(l > 0, l, torch::ones_like(l));
-  b.lse = (l.log() + m).squeeze(-1);  // log 0 = -inf where the row saw no key
-  return b;
-}
-
-BlockGrads block_attention_backward(const torch::Tensor& q, const torch::Tensor& k,
-                                    const torch::Tensor& v, const torch::Tensor& q_pos,
-                                    const torch::Tensor& k_pos, bool causal,
-                                    const torch::Tensor& out, const torch::Tensor& lse,
-                                    const torch::Tensor& dout) {
-  observe(q, k, /*backward=*/true);
-  TraceSpan span("attn bwd");
-  torch::NoGradGuard no_grad;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  const torch::Tensor s = block_scores(q, k, q_pos, k_pos, causal);
-  const torch::Tensor finite = torch::where(torch::isinf(lse), torch::zeros_like(lse), lse);
-  const torch::Tensor p = (s - finite.unsqueeze(-1)).exp();  // (B, H, Tq, Tk), in the whole softmax
-  const torch::Tensor dO = dout.to(torch::kFloat);
-  const torch::Tensor dp = dO.matmul(v.to(torch::kFloat).transpose(-2, -1));
-  const torch::Tensor delta = (dO * out.to(torch::kFloat)).sum(-1, /*keepdim=*/true);
-  const torch::Tensor ds = p * (dp - delta);
-  BlockGrads g;
-  g.dv = p.transpose(-2, -1).matmul(dO);
-  g.dq = ds.matmul(k.to(torch::kFloat)) * scale;
-  g.dk = ds.transpose(-2, -1).matmul(q.to(torch::kFloat)) * scale;
-  return g;
-}
-
-BlockObserver set_block_observer(BlockObserver o) {
-  BlockObserver previous = std::move(observer);
-  observer = std::move(o);
-  return previous;
-}
-
-std::vector<torch::Tensor> Rotation::finish() {
-  for (auto& w : work) w->wait();
-  work.clear();
-  return received;
-}
-
-Rotation start_rotation(const std::vector<torch::Tensor>& tensors, Comm& cp, int tag) {
-  const int r = cp.getRank(), n = cp.getSize();
-  Rotation rotation;
-  if (n == 1) {  // a ring of one: what is sent comes straight back (gloo cannot send to itself)
-    for (const auto& t : tensors) rotation.received.push_back(t.clone());
-    return rotation;
-  }
-  std::vector<P2POp> ops;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const torch::Tensor t = tensors[i].contiguous();
-    rotation.received.push_back(torch::empty_like(t));
-    ops.push_back({P2POp::kSend, t, (r + 1) % n, tag + static_cast<int>(i)});
-    ops.push_back(
-        {P2POp::kRecv, rotation.received.back(), (r + n - 1) % n, tag + static_cast<int>(i)});
-  }
-  rotation.work = batch_isend_irecv(cp, ops);
-  return rotation;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Part 1: the online-softmax merge
@@ -456,4 +295,4 @@ torch::Tensor CpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l10
-// generated from solutions/10_context_parallel/context_parallel.cpp; checksum 2e810458ae0812b2
+// generated from solutions/10_context_parallel/context_parallel.cpp; checksum a8729ef4dc2cdaa1
