@@ -97,10 +97,14 @@ nlohmann::json tp_digest(const GptConfig& config, const TpCpGpt& model,
 
 }  // namespace
 
-std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& replicas, int64_t steps,
-                            const torch::Device& device,
-                            const std::function<void(int64_t, float)>& on_step,
-                            nlohmann::json* digest, std::vector<torch::Tensor>* weights, Comm* tp) {
+CpRunResult train_cp(const CpConfig& c, Comm& cp, Comm& replicas, Comm* tp,
+                     const CpRunOptions& options) {
+  const int64_t steps = options.steps;
+  const torch::Device& device = options.device;
+  const auto& on_step = options.on_step;
+  CpRunResult result;
+  nlohmann::json* digest = options.digest ? &result.digest : nullptr;
+  std::vector<torch::Tensor>* weights = options.weights ? &result.weights : nullptr;
   const int t = tp == nullptr ? 1 : tp->getSize();
   const int dp = replicas.getSize() / cp.getSize();
   check_config(c, dp, cp.getSize(), t);
@@ -173,7 +177,8 @@ std::vector<float> train_cp(const CpConfig& c, Comm& cp, Comm& replicas, int64_t
     }
     *digest = param_digest(names, pieces);
   }
-  return losses;
+  result.losses = std::move(losses);
+  return result;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -67,6 +67,26 @@ struct CpConfig {
 ///   --sequence-parallel)
 void check_config(const CpConfig& c, int dp, int cp, int tp);
 
+/// What train_cp is given besides its configuration and its groups.
+struct CpRunOptions {
+  int64_t steps = 1;                            ///< optimizer steps
+  torch::Device device = torch::kCPU;           ///< where the model and the batches live
+  std::function<void(int64_t, float)> on_step;  ///< after every step, with (step, loss)
+  bool digest = false;   ///< fill CpRunResult::digest (the fp32 weights AdamW steps)
+  bool weights = false;  ///< fill CpRunResult::weights
+};
+
+/// What a train_cp run gives back.
+struct CpRunResult {
+  std::vector<float> losses;  ///< the global batch's loss of every step, on every rank
+  /// the parameter digest after the last step (the fp32 weights AdamW steps: the master weights
+  /// in bf16), when CpRunOptions::digest
+  nlohmann::json digest;
+  /// this rank's fp32 weights, in its model's parameters() order (Gpt's with tp 1; the TP
+  /// shards, TpGpt's, with tp > 1), when CpRunOptions::weights
+  std::vector<torch::Tensor> weights;
+};
+
 /// @brief Trains @p config for @p steps: every rank builds the full GPT with init_weights, DP
 ///   replica d takes rows [d B/dp, (d+1) B/dp) of the global batch, CP rank c its tokens of
 ///   each row (shard_sequence); without @p tp (or tp 1) the model is CpGpt, with it TpCpGpt
@@ -76,20 +96,12 @@ void check_config(const CpConfig& c, int dp, int cp, int tp);
 ///   master weights in bf16). The update is the baseline's.
 /// @param cp this rank's CP group; @p replicas the cp x dp ranks with its tp rank (all ranks
 ///   with tp 1)
-/// @param on_step called after every step with (step, loss), if set
-/// @param digest when not null, receives the parameter digest after the last step (the fp32
-///   weights AdamW steps: the master weights in bf16)
-/// @param weights when not null, receives this rank's fp32 weights, in its model's parameters()
-///   order (Gpt's with tp 1; the TP shards, TpGpt's, with tp > 1)
 /// @param tp this rank's TP group, or null for tp 1
-/// @return the global batch's loss of every step, on every rank
+/// @param options steps, device, a callback per step, and what to give back besides the losses
 /// @throws UsageError when dp does not divide the batch, cp the context (validate_cp), tp the
 ///   model, for fp16, and for bf16 on LibTorch 1.13 (its gloo has no bf16 collectives)
-std::vector<float> train_cp(const CpConfig& config, Comm& cp, Comm& replicas, int64_t steps,
-                            const torch::Device& device = torch::kCPU,
-                            const std::function<void(int64_t, float)>& on_step = {},
-                            nlohmann::json* digest = nullptr,
-                            std::vector<torch::Tensor>* weights = nullptr, Comm* tp = nullptr);
+CpRunResult train_cp(const CpConfig& config, Comm& cp, Comm& replicas, Comm* tp,
+                     const CpRunOptions& options);
 
 // ---------------------------------------------------------------------------------------------
 // Activation memory (given)

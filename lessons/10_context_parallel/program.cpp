@@ -162,14 +162,15 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
 
   // 3. The loop (train_cp), one progress line per tenth of the run.
   StepLog log(err, talk, 0, t.train.steps, c.run.batch * c.run.model.ctx);
-  nlohmann::json digest;
-  train_cp(
-      c, *cp, *groups.replicas, t.train.steps, job.device,
-      [&](int64_t step, float loss) {
-        log.end_step(step, loss);
-        log.begin_step();
-      },
-      &digest, nullptr, tp);
+  CpRunOptions run;
+  run.steps = t.train.steps;
+  run.device = job.device;
+  run.on_step = [&](int64_t step, float loss) {
+    log.end_step(step, loss);
+    log.begin_step();
+  };
+  run.digest = true;
+  const nlohmann::json digest = train_cp(c, *cp, *groups.replicas, tp, run).digest;
 
   // The activations one forward keeps, on every rank (the counting allocator: CPU only), against
   // the closed form (predict_activation_bytes).

@@ -142,7 +142,12 @@ void expect_matches_baseline(const std::string& ref_name, const SpCase& k) {
       [&](RankContext& ctx) {
         const Groups g = make_groups(ctx.store, mesh, ctx.rank, BackendKind::kGloo, kTimeout);
         nlohmann::json d;
-        auto l = train_cp(c, *g.cp, *g.replicas, steps, torch::kCPU, {}, &d, nullptr, g.tp.get());
+        CpRunOptions run;
+        run.steps = steps;
+        run.digest = true;
+        CpRunResult r = train_cp(c, *g.cp, *g.replicas, g.tp.get(), run);
+        auto l = r.losses;
+        d = r.digest;
         std::lock_guard<std::mutex> lock(mu);
         if (ctx.rank == 0) {
           losses = l;
@@ -287,7 +292,7 @@ TEST(L10SeqParTrainingGiven, RefusesWhatDoesNotSplit) {
       2,
       [&](RankContext& ctx) {
         try {
-          train_cp(c, *ctx.comm, *ctx.comm, 1);  // no TP group
+          train_cp(c, *ctx.comm, *ctx.comm, /*tp=*/nullptr, CpRunOptions{});  // no TP group
           ADD_FAILURE() << "--sequence-parallel without --tp must be refused";
         } catch (const UsageError& e) {
           EXPECT_EQ(e.subject(), "--sequence-parallel") << e.what();

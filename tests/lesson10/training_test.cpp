@@ -74,7 +74,12 @@ void expect_matches_baseline(const std::string& ref_name, const Case& k, int64_t
             new_subgroup(ctx.store, mesh.group_name(ctx.rank, {"cp"}), mesh.group(ctx.rank, {"cp"}),
                          ctx.rank, BackendKind::kGloo, kTimeout);
         std::vector<torch::Tensor> w;
-        auto l = train_cp(c, *cp, *ctx.comm, steps, torch::kCPU, {}, nullptr, &w);
+        CpRunOptions run;
+        run.steps = steps;
+        run.weights = true;
+        CpRunResult r = train_cp(c, *cp, *ctx.comm, /*tp=*/nullptr, run);
+        auto l = r.losses;
+        w = std::move(r.weights);
         std::lock_guard<std::mutex> lock(mu);
         losses[static_cast<size_t>(ctx.rank)] = l;
         weights[static_cast<size_t>(ctx.rank)] = w;
@@ -188,7 +193,7 @@ TEST(L10TrainingGiven, RefusesWhatDoesNotSplit) {
       4,
       [&](RankContext& ctx) {
         try {
-          train_cp(c, *ctx.comm, *ctx.comm, 1);
+          train_cp(c, *ctx.comm, *ctx.comm, /*tp=*/nullptr, CpRunOptions{});
           ADD_FAILURE() << "30 tokens on cp 4 must be refused";
         } catch (const UsageError& e) {
           EXPECT_EQ(e.subject(), "--seq") << e.what();
