@@ -15,13 +15,7 @@ namespace dtc {
 namespace {
 
 GptConfig small() {
-  GptConfig c;
-  c.vocab = 32;
-  c.ctx = 8;
-  c.hidden = 16;
-  c.heads = 2;
-  c.layers = 3;
-  return c;
+  return GptConfig{/*vocab=*/32, /*ctx=*/8, /*hidden=*/16, /*layers=*/3, /*heads=*/2};
 }
 
 std::vector<std::string> names(const torch::nn::Module& m) {

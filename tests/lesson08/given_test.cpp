@@ -77,12 +77,15 @@ TEST(L08CheckGiven, ShardTakesEqualSlices) {
 // TP groups [0,1] [2,3], DP groups [0,2] [1,3].
 TEST(L08GridGiven, MegatronOrderOnFourRanks) {
   const Mesh g = make_mesh(4, 2, 2);
-  EXPECT_EQ(g.group(0, {"tp"}), (std::vector<int>{0, 1}));
-  EXPECT_EQ(g.group(3, {"tp"}), (std::vector<int>{2, 3}));
-  EXPECT_EQ(g.group(0, {"dp_replicate"}), (std::vector<int>{0, 2}));
-  EXPECT_EQ(g.group(3, {"dp_replicate"}), (std::vector<int>{1, 3}));
-  EXPECT_EQ(g.coord(3, "tp"), 1);
-  EXPECT_EQ(g.coord(3, "dp_replicate"), 1);
+  const std::vector<std::vector<int>> tp = {{0, 1}, {0, 1}, {2, 3}, {2, 3}};
+  const std::vector<std::vector<int>> dp = {{0, 2}, {1, 3}, {0, 2}, {1, 3}};
+  for (int rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE(rank);
+    EXPECT_EQ(g.group(rank, {"tp"}), tp[static_cast<size_t>(rank)]);
+    EXPECT_EQ(g.group(rank, {"dp_replicate"}), dp[static_cast<size_t>(rank)]);
+    EXPECT_EQ(g.coord(rank, "tp"), rank % 2) << "rank = tp_rank + tp * dp_rank";
+    EXPECT_EQ(g.coord(rank, "dp_replicate"), rank / 2);
+  }
 }
 
 TEST(L08GridGiven, DefaultsAndErrors) {
