@@ -83,6 +83,10 @@ Mesh Mesh::build(int world, const std::vector<MeshDim>& dims) {
     if (d.degree > 0) last_given = &d;
   }
   if (!last_given) last_given = inferred;
+  if (!last_given && product != world) {
+    throw UsageError("world size", fmt::format("is {}, but no dimension was given", world),
+                     "give the mesh's degrees (--dp, --tp, ...) whose product is the world size");
+  }
   if (inferred) {
     const std::string flag = last_given->flag.empty() ? last_given->name : last_given->flag;
     if (world % product != 0) {
