@@ -15,6 +15,10 @@ bool is_loopback(const std::string& addr) {
 
 }  // namespace
 
+const char* backend_name(BackendKind backend) {
+  return backend == BackendKind::kNccl ? "nccl" : "gloo";
+}
+
 BackendKind parse_backend(const std::string& name) {
   if (name == "gloo") return BackendKind::kGloo;
   if (name == "nccl") {

@@ -221,11 +221,12 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   TORCH_CHECK(T <= config_.ctx, "sequence of ", T, " tokens is longer than the context ",
               config_.ctx);
-  torch::Tensor pos = positions_.defined() ? positions_.to(tokens.device()) : positions_;
-  if (pos.defined()) {
-    TORCH_CHECK(pos.dim() == 1 && pos.size(0) == T, "Gpt: ", T,
-                " tokens a sequence, but set_positions gave ", pos.sizes(),
+  torch::Tensor pos;
+  if (positions_.defined()) {
+    TORCH_CHECK(positions_.dim() == 1 && positions_.size(0) == T, "Gpt: ", T,
+                " tokens a sequence, but set_positions gave ", positions_.sizes(),
                 " positions (one per token)");
+    pos = positions_.to(tokens.device());
   } else {
     pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
   }

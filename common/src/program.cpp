@@ -303,18 +303,17 @@ void check_resume_step(int64_t first, int64_t steps) {
 void print_banner(std::ostream& out, const std::string& title, const Job& job,
                   const GptConfig& model, int64_t params,
                   const std::vector<std::pair<std::string, std::string>>& rows) {
-  fmt::print(out,
-             "{}\n"
-             "  job     {} rank(s) {}, {} on {}, LibTorch {}\n"
-             "  model   GPT, {} layers, hidden {}, {} heads, seq {}, vocab {}, {} head: {} "
-             "parameters\n",
-             title, job.world(),
-             job.env.launcher == Launcher::kNone
-                 ? std::string("(no launcher)")
-                 : fmt::format("via {}", launcher_name(job.env.launcher)),
-             job.backend == BackendKind::kNccl ? "nccl" : "gloo", job.device.str(), torch_version(),
-             model.layers, model.hidden, model.heads, model.ctx, model.vocab,
-             model.tied ? "tied" : "untied", with_commas(params));
+  fmt::print(
+      out,
+      "{}\n"
+      "  job     {} rank(s) {}, {} on {}, LibTorch {}\n"
+      "  model   GPT, {} layers, hidden {}, {} heads, seq {}, vocab {}, {} head: {} "
+      "parameters\n",
+      title, job.world(),
+      job.env.launcher == Launcher::kNone ? std::string("(no launcher)")
+                                          : fmt::format("via {}", launcher_name(job.env.launcher)),
+      backend_name(job.backend), job.device.str(), torch_version(), model.layers, model.hidden,
+      model.heads, model.ctx, model.vocab, model.tied ? "tied" : "untied", with_commas(params));
   for (const auto& [key, value] : rows) fmt::print(out, "  {:<7} {}\n", key, value);
   out.flush();
 }
@@ -329,7 +328,7 @@ void add_job_json(nlohmann::json& j, const Job& job, const RunConfig& run, Recom
                   const nlohmann::json& param_digest) {
   j["world"] = job.world();
   j["launcher"] = launcher_name(job.env.launcher);
-  j["backend"] = job.backend == BackendKind::kNccl ? "nccl" : "gloo";
+  j["backend"] = backend_name(job.backend);
   j["precision"] = precision_name(run.precision);
   j["recompute"] = recompute_name(recompute);
   j["config"] = config_json(run.model, run.batch, run.seed, run.lr);

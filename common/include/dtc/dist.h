@@ -19,6 +19,8 @@ enum class BackendKind { kGloo, kNccl };
 
 /// Parses "gloo" or "nccl". @throws UsageError otherwise (or for nccl without a CUDA build).
 BackendKind parse_backend(const std::string& name);
+/// "gloo" or "nccl": the --backend value of @p backend.
+const char* backend_name(BackendKind backend);
 
 /// Options for init_distributed().
 struct DistOptions {
