@@ -14,7 +14,7 @@ const std::vector<std::string>& Mesh::order() {
   return kOrder;
 }
 
-size_t Mesh::index(const std::string& dim) const {
+size_t Mesh::index(const std::string& dim) {
   const auto& o = order();
   const auto it = std::find(o.begin(), o.end(), dim);
   if (it == o.end()) {
@@ -22,6 +22,29 @@ size_t Mesh::index(const std::string& dim) const {
         fmt::format("'{}' is not a mesh dimension (the dimensions: {})", dim, fmt::join(o, ", ")));
   }
   return static_cast<size_t>(it - o.begin());
+}
+
+std::string Mesh::key(const std::vector<std::string>& dims) {
+  std::vector<bool> in(order().size(), false);
+  for (const std::string& d : dims) {
+    const size_t i = index(d);
+    if (in[i]) {
+      throw std::invalid_argument(fmt::format("'{}' is given twice in the set of dimensions {{{}}}",
+                                              d, fmt::join(dims, ", ")));
+    }
+    in[i] = true;
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < order().size(); ++i) {
+    if (in[i]) names.push_back(order()[i]);
+  }
+  return names.empty() ? "self" : fmt::format("{}", fmt::join(names, "+"));
+}
+
+void Mesh::check_rank(int rank) const {
+  if (rank < 0 || rank >= world_) {
+    throw std::out_of_range(fmt::format("rank {} is outside [0, {})", rank, world_));
+  }
 }
 
 Mesh Mesh::build(int world, const std::vector<MeshDim>& dims) {
@@ -67,20 +90,25 @@ Mesh Mesh::build(int world, const std::vector<MeshDim>& dims) {
     product *= d.degree;
   }
   // What was asked for, slowest first ("--dp 2 x --tp 2"), for the messages below.
+  // Degrees of 1 (a flag left at its default, say) are left out when any degree is above 1.
+  const bool any_above_1 =
+      std::any_of(dims.begin(), dims.end(), [](const MeshDim& d) { return d.degree > 1; });
+  const int least = any_above_1 ? 2 : 1;
   std::string asked;
   for (size_t i = 0; i < o.size(); ++i) {
     for (const MeshDim& d : dims) {
-      if (d.name != o[i] || d.degree == 0) continue;
+      if (d.name != o[i] || d.degree < least) continue;
       asked += fmt::format("{}{} {}", asked.empty() ? "" : " x ", d.flag.empty() ? d.name : d.flag,
                            d.degree);
     }
   }
   if (asked.empty()) asked = "a mesh of degree 1";
-  // The flag at fault when the degrees do not fit: the last one given a degree (the one the
-  // caller listed last, its fastest), else the inferred one.
+  // The flag at fault when the degrees do not fit: the last one (as the caller listed them)
+  // given a degree above 1, else the last one given a degree, else the inferred one. A flag left
+  // at its default of 1 is not blamed for another's degree.
   const MeshDim* last_given = nullptr;
   for (const MeshDim& d : dims) {
-    if (d.degree > 0) last_given = &d;
+    if (d.degree >= least) last_given = &d;
   }
   if (!last_given) last_given = inferred;
   if (!last_given && product != world) {
@@ -119,18 +147,21 @@ Mesh Mesh::build(int world, const std::vector<MeshDim>& dims) {
 int Mesh::size(const std::string& dim) const { return sizes_[index(dim)]; }
 
 int Mesh::size(const std::vector<std::string>& dims) const {
+  key(dims);  // unknown or repeated names throw
   int n = 1;
   for (const std::string& d : dims) n *= size(d);
   return n;
 }
 
 int Mesh::coord(int rank, const std::string& dim) const {
+  check_rank(rank);
   const size_t i = index(dim);
   return rank / strides_[i] % sizes_[i];
 }
 
 int Mesh::coord(int rank, const std::vector<std::string>& dims) const {
   // Flattened slowest first, in the mesh's order whatever the order of dims.
+  key(dims);  // unknown or repeated names throw
   int c = 0;
   for (const std::string& d : order()) {
     if (std::find(dims.begin(), dims.end(), d) == dims.end()) continue;
@@ -153,10 +184,8 @@ int Mesh::rank_of(const std::map<std::string, int>& coords) const {
 }
 
 std::vector<int> Mesh::group(int rank, const std::vector<std::string>& dims) const {
-  if (rank < 0 || rank >= world_) {
-    throw std::out_of_range(fmt::format("rank {} is outside [0, {})", rank, world_));
-  }
-  for (const std::string& d : dims) index(d);  // unknown names throw
+  check_rank(rank);
+  key(dims);  // unknown or repeated names throw
   // Start from rank with its coordinates along dims zeroed, then walk every combination.
   int base = rank;
   std::vector<size_t> free;
@@ -178,12 +207,7 @@ std::vector<int> Mesh::group(int rank, const std::vector<std::string>& dims) con
 }
 
 std::string Mesh::group_name(int rank, const std::vector<std::string>& dims) const {
-  std::vector<std::string> names;
-  for (const std::string& d : order()) {
-    if (std::find(dims.begin(), dims.end(), d) != dims.end()) names.push_back(d);
-  }
-  return fmt::format("{}/{}", names.empty() ? "self" : fmt::format("{}", fmt::join(names, "+")),
-                     fmt::join(group(rank, dims), "-"));
+  return fmt::format("{}/{}", key(dims), fmt::join(group(rank, dims), "-"));
 }
 
 std::string Mesh::describe() const {
@@ -195,25 +219,12 @@ std::string Mesh::describe() const {
   return fmt::format("{} ({} rank{})", fmt::join(parts, " x "), world_, world_ == 1 ? "" : "s");
 }
 
-namespace {
-
-// The set's key: its dimensions in the mesh's order, joined by '+' ("dp_shard+cp").
-std::string set_key(const std::vector<std::string>& dims) {
-  std::vector<std::string> names;
-  for (const std::string& d : Mesh::order()) {
-    if (std::find(dims.begin(), dims.end(), d) != dims.end()) names.push_back(d);
-  }
-  return names.empty() ? "self" : fmt::format("{}", fmt::join(names, "+"));
-}
-
-}  // namespace
-
 MeshGroups::MeshGroups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
                        const std::vector<std::vector<std::string>>& sets, BackendKind backend,
                        std::chrono::milliseconds timeout, const std::string& master_addr)
     : mesh_(mesh), rank_(rank) {
   for (const auto& dims : sets) {
-    const std::string key = set_key(dims);
+    const std::string key = Mesh::key(dims);
     if (comms_.count(key)) continue;  // asked twice: built once
     comms_[key] = new_subgroup(store, mesh.group_name(rank, dims), mesh.group(rank, dims), rank,
                                backend, timeout, master_addr);
@@ -221,10 +232,10 @@ MeshGroups::MeshGroups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh&
 }
 
 const c10::intrusive_ptr<Comm>& MeshGroups::get(const std::vector<std::string>& dims) const {
-  const auto it = comms_.find(set_key(dims));
+  const auto it = comms_.find(Mesh::key(dims));
   if (it == comms_.end()) {
     throw std::out_of_range(fmt::format(
-        "MeshGroups: no group over {} was built; pass it to the constructor", set_key(dims)));
+        "MeshGroups: no group over {} was built; pass it to the constructor", Mesh::key(dims)));
   }
   return it->second;
 }

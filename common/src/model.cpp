@@ -200,6 +200,15 @@ torch::Tensor BlockImpl::forward_body(torch::Tensor x) {
   return x + (mlp ? mlp(ln_2(x)) : mlp_part_.forward(ln_2(x)));
 }
 
+torch::Tensor forward_blocks(const torch::nn::ModuleListImpl& blocks, torch::Tensor x) {
+  for (const auto& module : blocks) {
+    auto* block = module->as<BlockImpl>();
+    TORCH_CHECK(block != nullptr, "forward_blocks: a module that is not a dtc::Block");
+    x = block->forward(x);
+  }
+  return x;
+}
+
 GptImpl::GptImpl(const GptConfig& c) : config_(c) {
   validate(c);
   wte = register_module("wte", torch::nn::Embedding(c.vocab, c.hidden));
@@ -231,7 +240,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
     pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
   }
   auto x = wte(tokens) + wpe(pos);  // (B, T, h) + (T, h)
-  for (const auto& block : *h) x = block->as<Block>()->forward(x);
+  x = forward_blocks(*h, x);
   TraceSpan span("fwd head");
   auto y = ln_f(x);
   // (B, T, h) @ (h, V) -> (B, T, V), in fp32 for the loss (a no-op in fp32)

@@ -343,7 +343,7 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
   auto x = wte(tokens) + wpe(pos);  // (B, T, h), replicated
   // dtc::Block::forward: its spans on a --trace timeline, LayerNorms and residual adds
   // replicated on every TP rank, the swapped attention and MLP split
-  for (const auto& block : *h) x = block->as<Block>()->forward(x);
+  x = forward_blocks(*h, x);
   x = ln_f(x);
   // TODO(L08)
   DTC_TODO("L08",
@@ -361,4 +361,4 @@ torch::Tensor TpGptImpl::loss(const Batch& batch) {
 }
 
 }  // namespace dtc::l08
-// generated from solutions/08_tensor_parallel/tensor_parallel.cpp; checksum 34543c9186a96a35
+// generated from solutions/08_tensor_parallel/tensor_parallel.cpp; checksum 12af9fc3745da763

@@ -19,7 +19,7 @@
 #include "dtc/dist.h"
 #include "dtc/mesh.h"
 #include "dtc/observe.h"
-#include "sequence_parallel.h"
+#include "sequence_parallel_given.h"
 
 namespace dtc::l10 {
 

@@ -8,10 +8,9 @@
 
 #include <fmt/format.h>
 
-#include <string>
+#include <stdexcept>
 #include <vector>
 
-#include "dtc/errors.h"
 #include "dtc/todo.h"
 
 namespace dtc::l10 {
@@ -104,107 +103,5 @@ torch::Tensor gather_linear(const torch::Tensor& x, const torch::Tensor& weight,
       x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()), comm_handle(tp));
 }
 
-// ---------------------------------------------------------------------------------------------
-// The tp x cp GPT
-// ---------------------------------------------------------------------------------------------
-
-void validate_sequence_parallel(int64_t seq, int cp, int tp) {
-  const int64_t tc = seq / cp;
-  if (tc % tp == 0) return;
-  throw UsageError(
-      "--seq",
-      fmt::format("{} tokens a CP rank do not split over tp {} for sequence parallelism", tc, tp),
-      fmt::format("choose --seq a multiple of cp x tp = {}", cp * tp));
-}
-
-TpCpGptImpl::TpCpGptImpl(const Gpt& full, Comm& t, Comm& c, Attention k, bool zz, bool sp)
-    : model(full, t), tp(&t), cp(&c), kind(k), zigzag(zz), sequence_parallel(sp) {
-  const GptConfig& m = full->config();
-  validate_cp(m.ctx, m.heads / t.getSize(), c.getSize(), kind, zigzag);
-  if (sp) validate_sequence_parallel(m.ctx, c.getSize(), t.getSize());
-  register_module("model", model);
-  positions =
-      local_positions(m.ctx, c.getRank(), c.getSize(), zigzag).to(full->wte->weight.device());
-}
-
-torch::Tensor TpCpGptImpl::enter(const torch::Tensor& x, const l08::ColumnParallelLinear& layer) {
-  if (sequence_parallel) return gather_linear(x, layer->weight, layer->bias, *tp);
-  return F::linear(l08::copy_to_tp(x, *tp), layer->weight, layer->bias);  // lesson 08's f
-}
-
-torch::Tensor TpCpGptImpl::leave(const torch::Tensor& x, const l08::RowParallelLinear& layer) {
-  const torch::Tensor partial = F::linear(x, layer->weight);  // this rank's share of the sum
-  const torch::Tensor y =
-      sequence_parallel ? reduce_scatter_sequence(partial, *tp) : l08::reduce_from_tp(partial, *tp);
-  return layer->bias.defined() ? y + layer->bias : y;  // the bias once, after the sum
-}
-
-torch::Tensor TpCpGptImpl::loss(const Batch& batch) {
-  const GptConfig& m = model->config();
-  const torch::Tensor& tokens = batch.inputs;  // (B, Tc): this CP rank's tokens
-  const int64_t B = tokens.size(0), tc = tokens.size(1);
-  TORCH_CHECK(tc == positions.size(0), "TpCpGpt: ", tc, " tokens a sequence, expected ",
-              positions.size(0));
-  // The embedding: each TP rank looks up the tokens of its vocabulary rows (lesson 08).
-  auto& wte = model->wte;
-  const auto mine = (tokens >= wte->vocab_begin).logical_and(tokens < wte->vocab_end);
-  const auto local = (tokens - wte->vocab_begin).masked_fill(mine.logical_not(), 0);
-  const auto rows =
-      F::embedding(local, wte->weight).masked_fill(mine.logical_not().unsqueeze(-1), 0.0);
-  torch::Tensor x, pos = positions;
-  if (sequence_parallel) {  // the sum, and this TP rank's rows of it
-    x = reduce_scatter_sequence(rows, *tp);
-    pos = positions.narrow(0, tp->getRank() * (tc / tp->getSize()), tc / tp->getSize());
-  } else {
-    x = l08::reduce_from_tp(rows, *tp);
-  }
-  x = x + model->wpe(pos);  // (B, Tc/tp or Tc, h)
-  for (const auto& module : *model->h) {
-    auto* block = module->as<BlockImpl>();
-    const auto& attn = block->part<l08::TpAttentionImpl>("attn");
-    const torch::Tensor qkv = enter(block->ln_1(x), attn.c_attn);  // (B, Tc, 3h/tp), every row
-    const int64_t C = qkv.size(2) / 3, H = attn.local_heads, D = C / H;
-    auto parts = qkv.split(C, /*dim=*/2);
-    auto q = parts[0].view({B, tc, H, D}).transpose(1, 2);  // (B, h/tp heads, Tc, D)
-    auto k = parts[1].view({B, tc, H, D}).transpose(1, 2);
-    auto v = parts[2].view({B, tc, H, D}).transpose(1, 2);
-    auto y = context_attention(kind, q, k, v, *cp, zigzag);
-    x = x + leave(y.transpose(1, 2).contiguous().view({B, tc, C}), attn.c_proj);
-    const auto& mlp = block->part<l08::TpMlpImpl>("mlp");
-    x = x + leave(torch::gelu(enter(block->ln_2(x), mlp.c_fc)), mlp.c_proj);
-  }
-  x = model->ln_f(x);
-  const torch::Tensor& w = m.tied ? wte->weight : model->lm_head;  // (Vp/tp, h)
-  const torch::Tensor logits = sequence_parallel
-                                   ? gather_linear(x, w, torch::Tensor(), *tp)
-                                   : F::linear(l08::copy_to_tp(x, *tp), w);  // (B, Tc, Vp/tp)
-  const torch::Tensor flat = logits.to(torch::kFloat).reshape({-1, logits.size(-1)});
-  const int64_t first = tp->getRank() * logits.size(-1);
-  return l08::vocab_parallel_cross_entropy(flat, batch.targets.reshape({-1}), first, *tp, m.vocab) /
-         static_cast<double>(cp->getSize());
-}
-
-std::vector<torch::Tensor> TpCpGptImpl::replicated_parameters() const {
-  std::vector<torch::Tensor> out;
-  for (const auto& item : model->named_parameters()) {
-    const std::string& name = item.key();
-    const bool split = name.find("c_attn") != std::string::npos ||
-                       name.find("c_fc") != std::string::npos ||
-                       name.find("c_proj.weight") != std::string::npos ||
-                       name.rfind("wte", 0) == 0 || name == "lm_head";
-    if (!split) out.push_back(item.value());
-  }
-  return out;
-}
-
-void TpCpGptImpl::reduce_replicated_gradients() {
-  if (!sequence_parallel || tp->getSize() == 1) return;
-  for (auto& p : replicated_parameters()) {
-    if (!p.grad().defined()) continue;
-    std::vector<torch::Tensor> g{p.mutable_grad()};
-    tp->allreduce(g)->wait();
-  }
-}
-
 }  // namespace dtc::l10
-// generated from solutions/10_context_parallel/sequence_parallel.cpp; checksum 517558d3e811389a
+// generated from solutions/10_context_parallel/sequence_parallel.cpp; checksum 569d5c3faefe3863

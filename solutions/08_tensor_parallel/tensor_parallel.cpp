@@ -385,7 +385,7 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
   auto x = wte(tokens) + wpe(pos);  // (B, T, h), replicated
   // dtc::Block::forward: its spans on a --trace timeline, LayerNorms and residual adds
   // replicated on every TP rank, the swapped attention and MLP split
-  for (const auto& block : *h) x = block->as<Block>()->forward(x);
+  x = forward_blocks(*h, x);
   x = ln_f(x);
   // BEGIN SOLUTION: this rank's logits (B, T, V/tp) from the tied wte->weight or the untied
   //   lm_head, with the full gradient flowing back into ln_f (L08Modules.WholeModelLogitsMatch,

@@ -128,6 +128,41 @@ TEST(Mesh, BadDegreesAreUsageErrorsNamingTheFlag) {
   EXPECT_THROW(Mesh::build(4, {{"tp", 4, "--tp"}}).coord(0, "ep"), std::invalid_argument);
 }
 
+// A flag left at its default of 1 is not blamed for another's degree: lesson 10's --dp 4 on 6
+// ranks with cp inferred (and --tp at its default 1) names --dp, and does not list --tp 1.
+TEST(Mesh, ADefaultDegreeOf1IsNotBlamed) {
+  const std::string msg =
+      subject_of(6, {{"dp_replicate", 4, "--dp"}, {"tp", 1, "--tp"}, {"cp", 0, "--cp"}});
+  EXPECT_EQ(msg.rfind("--dp | ", 0), 0u) << msg;
+  EXPECT_NE(msg.find("--dp 4 needs a multiple of 4 ranks, but this run has 6"), std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("--tp 1"), std::string::npos) << msg;
+  // Every degree 1 on 2 ranks: the last one given is at fault.
+  EXPECT_EQ(subject_of(2, {{"dp_shard", 1, "--dp"}, {"tp", 1, "--tp"}}).rfind("--tp | ", 0), 0u);
+}
+
+// A set of dimensions is checked where it is used: an unknown name is not skipped, a repeated one
+// does not square its degree, and a rank or coordinate outside the mesh throws.
+TEST(Mesh, SetsAndRanksOutsideTheMeshThrow) {
+  const Mesh m = Mesh::build(8, {{"dp_shard", 2, "--dp"}, {"cp", 2, "--cp"}, {"tp", 2, "--tp"}});
+  const std::vector<std::string> unknown = {"dp_shard", "ep"};
+  const std::vector<std::string> repeated = {"tp", "tp"};
+  EXPECT_THROW(m.size(unknown), std::invalid_argument);
+  EXPECT_THROW(m.size(repeated), std::invalid_argument);
+  EXPECT_THROW(m.coord(0, unknown), std::invalid_argument);
+  EXPECT_THROW(m.coord(0, repeated), std::invalid_argument);
+  EXPECT_THROW(m.group(0, repeated), std::invalid_argument);
+  EXPECT_THROW(m.group_name(0, unknown), std::invalid_argument);
+  EXPECT_THROW(Mesh::key(unknown), std::invalid_argument);
+  EXPECT_EQ(Mesh::key({"tp", "dp_shard"}), "dp_shard+tp");
+  EXPECT_THROW(m.coord(8, "tp"), std::out_of_range);
+  EXPECT_THROW(m.coord(-1, std::vector<std::string>{"tp"}), std::out_of_range);
+  EXPECT_THROW(m.rank_of({{"tp", 2}}), std::out_of_range);
+  EXPECT_THROW(m.rank_of({{"cp", -1}}), std::out_of_range);
+  EXPECT_THROW(m.rank_of({{"ep", 0}}), std::invalid_argument);
+  EXPECT_EQ(m.rank_of({{"dp_shard", 1}, {"tp", 1}}), 5);
+}
+
 // One store-prefix rule for every group: its dimensions in the mesh's order, its members.
 TEST(Mesh, GroupNamesSayTheDimensionsAndTheMembers) {
   const Mesh m = Mesh::build(8, {{"tp", 2, "--tp"}, {"cp", 2, "--cp"}, {"dp_shard", 2, "--dp"}});
@@ -155,8 +190,26 @@ TEST(MeshGroups, EachCommunicatorSpansItsGroupWithTheRankAtItsCoordinate) {
       EXPECT_EQ(t[0][0].item<double>(), want) << "rank " << ctx.rank;
     }
     EXPECT_THROW(groups.get({"cp"}), std::out_of_range);
+    EXPECT_THROW(groups.get({"tp", "tp"}), std::invalid_argument);
     EXPECT_EQ(groups.get({"tp", "dp_shard"}).get(), groups.get({"dp_shard", "tp"}).get())
         << "a set is the same set in any order";
+  });
+}
+
+// A set asked for twice (in any order) is built once: a second communicator under the same store
+// prefix would meet the first one's keys. Each still sums its group.
+TEST(MeshGroups, ASetAskedTwiceIsBuiltOnce) {
+  const Mesh m = Mesh::build(4, {{"dp_shard", 2, "--dp"}, {"tp", 2, "--tp"}});
+  const std::vector<std::vector<std::string>> sets = {
+      {"tp"}, {"dp_shard", "tp"}, {"tp"}, {"tp", "dp_shard"}};
+  run_ranks(4, [&](RankContext& ctx) {
+    const MeshGroups groups(ctx.store, m, ctx.rank, sets, BackendKind::kGloo,
+                            std::chrono::seconds(10));
+    for (const auto& set : sets) {
+      std::vector<at::Tensor> t{torch::ones({1}, torch::kDouble)};
+      groups.get(set)->allreduce(t)->wait();
+      EXPECT_EQ(t[0].item<double>(), m.size(set)) << Mesh::key(set);
+    }
   });
 }
 

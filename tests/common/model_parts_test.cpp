@@ -131,5 +131,49 @@ TEST(GptParts, GivenPositionsAreThePositionsEmbedded) {
   EXPECT_THROW(model->forward(first), c10::Error) << "one position per token";
 }
 
+// What set_recompute(kSelective) and set_attention_core set lives on the default attention: a swap
+// after them would drop it without a word, so it throws; before them it is the swapped module's.
+TEST(GptParts, SwappingAfterRecomputeOrACoreThrows) {
+  const CheckpointFn through = [](const CheckpointBody& body,
+                                  const std::vector<torch::Tensor>& in) { return body(in); };
+  Gpt selective = make_gpt(small(), 3);
+  selective->set_recompute(Recompute::kSelective, through);
+  auto block = selective->h[0]->as<Block>();
+  EXPECT_THROW(block->swap_attention(SameAttention(block->attn)), c10::Error);
+  Gpt cored = make_gpt(small(), 3);
+  cored->set_attention_core(CausalSelfAttentionImpl::core);
+  block = cored->h[1]->as<Block>();
+  EXPECT_THROW(block->swap_attention(SameAttention(block->attn)), c10::Error);
+  Gpt full = make_gpt(small(), 3);  // full recomputation lives on the block: swapping keeps it
+  full->set_recompute(Recompute::kFull, through);
+  block = full->h[2]->as<Block>();
+  EXPECT_NO_THROW(block->swap_attention(SameAttention(block->attn)));
+  EXPECT_TRUE(static_cast<bool>(block->checkpoint));
+}
+
+// A block built without sublayers lists ln_1 and ln_2 first, then the parts in the order swapped
+// in (what model.h says of lesson 08's TpGpt); forward_blocks runs such blocks like any other.
+TEST(GptParts, ABlockWithoutSublayersListsItsLayerNormsFirst) {
+  Gpt plain = make_gpt(small(), 3);
+  auto source = plain->h[0]->as<Block>();
+  Block bare(small(), /*sublayers=*/false);
+  bare->index = 0;
+  torch::nn::ModuleList blocks;
+  blocks->push_back(bare);
+  EXPECT_THROW(forward_blocks(*blocks, torch::zeros({1, 8, 16})), c10::Error)
+      << "parts not swapped in yet";
+  bare->swap_attention(SameAttention(source->attn));
+  bare->swap_mlp(HandMlp(source->mlp));
+  const std::vector<std::string> want = {
+      "ln_1.weight",        "ln_1.bias",        "ln_2.weight",        "ln_2.bias",
+      "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+      "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+  EXPECT_EQ(names(*bare), want);
+  bare->ln_1->weight.data().copy_(source->ln_1->weight);
+  bare->ln_2->weight.data().copy_(source->ln_2->weight);
+  const torch::Tensor x = torch::randn({2, 8, 16});
+  EXPECT_TENSOR_CLOSE(forward_blocks(*blocks, x), source->forward(x), kFp32Steps);
+}
+
 }  // namespace
 }  // namespace dtc

@@ -22,6 +22,7 @@
 #include "plain_baseline.h"
 #include "program.h"
 #include "sequence_parallel.h"
+#include "sequence_parallel_given.h"
 
 namespace dtc::l10 {
 namespace {

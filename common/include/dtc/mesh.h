@@ -12,9 +12,12 @@
 // which it puts outside PP. The course keeps torchtitan's.
 //
 // Lesson 03's RankGrid is the exercise that teaches the idea (three named dimensions); this is
-// its general form, given from lesson 07 on. Expert parallelism (lesson 13) borrows its ranks
-// from dp_shard x cp, as torchtitan does: it never multiplies the world size, so it is not a
-// dimension of its own here but a flattened group, group(rank, {"dp_shard", "cp"}).
+// its general form, given from lesson 07 on. Expert parallelism (lesson 13) never multiplies the
+// world size: torchtitan borrows its ranks from the others, splitting dp_shard into dp_shard_mod_ep
+// x dp_shard_in_ep and taking ep = dp_shard_in_ep x cp (x tp as well when the experts are not
+// tensor-parallel). Where ep = dp_shard x cp that is the flattened group
+// group(rank, {"dp_shard", "cp"}); an ep that takes only part of dp_shard needs that split, which
+// this mesh does not make yet.
 #pragma once
 
 #include <chrono>
@@ -51,7 +54,9 @@ class Mesh {
   /// The degree of @p dim (1 for a dimension the job does not use).
   /// @throws std::invalid_argument for a name that is not in order().
   int size(const std::string& dim) const;
-  /// The product of the degrees of @p dims.
+  /// The product of the degrees of @p dims. Here and below, a set of dimensions with a name that
+  /// is not in order(), or with a name twice, throws std::invalid_argument, and a rank outside
+  /// [0, world()) std::out_of_range.
   int size(const std::vector<std::string>& dims) const;
   /// @p rank's coordinate along @p dim, in [0, size(dim)).
   int coord(int rank, const std::string& dim) const;
@@ -59,6 +64,7 @@ class Mesh {
   /// its rank in the communicator group_comm would give it.
   int coord(int rank, const std::vector<std::string>& dims) const;
   /// The rank at @p coords; dimensions left out are 0.
+  /// @throws std::out_of_range for a coordinate outside [0, size(dim))
   int rank_of(const std::map<std::string, int>& coords) const;
   /// @brief The ranks that share every coordinate with @p rank except those along @p dims, in
   ///   ascending order (which is also the order of their flattened coordinate). {} -> {rank};
@@ -69,12 +75,16 @@ class Mesh {
   std::string group_name(int rank, const std::vector<std::string>& dims) const;
   /// "dp_shard 2 x cp 2 x tp 2 (8 ranks)": the dimensions of degree above 1, slowest first.
   std::string describe() const;
+  /// @brief @p dims in the mesh's order, joined by '+' ("dp_shard+cp"; "self" for none).
+  /// @throws std::invalid_argument for an unknown or repeated name
+  static std::string key(const std::vector<std::string>& dims);
 
  private:
   int world_ = 1;
   std::vector<int> sizes_;    // per order() entry
   std::vector<int> strides_;  // per order() entry: rank stride of one step along it
-  size_t index(const std::string& dim) const;
+  static size_t index(const std::string& dim);
+  void check_rank(int rank) const;
 };
 
 /// One rank's communicators over a Mesh: one per requested set of dimensions, each built once

@@ -197,8 +197,13 @@ class BlockImpl : public torch::nn::Module {
 
   /// Replaces the attention sublayer by @p module (x (B, T, h) -> (B, T, h)), registered as
   /// "attn". `attn`, the default's typed handle, becomes empty: use the new module's own.
+  /// Swap before set_recompute(kSelective) or set_attention_core: the new module does not inherit
+  /// what they set on the old one, so swapping after them throws instead of dropping it.
   template <class ModuleType>
   void swap_attention(torch::nn::ModuleHolder<ModuleType> module) {
+    TORCH_CHECK(!attn || (!attn->checkpoint && !attn->swapped_core), "block ", index,
+                ": swap the attention before set_recompute(kSelective) or set_attention_core; "
+                "the new module would silently lose the recomputation or the core they set");
     put_part("attn", module);
     attn_part_ = torch::nn::AnyModule(module);
     attn = nullptr;
@@ -244,9 +249,15 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+/// Runs @p x through every Block of @p blocks in order (each Block::forward: its trace spans and
+/// its recomputation): the one block loop of every model of the course, whatever its blocks hold.
+torch::Tensor forward_blocks(const torch::nn::ModuleListImpl& blocks, torch::Tensor x);
+
 /// The GPT. Parameter names (named_parameters(), in this order): wte.weight, wpe.weight,
 /// `h.{i}.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias}`,
-/// ln_f.{weight, bias}, and lm_head.weight when untied.
+/// ln_f.{weight, bias}, and lm_head.weight when untied. (A model whose blocks were built without
+/// sublayers and had them swapped in, lesson 08's TpGpt, lists each block's ln_1 and ln_2 first:
+/// names are what digests and optimizers match, never positions.)
 class GptImpl : public torch::nn::Module {
  public:
   /// Builds the modules; weights are LibTorch's defaults until init_weights().
