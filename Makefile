@@ -8,7 +8,9 @@ DTC_VENV ?= $(DTC_CACHE)/venv
 export DTC_CACHE DTC_VENV
 export CCACHE_DIR ?= $(DTC_CACHE)/ccache
 export CCACHE_SLOPPINESS ?= pch_defines,time_macros,include_file_mtime,include_file_ctime
-# Paths relative to the checkout in ccache's keys: every clone (and CI's) shares the cache.
+export CCACHE_PCH_EXTSUM ?= true
+# Paths relative to the checkout in ccache's keys, and a checksum instead of each precompiled
+# header (cmake/ccache-launcher.sh): every clone (and CI's) shares the cache.
 export CCACHE_BASEDIR ?= $(CURDIR)
 BUILD ?= build
 # BUILD_TYPE=RelWithDebInfo (with its own BUILD=dir): a build with debug information, for gdb.
