@@ -1,5 +1,6 @@
 # Lesson 08: tensor parallelism (Megatron-LM style). Links dtc::dist (LibTorch's c10d, gloo).
-dtc_add_lesson(08 DIR 08_tensor_parallel SOURCES tensor_parallel.cpp DRIVER program.cpp
+dtc_add_lesson(08 DIR 08_tensor_parallel SOURCES tensor_parallel.cpp GIVEN tensor_parallel_given.cpp
+               DRIVER program.cpp
                TESTS tests/lesson08/ops_test.cpp tests/lesson08/modules_test.cpp
                      tests/lesson08/training_test.cpp tests/lesson08/given_test.cpp
                      tests/lesson08/timeline_test.cpp

@@ -27,6 +27,7 @@
 
 #include "dtc/compat.h"
 #include "dtc/data.h"
+#include "dtc/dist.h"
 #include "dtc/model.h"
 
 namespace dtc::l08 {

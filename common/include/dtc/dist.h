@@ -6,8 +6,11 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "dtc/compat.h"
 #include "dtc/launch.h"
@@ -63,6 +66,22 @@ c10::intrusive_ptr<Comm> new_subgroup(const c10::intrusive_ptr<c10d::Store>& sto
                                       int global_rank, BackendKind backend,
                                       std::chrono::milliseconds timeout,
                                       const std::string& master_addr = "127.0.0.1");
+
+/// How a communicator reaches an autograd function's forward and backward: as an int64 holding
+/// its address (a forward argument, and ctx->saved_data["comm"]); backward may run later, and on
+/// GPUs on another thread, so no global or thread_local. The caller keeps the communicator alive
+/// until backward has run.
+inline int64_t comm_handle(Comm& comm) {
+  return static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm));
+}
+/// The communicator of comm_handle(comm).
+inline Comm& comm_from(int64_t handle) {
+  return *reinterpret_cast<Comm*>(static_cast<intptr_t>(handle));
+}
+/// The communicator a forward stored for its backward: ctx->saved_data["comm"] = comm_handle(c).
+inline Comm& comm_of(const torch::autograd::AutogradContext* ctx) {
+  return comm_from(ctx->saved_data.at("comm").toInt());
+}
 
 /// One send or receive of a batch_isend_irecv().
 struct P2POp {
