@@ -1,7 +1,7 @@
 # Lesson 06: your first DDP, built by hand. The exercise is ddp.cpp (broadcast, gradient
-# averaging naive / flat / bucketed, the sampler, the rank-0 checkpoint); the program (given)
-# trains the course's GPT on several ranks.
-dtc_add_lesson(06 DIR 06_ddp SOURCES ddp.cpp DRIVER program.cpp
+# averaging naive / flat / bucketed, the sampler, the rank-0 checkpoint); ddp_given.cpp holds
+# the Reducer's given parts; the program (given) trains the course's GPT on several ranks.
+dtc_add_lesson(06 DIR 06_ddp SOURCES ddp.cpp GIVEN ddp_given.cpp DRIVER program.cpp
                TESTS tests/lesson06/ddp_test.cpp tests/lesson06/sampler_test.cpp
                      tests/lesson06/program_test.cpp tests/lesson06/timeline_test.cpp
                LIBS dtc::dist TORCH)
