@@ -1,5 +1,5 @@
 # Lesson 09: pipeline parallelism. Links dtc::dist (LibTorch's c10d, gloo; NCCL on CUDA builds).
-dtc_add_lesson(09 DIR 09_pipeline_parallel SOURCES pipeline.cpp DRIVER program.cpp
+dtc_add_lesson(09 DIR 09_pipeline_parallel SOURCES pipeline.cpp GIVEN pipeline_given.cpp DRIVER program.cpp
                TESTS tests/lesson09/schedule_test.cpp tests/lesson09/pipeline_test.cpp
                      tests/lesson09/program_test.cpp tests/lesson09/timeline_test.cpp
                LIBS dtc::dist TORCH)

@@ -67,7 +67,7 @@ struct Stage {
   /// Every parameter this stage owns, in the model's order (what its optimizer updates).
   std::vector<torch::Tensor> parameters() const;
 
-  /// This stage's part of the model's forward (given, in pipeline.cpp):
+  /// This stage's part of the model's forward (given, in pipeline_given.cpp):
   ///   stage 0:  tokens (b, T) int64 -> wte(tokens) + wpe(0..T-1) -> its blocks
   ///   others:   activations (b, T, h) -> its blocks
   ///   last:     ... -> ln_f -> lm_head -> logits (b, T, V)
