@@ -38,6 +38,7 @@
 
 #include "dtc/compat.h"
 #include "dtc/data.h"
+#include "dtc/dist.h"
 #include "dtc/model.h"
 
 namespace dtc::l10 {
@@ -121,14 +122,6 @@ BlockGrads block_attention_backward(const torch::Tensor& q, const torch::Tensor&
 using BlockObserver = std::function<void(int64_t q_rows, int64_t k_rows, bool backward)>;
 /// Sets this thread's observer (an empty function: none). Returns the previous one.
 BlockObserver set_block_observer(BlockObserver observer);
-
-/// How a communicator reaches an autograd function's forward and backward (given): as an int64
-/// holding its address (a forward argument, and ctx->saved_data["comm"]); backward may run
-/// later, and on GPUs on another thread, so no global or thread_local. The caller keeps the
-/// communicator alive until backward has run.
-int64_t comm_handle(Comm& comm);
-/// The communicator of comm_handle(comm).
-Comm& comm_from(int64_t handle);
 
 /// @brief One all-to-all of @p x's first dimension in equal slices (alltoall_base), waited
 ///   for: slice j goes to rank j, and slice j of the result came from rank j. Given.

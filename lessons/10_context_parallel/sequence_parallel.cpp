@@ -21,8 +21,6 @@ using torch::autograd::variable_list;
 
 namespace {
 
-Comm& comm_of(const AutogradContext* ctx) { return comm_from(ctx->saved_data.at("comm").toInt()); }
-
 // ---------------------------------------------------------------------------------------------
 // Part 5: sequence parallelism's two operators
 // ---------------------------------------------------------------------------------------------
@@ -104,4 +102,4 @@ torch::Tensor gather_linear(const torch::Tensor& x, const torch::Tensor& weight,
 }
 
 }  // namespace dtc::l10
-// generated from solutions/10_context_parallel/sequence_parallel.cpp; checksum 569d5c3faefe3863
+// generated from solutions/10_context_parallel/sequence_parallel.cpp; checksum d0d3cdea85ceb719

@@ -21,8 +21,6 @@ using torch::autograd::variable_list;
 
 namespace {
 
-Comm& comm_of(const AutogradContext* ctx) { return comm_from(ctx->saved_data.at("comm").toInt()); }
-
 // ---------------------------------------------------------------------------------------------
 // Part 5: sequence parallelism's two operators
 // ---------------------------------------------------------------------------------------------
