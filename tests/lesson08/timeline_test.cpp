@@ -131,31 +131,40 @@ void block_allreduce_waits(const std::vector<std::vector<TracedSpan>>& spans, co
 // slice), so the checks on when a wait came take the median over both ranks' allreduces.
 TEST(L08Timeline, ForwardAllreducesAreWaitedForInsideTheirBlock) {
   const double dw = weight_grad_us();
-  const auto spans = traced_step(/*overlap_dgrad=*/false);
-  std::vector<double> waits;
-  block_allreduce_waits(spans, "fwd block",
-                        "g after the attention's c_proj and after the MLP's: one allreduce "
-                        "each, issued and complete inside the block",
-                        /*forward=*/true, &waits);
-  EXPECT_LT(median(waits), dw / 2) << "allreduces waited for as soon as they were issued (a "
-                                      "weight-gradient matmul takes "
-                                   << dw << " us here): the next layer needs the sum";
+  double least = 1e300;  // the least median of up to three steps (a busy machine delays waits)
+  for (int attempt = 0; attempt < 3 && least >= dw / 2; ++attempt) {
+    std::vector<double> waits;
+    block_allreduce_waits(traced_step(/*overlap_dgrad=*/false), "fwd block",
+                          "g after the attention's c_proj and after the MLP's: one allreduce "
+                          "each, issued and complete inside the block",
+                          /*forward=*/true, &waits);
+    least = std::min(least, median(waits));
+  }
+  EXPECT_LT(least, dw / 2) << "allreduces waited for as soon as they were issued (a "
+                              "weight-gradient matmul takes "
+                           << dw << " us here): the next layer needs the sum";
 }
 
 TEST(L08Timeline, BackwardAllreducesRunBesideTheWeightGradientOnlyWithOverlapDgrad) {
   const double dw = weight_grad_us();
   for (const bool overlap : {false, true}) {
     SCOPED_TRACE(fmt::format("overlap_dgrad {}", overlap));
-    std::vector<double> waits;
-    block_allreduce_waits(traced_step(overlap), "bwd block",
-                          "f's backward for c_fc and for c_attn: the input gradients' sums, one "
-                          "allreduce each, inside the block",
-                          /*forward=*/false, &waits);
+    // A busy machine only makes waits come later, so "waited for at once" takes the least
+    // median of up to three steps (the overlapped wait, a lower bound, is checked on one).
+    double least = 1e300;
+    for (int attempt = 0; attempt < (overlap ? 1 : 3) && least >= dw / 2; ++attempt) {
+      std::vector<double> waits;
+      block_allreduce_waits(traced_step(overlap), "bwd block",
+                            "f's backward for c_fc and for c_attn: the input gradients' sums, "
+                            "one allreduce each, inside the block",
+                            /*forward=*/false, &waits);
+      least = std::min(least, median(waits));
+    }
     if (overlap) {
-      EXPECT_GT(median(waits), dw / 2) << "--overlap-dgrad: dW = dY^T X (about " << dw
-                                       << " us here) is computed between issue and wait";
+      EXPECT_GT(least, dw / 2) << "--overlap-dgrad: dW = dY^T X (about " << dw
+                               << " us here) is computed between issue and wait";
     } else {
-      EXPECT_LT(median(waits), dw / 2) << "without it, f's allreduce is waited for at once";
+      EXPECT_LT(least, dw / 2) << "without it, f's allreduce is waited for at once";
     }
   }
 }
