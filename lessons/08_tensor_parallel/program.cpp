@@ -51,11 +51,7 @@ void average_gradients(torch::nn::Module& module, Comm& dp) {
   }
 }
 
-std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t steps,
-                            const torch::Device& device,
-                            const std::function<void(int64_t, float)>& on_step,
-                            nlohmann::json* digest, bool overlap_dgrad,
-                            std::vector<torch::Tensor>* weights) {
+TpRunResult train_tp(const TrainConfig& c, Comm& tp, Comm& dp, const TpRunOptions& o) {
   validate_tp(c.model, tp.getSize());
   check_precision(c.precision, /*bf16_collectives=*/true);
   if (c.batch % dp.getSize() != 0) {
@@ -64,17 +60,17 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
                      "pass a global batch that dp divides, e.g. --global-batch 8 --dp 2");
   }
   // The full model first, with the baseline's exact weights; then this rank keeps its slices.
-  Gpt full = make_gpt(c.model, c.seed, device);
+  Gpt full = make_gpt(c.model, c.seed, o.device);
   TpGpt model(full, tp);
-  model->set_overlap_dgrad(overlap_dgrad);
+  model->set_overlap_dgrad(o.overlap_dgrad);
   full = Gpt(nullptr);  // the full copy is freed: from here on, each rank holds 1/tp of it
   MasterAdamW optimizer(*model, c.precision, adamw_options(c));  // bf16: casts the model
   const ByteDataset data = ByteDataset::builtin();
   const int64_t rows = c.batch / dp.getSize();
   const int64_t first_row = dp.getRank() * rows;
-  std::vector<float> losses;
-  for (int64_t step = 0; step < steps; ++step) {
-    const Batch batch = data.batch(c.seed, step, rows, c.model.ctx, first_row).to(device);
+  TpRunResult result;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    const Batch batch = data.batch(c.seed, step, rows, c.model.ctx, first_row).to(o.device);
     optimizer.zero_grad();
     torch::Tensor loss = model->loss(batch);  // this replica's rows, the same on its TP ranks
     loss.backward();
@@ -83,14 +79,13 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
     torch::Tensor global = loss.detach().clone();
     allreduce_(global, dp);
     const float value = global.item<float>() / static_cast<float>(dp.getSize());
-    losses.push_back(value);
-    if (on_step) on_step(step, value);
+    result.losses.push_back(value);
+    if (o.on_step) o.on_step(step, value);
   }
-  if (weights) {
-    weights->clear();
-    for (const auto& w : optimizer.master()) weights->push_back(w.detach().clone());
+  if (o.weights) {
+    for (const auto& w : optimizer.master()) result.weights.push_back(w.detach().clone());
   }
-  if (digest) {
+  if (o.digest) {
     // Each parameter of the full model is either split over the TP ranks (a slice each) or
     // replicated on them; every DP replica holds the same. So: replica 0 contributes, a split
     // parameter from every TP rank, a replicated one from TP rank 0 only.
@@ -112,9 +107,9 @@ std::vector<float> train_tp(const TrainConfig& c, Comm& tp, Comm& dp, int64_t st
       const bool split = value.numel() != full_numel.at(name);
       if (dp.getRank() == 0 && (split || tp.getRank() == 0)) pieces.emplace_back(name, value);
     }
-    *digest = param_digest(names, pieces, std::vector<Comm*>{&tp, &dp});
+    result.digest = param_digest(names, pieces, std::vector<Comm*>{&tp, &dp});
   }
-  return losses;
+  return result;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -248,14 +243,16 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
 
   // 3. The loop (train_tp), one progress line per tenth of the run.
   StepLog log(err, talk, 0, t.train.steps, c.batch * c.model.ctx);
-  nlohmann::json digest;
-  train_tp(
-      c, *groups.tp, *groups.dp, t.train.steps, job.device,
-      [&](int64_t step, float loss) {
-        log.end_step(step, loss);
-        log.begin_step();
-      },
-      &digest, o.overlap_dgrad);
+  TpRunOptions run;
+  run.steps = t.train.steps;
+  run.device = job.device;
+  run.on_step = [&](int64_t step, float loss) {
+    log.end_step(step, loss);
+    log.begin_step();
+  };
+  run.overlap_dgrad = o.overlap_dgrad;
+  run.digest = true;
+  const TpRunResult result = train_tp(c, *groups.tp, *groups.dp, run);
 
   // 4. Report, 5. finish.
   job.finish();
@@ -264,7 +261,7 @@ int run(const TrainOptions& t, const Options& o, std::ostream& out, std::ostream
     const CommVolume v = tp_comm_volume(c.batch / dp, c.model.ctx, c.model.hidden, tp,
                                         c.precision == Precision::kFp32 ? 4 : 2);
     nlohmann::json j = run_json(log, t.train.steps, job.device);
-    add_job_json(j, job, c, Recompute::kNone, digest);
+    add_job_json(j, job, c, Recompute::kNone, result.digest);
     j["dp"] = dp;
     j["tp"] = tp;
     j["comm_per_layer"] = {{"allreduces", v.allreduces},

@@ -55,29 +55,40 @@ using TrainConfig = RunConfig;
 /// (gloo in LibTorch 1.13 has no ReduceOp::AVG).
 void average_gradients(torch::nn::Module& module, Comm& dp);
 
-/// @brief Trains @p config's model, split over @p tp and replicated over @p dp, for @p steps.
+/// What train_tp is given besides its configuration and its groups.
+struct TpRunOptions {
+  int64_t steps = 1;                            ///< optimizer steps
+  torch::Device device = torch::kCPU;           ///< where the model and the batches live
+  std::function<void(int64_t, float)> on_step;  ///< after every step, with (step, loss)
+  /// TpGpt::set_overlap_dgrad(): backward overlaps each column-parallel layer's input-gradient
+  /// allreduce with its weight-gradient matmul
+  bool overlap_dgrad = false;
+  bool digest = false;   ///< fill TpRunResult::digest
+  bool weights = false;  ///< fill TpRunResult::weights
+};
+
+/// What a train_tp run gives back.
+struct TpRunResult {
+  std::vector<float> losses;  ///< the global batch's mean loss of every step, on every rank
+  /// the full model's parameter digest after the last step (dtc/digest.h; the shards summed
+  /// over tp, then dp: collective), on every rank; in bf16, of the fp32 master weights; when
+  /// TpRunOptions::digest
+  nlohmann::json digest;
+  /// this rank's fp32 weights after the last step (the master weights in bf16), in
+  /// TpGpt::parameters() order; when TpRunOptions::weights
+  std::vector<torch::Tensor> weights;
+};
+
+/// @brief Trains @p config's model, split over @p tp and replicated over @p dp.
 ///
-/// Builds the full GPT with init_weights (on the CPU, then @p device), shards it (TpGpt),
+/// Builds the full GPT with init_weights (on the CPU, then the device), shards it (TpGpt),
 /// AdamW over the shards (elementwise: the same update as the baseline's, slice by slice); with
 /// config.precision bf16, a bf16 model and AdamW over fp32 master shards (dtc::MasterAdamW). DP
 /// replica d trains on rows [d * B/dp, (d+1) * B/dp) of the global batch, and averages its
 /// gradients over @p dp before each step, so the update is the baseline's.
-/// @param on_step called after every step with (step, loss), if set
-/// @param digest when not null, receives the full model's parameter digest after the last step
-///   (dtc/digest.h; the shards summed over tp, then dp: collective), on every rank; in bf16, of
-///   the fp32 master weights
-/// @param overlap_dgrad TpGpt::set_overlap_dgrad(): backward overlaps each column-parallel
-///   layer's input-gradient allreduce with its weight-gradient matmul
-/// @return the loss of every step: the global batch's mean (averaged over dp), on every rank
-/// @param weights when not null, receives this rank's fp32 weights after the last step (the
-///   master weights in bf16), in TpGpt::parameters() order
 /// @throws UsageError when dp does not divide the batch (or tp the model: validate_tp), for
 ///   fp16, and for bf16 on LibTorch 1.13 (its gloo has no bf16 collectives)
-std::vector<float> train_tp(const TrainConfig& config, Comm& tp, Comm& dp, int64_t steps,
-                            const torch::Device& device = torch::kCPU,
-                            const std::function<void(int64_t, float)>& on_step = {},
-                            nlohmann::json* digest = nullptr, bool overlap_dgrad = false,
-                            std::vector<torch::Tensor>* weights = nullptr);
+TpRunResult train_tp(const TrainConfig& config, Comm& tp, Comm& dp, const TpRunOptions& options);
 
 // ---------------------------------------------------------------------------------------------
 // Communication volume (given)

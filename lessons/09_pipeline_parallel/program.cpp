@@ -89,8 +89,7 @@ std::vector<NamedPiece> stage_pieces(const Stage& stage) {
 
 }  // namespace
 
-std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log,
-                                  nlohmann::json* digest, std::vector<torch::Tensor>* weights) {
+PipelineResult train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log) {
   const int p = comm.getSize();
   const int s = comm.getRank();
   check_pipeline(o.model, p, o.batch, o.micro_batches);
@@ -109,7 +108,8 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog*
   // pipelining does before its first step (an allreduce of one element over the stages).
   std::vector<at::Tensor> one{torch::ones({1}, torch::dtype(torch::kFloat).device(o.device))};
   comm.allreduce(one)->wait();
-  std::vector<float> losses;
+  PipelineResult result;
+  std::vector<float>& losses = result.losses;
   for (int64_t step = 0; step < o.steps; ++step) {
     if (log) log->begin_step();
     const Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
@@ -126,18 +126,17 @@ std::vector<float> train_pipeline(const PipelineOptions& o, Comm& comm, StepLog*
     losses.push_back(loss.cpu().item<float>());
     if (log) log->end_step(step, losses.back());
   }
-  if (digest) {
+  if (o.digest) {
     std::vector<std::string> names;
     for (const auto& item : Gpt(untied(o.model))->named_parameters()) names.push_back(item.key());
     std::vector<NamedPiece> pieces = stage_pieces(stage);  // in parameters() order
     for (size_t i = 0; i < pieces.size(); ++i) pieces[i].second = optimizer.master()[i];
-    *digest = param_digest(names, pieces, &comm);
+    result.digest = param_digest(names, pieces, &comm);
   }
-  if (weights) {
-    weights->clear();
-    for (const auto& w : optimizer.master()) weights->push_back(w.detach().clone());
+  if (o.weights) {
+    for (const auto& w : optimizer.master()) result.weights.push_back(w.detach().clone());
   }
-  return losses;
+  return result;
 }
 
 std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
@@ -246,14 +245,15 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
   const int rank = comm.getRank();
   check_pipeline(o.model, p, o.batch, o.micro_batches);
   StepLog log(err, rank == 0 && !o.json, 0, o.steps, o.batch * o.model.ctx);
-  nlohmann::json digest;
-  const std::vector<float> losses = train_pipeline(o, comm, &log, &digest);
+  PipelineOptions run = o;
+  run.digest = true;
+  const PipelineResult result = train_pipeline(run, comm, &log);
   const std::vector<BubbleRow> rows = measure_bubbles(o, comm);
   if (rank != 0) return kExitOk;
 
   if (o.json) {
     nlohmann::json j = run_json(log, o.steps, o.device);
-    j["param_digest"] = digest;
+    j["param_digest"] = result.digest;
     j["step_s"] = log.step_seconds();  // rank 0's wall time of every step (the first warms up)
     j["stages"] = p;
     j["micro_batches"] = o.micro_batches;
@@ -287,8 +287,9 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
   }
 
   fmt::print(out, "\n  trained {} steps: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.2f} s\n",
-             o.steps, losses.empty() ? 0.0f : losses.front(), losses.empty() ? 0.0f : losses.back(),
-             log.tokens_per_s(), log.elapsed_s());
+             o.steps, result.losses.empty() ? 0.0f : result.losses.front(),
+             result.losses.empty() ? 0.0f : result.losses.back(), log.tokens_per_s(),
+             log.elapsed_s());
   if (rows.empty()) return kExitOk;
   fmt::print(out,
              "\nThe bubble: idle time of one forward-backward step per stage, in one window for "

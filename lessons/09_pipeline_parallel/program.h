@@ -31,24 +31,30 @@ struct PipelineOptions : RunConfig {
   bool json = false;                   ///< rank 0 prints one JSON object on the last line of stdout
   bool deallocate_outputs = false;     ///< --deallocate-outputs: run_schedule()'s option
   torch::Device device = torch::kCPU;  ///< where this rank computes
+  bool digest = false;                 ///< train_pipeline fills PipelineResult::digest
+  bool weights = false;                ///< train_pipeline fills PipelineResult::weights
+};
+
+/// What a train_pipeline run gives back.
+struct PipelineResult {
+  std::vector<float> losses;  ///< the loss of every step, on every rank (sent from the last stage)
+  /// the full model's parameter digest after the last step (dtc/digest.h; every stage adds its
+  /// own parameters: collective), on every rank; in bf16, of the fp32 master weights; when
+  /// PipelineOptions::digest
+  nlohmann::json digest;
+  /// this stage's fp32 weights after the last step (the master weights in bf16), in
+  /// Stage::parameters() order; when PipelineOptions::weights
+  std::vector<torch::Tensor> weights;
 };
 
 /// Trains on every rank of @p comm, one stage per rank (stages = comm size), from the
 /// baseline's initial weights (dtc::init_weights with the seed) on the baseline's batches
 /// (ByteDataset::builtin(), rows 0..batch-1 of each step).
+/// In bf16: a bf16 model, AdamW over fp32 master weights (dtc::MasterAdamW).
 /// @param log when not null, records every step's loss and wall time on this rank (and prints
 ///   the progress lines it is set up to print).
-/// @param digest when not null, receives the full model's parameter digest after the last step
-///   (dtc/digest.h; every stage adds its own parameters: collective), on every rank.
-///   In bf16, of the fp32 master weights (options.precision: a bf16 model, AdamW over fp32
-///   master weights, dtc::MasterAdamW).
-/// @param weights when not null, receives this stage's fp32 weights after the last step (the
-///   master weights in bf16), in Stage::parameters() order.
-/// @return the loss of every step, on every rank (sent from the last stage).
 /// @throws dtc::UsageError for a pipeline that does not fit (check_pipeline()), and for fp16.
-std::vector<float> train_pipeline(const PipelineOptions& options, Comm& comm,
-                                  StepLog* log = nullptr, nlohmann::json* digest = nullptr,
-                                  std::vector<torch::Tensor>* weights = nullptr);
+PipelineResult train_pipeline(const PipelineOptions& options, Comm& comm, StepLog* log = nullptr);
 
 /// One schedule at one micro-batch count, measured on every stage.
 struct BubbleRow {

@@ -49,11 +49,14 @@ void expect_matches(const std::string& ref_name, int dp, int tp, int64_t vocab =
       mesh.world(),
       [&](RankContext& ctx) {
         const Groups g = make_groups(ctx.store, mesh, ctx.rank, BackendKind::kGloo, kTimeout);
-        nlohmann::json d;
-        auto losses = train_tp(c, *g.tp, *g.dp, steps, torch::kCPU, {}, &d, overlap_dgrad);
+        TpRunOptions run;
+        run.steps = steps;
+        run.overlap_dgrad = overlap_dgrad;
+        run.digest = true;
+        TpRunResult r = train_tp(c, *g.tp, *g.dp, run);
         std::lock_guard<std::mutex> lock(mu);
-        got[static_cast<size_t>(ctx.rank)] = losses;
-        if (ctx.rank == 0) digest = d;
+        got[static_cast<size_t>(ctx.rank)] = r.losses;
+        if (ctx.rank == 0) digest = r.digest;
       },
       kTimeout);
   // Parameters, not only losses: each full parameter's sum of squares and sum against the
@@ -157,8 +160,12 @@ TEST(L08Bf16, TpMatchesTheBf16BaselineWithinThePolicy) {
         mesh.world(),
         [&](RankContext& ctx) {
           const Groups g = make_groups(ctx.store, mesh, ctx.rank, BackendKind::kGloo, kTimeout);
-          std::vector<torch::Tensor> w;
-          auto l = train_tp(c, *g.tp, *g.dp, steps, torch::kCPU, {}, nullptr, false, &w);
+          TpRunOptions run;
+          run.steps = steps;
+          run.weights = true;
+          const TpRunResult r = train_tp(c, *g.tp, *g.dp, run);
+          const std::vector<torch::Tensor>& w = r.weights;
+          const std::vector<float>& l = r.losses;
           // The same shards of the baselines' weights, cut by TpGpt's constructor.
           TpGpt cut_bf16(test::gpt_with(c.model, bf16.params), *g.tp),
               cut_fp32(test::gpt_with(c.model, fp32.params), *g.tp),

@@ -113,7 +113,7 @@ void expect_baseline(ScheduleKind schedule, int stages, int64_t micro_batches) {
   run_ranks(
       stages,
       [&](RankContext& ctx) {
-        auto l = train_pipeline(o, *ctx.comm);
+        auto l = train_pipeline(o, *ctx.comm).losses;
         if (ctx.rank == 0) program_losses = l;
       },
       kTimeout);
@@ -543,8 +543,11 @@ TEST(L09Bf16, PipelineMatchesTheBf16BaselineWithinThePolicy) {
     run_ranks(
         stages,
         [&](RankContext& ctx) {
-          std::vector<torch::Tensor> w;
-          auto l = train_pipeline(o, *ctx.comm, nullptr, nullptr, &w);
+          PipelineOptions run = o;
+          run.weights = true;
+          const PipelineResult r = train_pipeline(run, *ctx.comm);
+          const std::vector<torch::Tensor>& w = r.weights;
+          const std::vector<float>& l = r.losses;
           // The same stage of the baselines' weights, cut by make_stage.
           auto cut = [&](const std::vector<torch::Tensor>& weights) {
             return make_stage(test::gpt_with(o.model, weights), stages, ctx.rank).parameters();
@@ -578,7 +581,9 @@ TEST(L09Recompute, SameWeightsBitForBit) {
         run_ranks(
             stages,
             [&](RankContext& ctx) {
-              train_pipeline(o, *ctx.comm, nullptr, nullptr, &out[static_cast<size_t>(ctx.rank)]);
+              PipelineOptions run = o;
+              run.weights = true;
+              out[static_cast<size_t>(ctx.rank)] = train_pipeline(run, *ctx.comm).weights;
             },
             kTimeout);
       }
