@@ -226,25 +226,36 @@ GptImpl::GptImpl(const GptConfig& c) : config_(c) {
   }
 }
 
-torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
+torch::Tensor embed_tokens(torch::nn::Embedding wte, torch::nn::Embedding wpe,
+                           const torch::Tensor& tokens, const torch::Tensor& positions) {
   const int64_t T = tokens.size(1);
-  TORCH_CHECK(T <= config_.ctx, "sequence of ", T, " tokens is longer than the context ",
-              config_.ctx);
+  const int64_t ctx = wpe->weight.size(0);
+  TORCH_CHECK(T <= ctx, "sequence of ", T, " tokens is longer than the context ", ctx);
   torch::Tensor pos;
-  if (positions_.defined()) {
-    TORCH_CHECK(positions_.dim() == 1 && positions_.size(0) == T, "Gpt: ", T,
-                " tokens a sequence, but set_positions gave ", positions_.sizes(),
+  if (positions.defined()) {
+    TORCH_CHECK(positions.dim() == 1 && positions.size(0) == T, "Gpt: ", T,
+                " tokens a sequence, but set_positions gave ", positions.sizes(),
                 " positions (one per token)");
-    pos = positions_.to(tokens.device());
+    pos = positions.to(tokens.device());
   } else {
     pos = torch::arange(T, torch::dtype(torch::kLong).device(tokens.device()));
   }
-  auto x = wte(tokens) + wpe(pos);  // (B, T, h) + (T, h)
-  x = forward_blocks(*h, x);
-  TraceSpan span("fwd head");
+  return wte(tokens) + wpe(pos);  // (B, T, h) + (T, h)
+}
+
+torch::Tensor head_logits(torch::nn::LayerNorm ln_f, torch::nn::Linear lm_head,
+                          const torch::Tensor& wte_weight, const torch::Tensor& x) {
   auto y = ln_f(x);
   // (B, T, h) @ (h, V) -> (B, T, V), in fp32 for the loss (a no-op in fp32)
-  auto logits = (config_.tied ? torch::matmul(y, wte->weight.t()) : lm_head(y)).to(torch::kFloat);
+  return (lm_head ? lm_head(y) : torch::matmul(y, wte_weight.t())).to(torch::kFloat);
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
+  auto x = embed_tokens(wte, wpe, tokens, positions_);
+  x = forward_blocks(*h, x);
+  TraceSpan span("fwd head");
+  auto logits =
+      head_logits(ln_f, config_.tied ? torch::nn::Linear(nullptr) : lm_head, wte->weight, x);
   trace_backward(x, logits, "bwd head");
   return logits;
 }

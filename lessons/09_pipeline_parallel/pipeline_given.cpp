@@ -44,17 +44,14 @@ torch::Tensor Stage::forward(const torch::Tensor& input) {
   const bool recomputing = graph && traced_without_graph;
   const int64_t micro = recomputing ? traced_recomputes++ : traced_forwards++;
   TraceSpan span(recomputing ? "R" : "F", micro);
-  torch::Tensor x = input;
-  if (!layers.embed) x = x.to(working_dtype(precision));  // no-op in fp32
-  if (layers.embed) {
-    // tokens (b, T) -> (b, T, h), exactly as GptImpl::forward
-    auto pos = torch::arange(input.size(1), torch::dtype(torch::kLong).device(input.device()));
-    x = wte->forward(input) + wpe->forward(pos);
-  }
+  // The model's own pieces (dtc/model.h), as GptImpl::forward runs them: the embedding on
+  // stage 0 (tokens (b, T) -> (b, T, h)), this stage's blocks, the head on the last stage.
+  torch::Tensor x = layers.embed ? embed_tokens(wte, wpe, input)
+                                 : input.to(working_dtype(precision));  // no-op in fp32
   const torch::Tensor first = x;             // the first tensor of the stage with a gradient
   for (auto& b : blocks) x = b->forward(x);  // (b, T, h)
-  if (layers.head) x = lm_head->forward(ln_f->forward(x));  // (b, T, V)
-  x = x.to(torch::kFloat);  // the loss, or the next stage's message, in fp32 (no-op in fp32)
+  if (layers.head) x = head_logits(ln_f, lm_head, torch::Tensor(), x);  // (b, T, V), fp32
+  x = x.to(torch::kFloat);  // the next stage's message in fp32 (no-op in fp32 or on the head)
   trace_backward(first, x, "B", micro);
   return x;
 }

@@ -253,6 +253,19 @@ TORCH_MODULE(Block);
 /// its recomputation): the one block loop of every model of the course, whatever its blocks hold.
 torch::Tensor forward_blocks(const torch::nn::ModuleListImpl& blocks, torch::Tensor x);
 
+/// The model's input, tokens (B, T) int64 -> wte(tokens) + wpe(positions) (B, T, h), in the
+/// embeddings' dtype; @p positions (T, int64) undefined: 0, 1, ..., T-1 on the tokens' device.
+/// GptImpl::forward's first step, and a pipeline's first stage's (lesson 09).
+/// @throws c10::Error when T exceeds the context (wpe's rows) or positions has not T entries.
+torch::Tensor embed_tokens(torch::nn::Embedding wte, torch::nn::Embedding wpe,
+                           const torch::Tensor& tokens, const torch::Tensor& positions = {});
+
+/// The model's output, x (B, T, h) -> ln_f -> logits (B, T, V), cast to fp32 for the loss (as
+/// Megatron-LM does): through @p lm_head, or x @ @p wte_weight^T when lm_head is null (tied).
+/// GptImpl::forward's last step, and a pipeline's last stage's (lesson 09).
+torch::Tensor head_logits(torch::nn::LayerNorm ln_f, torch::nn::Linear lm_head,
+                          const torch::Tensor& wte_weight, const torch::Tensor& x);
+
 /// The GPT. Parameter names (named_parameters(), in this order): wte.weight, wpe.weight,
 /// `h.{i}.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias}`,
 /// ln_f.{weight, bias}, and lm_head.weight when untied. (A model whose blocks were built without
