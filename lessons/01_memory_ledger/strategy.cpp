@@ -8,14 +8,8 @@
 // given, in strategy_given.cpp.
 #include "strategy.h"
 
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <cmath>
 #include <optional>
-#include <stdexcept>
 
-#include "dtc/errors.h"
 #include "dtc/todo.h"
 
 namespace dtc::l01 {
@@ -100,4 +94,4 @@ Plan choose_mix(const PlanRequest& req) {
 }
 
 }  // namespace dtc::l01
-// generated from solutions/01_memory_ledger/strategy.cpp; checksum 94335e3517cf7fdf
+// generated from solutions/01_memory_ledger/strategy.cpp; checksum c8b55a0b9d564e18

@@ -8,7 +8,6 @@
 #include "mixed.h"
 
 #include <cmath>
-#include <stdexcept>
 
 #include "dtc/compat.h"
 #include "dtc/todo.h"
@@ -102,4 +101,4 @@ bool MasterWeights::step(LossScaler* scaler, double max_norm) {
 }
 
 }  // namespace dtc::l02
-// generated from solutions/02_baseline/mixed.cpp; checksum 054332f841855233
+// generated from solutions/02_baseline/mixed.cpp; checksum dbb7f872a9b0b93e

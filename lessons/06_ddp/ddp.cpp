@@ -12,12 +12,6 @@
 
 #include <fmt/format.h>
 
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <mutex>
-#include <unordered_set>
 #include <utility>
 
 #include "dtc/compat.h"
@@ -189,4 +183,4 @@ int64_t load_checkpoint(const std::string& path, torch::nn::Module& module,
 }
 
 }  // namespace dtc::l06
-// generated from solutions/06_ddp/ddp.cpp; checksum 470ea54108e60bff
+// generated from solutions/06_ddp/ddp.cpp; checksum 932711e54b630f3f

@@ -7,16 +7,11 @@
 // tensor_parallel_given.cpp.
 #include "tensor_parallel.h"
 
-#include <fmt/format.h>
-
 #include <cmath>
 #include <limits>
-#include <stdexcept>
 #include <vector>
 
-#include "dtc/errors.h"
 #include "dtc/todo.h"
-#include "dtc/trace.h"
 
 namespace dtc::l08 {
 
@@ -173,4 +168,4 @@ torch::Tensor TpGptImpl::forward(const torch::Tensor& tokens) {
 }
 
 }  // namespace dtc::l08
-// generated from solutions/08_tensor_parallel/tensor_parallel.cpp; checksum 945479ab5f0a6786
+// generated from solutions/08_tensor_parallel/tensor_parallel.cpp; checksum 183d206dbd0de17c

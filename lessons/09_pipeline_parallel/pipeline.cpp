@@ -13,11 +13,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include <torch/csrc/autograd/engine.h>
-
 #include "dtc/errors.h"
 #include "dtc/todo.h"
-#include "dtc/trace.h"
 
 namespace dtc::l09 {
 
@@ -139,4 +136,4 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
 }
 
 }  // namespace dtc::l09
-// generated from solutions/09_pipeline_parallel/pipeline.cpp; checksum 5c76ac0e36a17c28
+// generated from solutions/09_pipeline_parallel/pipeline.cpp; checksum 12bd9518c080b0a6

@@ -9,7 +9,6 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -210,4 +209,4 @@ torch::Tensor gather_sequence(const torch::Tensor& x, Comm& cp) {
 }
 
 }  // namespace dtc::l10
-// generated from solutions/10_context_parallel/context_parallel.cpp; checksum 462ae2e3941f6f78
+// generated from solutions/10_context_parallel/context_parallel.cpp; checksum 49e031b21451f347

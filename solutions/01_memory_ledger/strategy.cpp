@@ -8,14 +8,8 @@
 // given, in strategy_given.cpp.
 #include "strategy.h"
 
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <cmath>
 #include <optional>
-#include <stdexcept>
 
-#include "dtc/errors.h"
 #include "dtc/todo.h"
 
 namespace dtc::l01 {

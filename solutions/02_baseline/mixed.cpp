@@ -8,7 +8,6 @@
 #include "mixed.h"
 
 #include <cmath>
-#include <stdexcept>
 
 #include "dtc/compat.h"
 #include "dtc/todo.h"

@@ -12,12 +12,6 @@
 
 #include <fmt/format.h>
 
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <mutex>
-#include <unordered_set>
 #include <utility>
 
 #include "dtc/compat.h"

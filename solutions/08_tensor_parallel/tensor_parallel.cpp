@@ -7,16 +7,11 @@
 // tensor_parallel_given.cpp.
 #include "tensor_parallel.h"
 
-#include <fmt/format.h>
-
 #include <cmath>
 #include <limits>
-#include <stdexcept>
 #include <vector>
 
-#include "dtc/errors.h"
 #include "dtc/todo.h"
-#include "dtc/trace.h"
 
 namespace dtc::l08 {
 

@@ -13,11 +13,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include <torch/csrc/autograd/engine.h>
-
 #include "dtc/errors.h"
 #include "dtc/todo.h"
-#include "dtc/trace.h"
 
 namespace dtc::l09 {
 
