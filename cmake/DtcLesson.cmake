@@ -78,12 +78,12 @@ function(dtc_add_lesson num)
   endif()
   target_link_libraries(${name}_testobj PUBLIC ${L_LIBS} dtc_test_support GTest::gtest)
   target_include_directories(${name}_testobj PUBLIC "${ldir}")
-  # main.cpp is the same for both flavours: compiled once.
+  # main.cpp is the same for both flavours: compiled once, without LibTorch's headers (it
+  # declares the program's run_main itself), in a fraction of a second.
   add_library(${name}_main OBJECT "${ldir}/main.cpp")
-  target_link_libraries(${name}_main PUBLIC ${L_LIBS})
-  target_include_directories(${name}_main PUBLIC "${ldir}")
+  target_compile_options(${name}_main PRIVATE -O0)
   # Given code around LibTorch's calls, at -O0 (DtcTorch.cmake); the solution at -O1.
-  set(glue_targets ${name}_testobj ${name}_main)
+  set(glue_targets ${name}_testobj)
   if(L_DRIVER)
     list(APPEND glue_targets ${name}_driver)
   endif()
@@ -202,15 +202,22 @@ function(dtc_add_lesson num)
 endfunction()
 
 # dtc_add_e2e(NN NAME <name> [TIMEOUT <s>] [SKIP_RETURN_CODE <c>] [RESOURCE_LOCK <lock>]
-#             COMMAND <args...>)
+#             [PRIMARY] COMMAND <args...>)
 # An end-to-end test of lesson NN's program on real processes, registered twice: for the
 # reference solution (lessonNN.solution.e2e.<name>) and for the learner's own program
 # (lessonNN.learner.e2e.<name>, where the learner flavour is built: not on the trimmed light
 # path), so that `make test-lessonNN` and the grader run the learner's launch and training code
 # under a real launcher. In COMMAND, @PROGRAM@ stands for the flavour's program. Labels: lessonNN,
 # <flavour>, lessonNN-<flavour>, e2e (`make test-lessonNN` runs these after the unit tests pass).
+# PRIMARY: a run that exercises nothing the LibTorch generation changes beyond what the lesson's
+# other runs on the light path already do (a --trace variant, a second layout of the same
+# collectives, a resumed or uneven run of the same program): registered on the primary path
+# only, unless DTC_LIGHT_FULL (docs/BUILD.md gives what each path runs and what it costs).
 function(dtc_add_e2e num)
-  cmake_parse_arguments(E "" "NAME;TIMEOUT;SKIP_RETURN_CODE;RESOURCE_LOCK" "COMMAND" ${ARGN})
+  cmake_parse_arguments(E "PRIMARY" "NAME;TIMEOUT;SKIP_RETURN_CODE;RESOURCE_LOCK" "COMMAND" ${ARGN})
+  if(E_PRIMARY AND DTC_FLAVOR STREQUAL "light" AND NOT DTC_LIGHT_FULL AND NOT DTC_SUBMISSION)
+    return()
+  endif()
   if(NOT E_TIMEOUT)
     set(E_TIMEOUT 180)
   endif()

@@ -18,13 +18,18 @@ set(l06_e2e Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson06/e2e.py")
 set(l06_args --program @PROGRAM@ --baseline $<TARGET_FILE:lesson02_solution>
              --torchrun-kind ${l06_kind} --venv-torchrun "${DTC_TORCHRUN}")
 foreach(mode torchrun mpirun srun resume uneven-steps)
-  dtc_add_e2e(06 NAME ${mode} TIMEOUT 300 RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}"
+  # resume and uneven-steps run the same program and collectives as torchrun: primary path only.
+  set(l06_where "")
+  if(mode MATCHES "^(resume|uneven-steps)$")
+    set(l06_where PRIMARY)
+  endif()
+  dtc_add_e2e(06 NAME ${mode} TIMEOUT 300 RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}" ${l06_where}
               COMMAND ${l06_e2e} ${mode} ${l06_args})
 endforeach()
 # --trace DIR on 2 ranks: the per-rank and merged traces with the spans the README's timeline
 # shows, drawn by scripts/trace_svg.py, and training unchanged (lesson 02's losses and digest).
 if(DTC_TORCHRUN)
-  dtc_add_e2e(06 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+  dtc_add_e2e(06 NAME torchrun_trace TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 2
     --program @PROGRAM@ --trace-check "step,forward,backward,bwd block,sync gradients,optimizer"
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=--steps 3"
     -- --steps 3 --json)

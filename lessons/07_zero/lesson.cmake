@@ -20,7 +20,7 @@ if(DTC_TORCHRUN)
             --program @PROGRAM@ --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${l07_flags}"
             ${l07_bf16})
   # --trace DIR, stage 3 with prefetch on 2 ranks: traces, spans, drawing; lesson 02's losses.
-  dtc_add_e2e(07 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+  dtc_add_e2e(07 NAME torchrun_trace TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 2
     --program @PROGRAM@ --trace-check "step,fwd block,bwd block,optimizer"
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=--steps 3"
     -- --stage 3 --prefetch --steps 3 --json)

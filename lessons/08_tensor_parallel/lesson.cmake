@@ -24,7 +24,7 @@ if(DTC_TORCHRUN)
     -- --dp 2 --tp 2 ${l08_model} --json)
   # --trace DIR, tp 2: the blocks' spans, the optimizer's, and the tp group's allreduces, on
   # one clock across the group.
-  dtc_add_e2e(08 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+  dtc_add_e2e(08 NAME torchrun_trace TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 2
     --program @PROGRAM@ --trace-check "step,fwd block,bwd block,optimizer" --trace-groups tp
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l08_model_args}"
     -- ${l08_model} --json)

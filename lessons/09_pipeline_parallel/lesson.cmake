@@ -28,7 +28,7 @@ if(DTC_TORCHRUN)
     "--losses-like-args=--steps 3 --untied --precision bf16" --digest-rtol 0.1
     -- --steps 3 --micro-batches 4 --precision bf16 --no-sweep --json)
   # --trace DIR on 4 stages: the micro-batch spans F<i>/B<i> on every stage, the drawing.
-  dtc_add_e2e(09 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
+  dtc_add_e2e(09 NAME torchrun_trace TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 4
     --program @PROGRAM@ --trace-check "step,F0,F3,B0,B3,fwd block,optimizer" --losses-like
     $<TARGET_FILE:lesson02_solution> "--losses-like-args=--steps 3 --untied"
     -- --steps 3 --micro-batches 4 --no-sweep --json)

@@ -18,14 +18,14 @@ if(DTC_TORCHRUN)
     --program @PROGRAM@ --json-equals cp=2 "--json-equals=attention=\"ring\""
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --json)
-  dtc_add_e2e(10 NAME torchrun_ring_zigzag_cp4 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
+  dtc_add_e2e(10 NAME torchrun_ring_zigzag_cp4 TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 4
     --program @PROGRAM@ --json-equals cp=4 --json-equals zigzag=true
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --zigzag --json)
   # --trace DIR, ring zig-zag cp 2: attention blocks (forward, and backward from the custom
   # Function's backward) and the ring's sends and receives traced, each send and receive of the
   # cp group and each allreduce of the replicas on one clock with its peers'.
-  dtc_add_e2e(10 NAME torchrun_trace TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+  dtc_add_e2e(10 NAME torchrun_trace TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 2
     --program @PROGRAM@ --trace-check "step,fwd block,bwd block,attn,attn bwd,optimizer"
     --trace-groups cp,replicas
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
@@ -34,14 +34,14 @@ if(DTC_TORCHRUN)
     --program @PROGRAM@ "--json-equals=attention=\"ulysses\""
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --attention ulysses --json)
-  dtc_add_e2e(10 NAME torchrun_allgather_dp2_cp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
+  dtc_add_e2e(10 NAME torchrun_allgather_dp2_cp2 TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 4
     --program @PROGRAM@ --json-equals dp=2 --json-equals cp=2
     "--json-equals=attention=\"allgather\""
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --dp 2 --attention allgather --zigzag --json)
   # Megatron's sequence parallelism on lesson 08's tensor parallelism (tp 2), and with cp 2 beside
   # it (4 ranks: TP groups [0,1] [2,3], CP groups [0,2] [1,3]).
-  dtc_add_e2e(10 NAME torchrun_tp2_sp TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+  dtc_add_e2e(10 NAME torchrun_tp2_sp TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 2
     --program @PROGRAM@ --json-equals tp=2 --json-equals sequence_parallel=true
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --tp 2 --sequence-parallel --json)
@@ -51,7 +51,7 @@ if(DTC_TORCHRUN)
     -- ${l10_model} --tp 2 --sequence-parallel --zigzag --json)
   # Bad input: every rank exits 2 before touching the network (torchrun then exits 1), the flag
   # to fix named: Ulysses on 3 ranks with 4 heads.
-  dtc_add_e2e(10 NAME torchrun_ulysses_heads TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 3
+  dtc_add_e2e(10 NAME torchrun_ulysses_heads TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 3
     --program @PROGRAM@ --exit 1 --output "exitcode *: 2"
     --output "--heads: 4 heads do not split over cp 3"
     -- --steps 3 --layers 1 --hidden 32 --seq 18 --attention ulysses)
