@@ -7,6 +7,7 @@
 #include <fmt/ostream.h>
 
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -746,5 +747,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       },
       err);
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l01

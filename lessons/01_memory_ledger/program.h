@@ -10,4 +10,7 @@ namespace dtc::l01 {
 ///   3 while a TODO(L01) is unfinished.
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 
+/// run_program(argc, argv, std::cout, std::cerr): what main.cpp calls.
+int run_main(int argc, char** argv);
+
 }  // namespace dtc::l01

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <optional>
 #include <ostream>
 
@@ -465,5 +466,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->check(readable_file("pass a checkpoint written by --save"));
   return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l02

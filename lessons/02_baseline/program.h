@@ -97,4 +97,7 @@ std::vector<float> train_losses(const TrainConfig& config, int64_t steps);
 ///   a TODO(L02) is unfinished.
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 
+/// run_program(argc, argv, std::cout, std::cerr): what main.cpp calls.
+int run_main(int argc, char** argv);
+
 }  // namespace dtc::l02

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <iostream>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -303,5 +304,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       },
       err);
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l03

@@ -38,4 +38,7 @@ int run_demo(const DemoOptions& options, const LaunchEnv& env,
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
                 const EnvLookup& env = process_env);
 
+/// run_program(argc, argv, std::cout, std::cerr): what main.cpp calls.
+int run_main(int argc, char** argv);
+
 }  // namespace dtc::l03

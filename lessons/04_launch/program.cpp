@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iostream>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -268,5 +269,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       },
       err);
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l04

@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <optional>
 #include <ostream>
@@ -454,5 +455,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       },
       err);
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l05

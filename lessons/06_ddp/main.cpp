@@ -6,8 +6,10 @@
 //   ... build/bin/lesson06 --data epochs                  # DistributedSampler + set_epoch
 //   ... build/bin/lesson06 --pitfall uneven-steps --timeout-s 5
 //   build/bin/lesson06 --help
-#include <iostream>
+namespace dtc::l06 {
+// program.h: run_program on std::cout and std::cerr. Declared here so that this file compiles
+// without LibTorch's headers (a second or two fewer for every build of the lesson).
+int run_main(int argc, char** argv);
+}  // namespace dtc::l06
 
-#include "program.h"
-
-int main(int argc, char** argv) { return dtc::l06::run_program(argc, argv, std::cout, std::cerr); }
+int main(int argc, char** argv) { return dtc::l06::run_main(argc, argv); }

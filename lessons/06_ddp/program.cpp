@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <ostream>
 #include <thread>
 
@@ -645,5 +646,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       ->capture_default_str();
   return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l06

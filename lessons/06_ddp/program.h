@@ -127,4 +127,7 @@ Batch window_batch(const ByteDataset& data, const std::vector<int64_t>& indices,
 ///   2 for bad input (the message names the flag and the fix), 3 while a TODO(L06) is unfinished.
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 
+/// run_program(argc, argv, std::cout, std::cerr): what main.cpp calls.
+int run_main(int argc, char** argv);
+
 }  // namespace dtc::l06

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <ostream>
 #include <thread>
 
@@ -580,5 +581,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "after the last step, rank 0 writes the full parameters to FILE");
   return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l07

@@ -57,4 +57,7 @@ Baseline train_baseline(const GptConfig& model, uint64_t seed, int64_t batch, in
 /// @return the exit code: 0, 2 for bad input, 3 while a TODO(L07) is unfinished.
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 
+/// run_program(argc, argv, std::cout, std::cerr): what main.cpp calls.
+int run_main(int argc, char** argv);
+
 }  // namespace dtc::l07

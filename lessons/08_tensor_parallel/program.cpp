@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <ostream>
 
@@ -300,5 +301,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                "weight-gradient matmul (Megatron's async dgrad allreduce)");
   return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l08

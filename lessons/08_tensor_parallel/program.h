@@ -113,4 +113,7 @@ CommVolume tp_comm_volume(int64_t batch, int64_t seq, int64_t hidden, int tp,
 /// @return the exit code: 0, 2 for bad input, 3 while a TODO(L08) is unfinished.
 int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 
+/// run_program(argc, argv, std::cout, std::cerr): what main.cpp calls.
+int run_main(int argc, char** argv);
+
 }  // namespace dtc::l08

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iostream>
 #include <ostream>
 
 #include "dtc/cli.h"
@@ -403,5 +404,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
     return code;
   });
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l09

@@ -8,6 +8,7 @@
 #include <fmt/ostream.h>
 
 #include <chrono>
+#include <iostream>
 #include <map>
 #include <ostream>
 #include <thread>
@@ -283,5 +284,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                "the ring without overlap, to measure what the overlap is worth");
   return cli.run(argc, argv, err, [&] { return run(cli.options(), o, out, err); });
 }
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
 
 }  // namespace dtc::l10
