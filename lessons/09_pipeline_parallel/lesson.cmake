@@ -36,7 +36,7 @@ endif()
 
 # A smoke run (not the benchmark itself) of bench/lesson09_vs_pytorch.py: tiny sizes, 2 ranks.
 # Primary path only: it needs PyTorch's torch.distributed.pipelining (the venv's 2.x; Debian's
-# 1.13 has no such module). The real run: see the lesson README, section 8.
+# 1.13 has no such module). The real run: see the lesson README, section 10.
 if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
   get_filename_component(_l09_bin "${DTC_TORCHRUN}" DIRECTORY)
   add_test(NAME lesson09.solution.bench_smoke

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 #include "dtc/errors.h"
 #include "dtc/todo.h"
@@ -83,6 +84,26 @@ std::vector<Op> one_f_one_b_schedule(int stages, int64_t micro_batches, int stag
   return ops;
 }
 
+std::vector<Op> interleaved_schedule(int stages, int64_t micro_batches, int stage, int chunks) {
+  std::vector<Op> ops;
+  // TODO(L09)
+  DTC_TODO("L09",
+           "every (chunk, micro-batch) forward and backward once, in the header's order "
+           "(micro-batches in groups of p through each chunk), with the warm-up the header "
+           "derives "
+           "(L09Interleaved.*; README section 7 has hints)");
+  return ops;
+}
+
+std::vector<Op> zb_h1_schedule(int stages, int64_t micro_batches, int stage) {
+  std::vector<Op> ops;
+  // TODO(L09)
+  DTC_TODO("L09",
+           "1F1B's forwards with an I where 1F1B has a B, and each W as late as the "
+           "header says (L09ZeroBubble.*; README section 8 has hints)");
+  return ops;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Point-to-point
 // ---------------------------------------------------------------------------------------------
@@ -111,29 +132,29 @@ torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
 // The executor
 // ---------------------------------------------------------------------------------------------
 
-StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
-                       int64_t micro_batches, bool deallocate_outputs, bool recompute) {
+StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector<Op>& ops,
+                       const Batch& batch, int64_t micro_batches, bool deallocate_outputs,
+                       bool recompute) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepStats stats;
   const auto start = Clock::now();
   // TODO(L09)
   DTC_TODO("L09",
-           "run ops in order so that the stage's parameters get the whole batch's mean "
-           "gradient, each micro-batch's tensors freed after its backward, every send waited for "
-           "before "
-           "returning, a send started together with the next op's receive whenever both go to "
-           "the same "
-           "neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values "
-           "freed "
-           "when deallocate_outputs asks, with recompute only each micro-batch's input kept from "
-           "its "
-           "forward to its backward, and stats filled (L09Pipeline.*, L09Memory.*, "
-           "L09NcclSafe.*, "
-           "L09Recompute.*; README section 6 hints)");
+           "run ops in order so that every chunk's parameters get the whole batch's mean "
+           "gradient, each micro-batch's tensors freed after its backward (split: after its W), "
+           "every "
+           "send waited for before returning, a send started together with the next op's receive "
+           "whenever both go to the same neighbour (dtc::batch_isend_irecv: the NCCL-safe "
+           "pairing), a "
+           "sent output's values freed when deallocate_outputs asks, with recompute only each "
+           "micro-batch's input kept from its forward to its backward, and stats filled "
+           "(L09Pipeline.*, L09Memory.*, L09NcclSafe.*, L09Recompute.*, L09Chunks.*, "
+           "L09SplitBackward.*; "
+           "README sections 6-8 hints)");
   stats.total_s = seconds(Clock::now() - start);
   return stats;
 }
 
 }  // namespace dtc::l09
-// generated from solutions/09_pipeline_parallel/pipeline.cpp; checksum 12bd9518c080b0a6
+// generated from solutions/09_pipeline_parallel/pipeline.cpp; checksum 058693ae114b707e

@@ -106,19 +106,27 @@ void check_pipeline(const GptConfig& config, int stages, int64_t batch, int64_t 
 // Schedules (you implement them): a pure function of (p, m, stage)
 // ---------------------------------------------------------------------------------------------
 
-/// One step of a schedule: the forward or the backward of micro-batch `micro`.
+/// One step of a schedule: micro-batch `micro`'s forward or backward on model chunk `chunk`
+/// of this rank (0 unless the schedule is interleaved).
 struct Op {
-  enum Kind { kForward, kBackward } kind = kForward;
+  /// kForward (F) and kBackward (B, the whole backward); zero-bubble schedules split B into
+  /// kInput (I: only the gradient of the stage's input, which the stage before waits for; the
+  /// graph is kept) and kWeight (W: the weight gradients from that graph, which nobody waits for).
+  enum Kind { kForward, kBackward, kInput, kWeight } kind = kForward;
   int64_t micro = 0;
-  bool operator==(const Op& o) const { return kind == o.kind && micro == o.micro; }
+  int chunk = 0;
+  bool operator==(const Op& o) const {
+    return kind == o.kind && micro == o.micro && chunk == o.chunk;
+  }
 };
 
 /// Which schedule.
-enum class ScheduleKind { kGpipe, k1f1b };
+enum class ScheduleKind { kGpipe, k1f1b, kInterleaved, kZbH1 };
 
-/// "gpipe" or "1f1b" -> ScheduleKind. @throws dtc::UsageError("--schedule") otherwise. Given.
+/// "gpipe", "1f1b", "interleaved" or "zb-h1" -> ScheduleKind. @throws
+/// dtc::UsageError("--schedule") otherwise. Given.
 ScheduleKind parse_schedule(const std::string& name);
-/// ScheduleKind -> "gpipe" or "1f1b". Given.
+/// ScheduleKind -> "gpipe", "1f1b", "interleaved" or "zb-h1". Given.
 const char* schedule_name(ScheduleKind kind);
 
 /// GPipe (Huang et al. 2019): F0 F1 ... F(m-1), then B0 B1 ... B(m-1), on every stage (the
@@ -134,25 +142,62 @@ std::vector<Op> gpipe_schedule(int stages, int64_t micro_batches, int stage);
 /// than it must (README section 3 has Figure 4's orders; section 6, hints).
 std::vector<Op> one_f_one_b_schedule(int stages, int64_t micro_batches, int stage);
 
-/// The schedule @p kind for (stages, micro_batches, stage). Given.
-std::vector<Op> make_schedule(ScheduleKind kind, int stages, int64_t micro_batches, int stage);
+/// Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, section 2.2.2 and Figure 4, bottom;
+/// forward_backward_pipelining_with_interleaving in megatron/core/pipeline_parallel/
+/// schedules.py) for rank @p stage of @p stages, holding @p chunks (v) model chunks: chunk c is
+/// virtual stage c p + stage of the p v that cut the model (rank 0 holds 0, p, 2p, ...). Every
+/// (chunk, micro-batch) has one forward and one backward. The k-th forward (k = 0 .. v m - 1)
+/// runs micro-batch (k / (p v)) p + k mod p on chunk (k mod p v) / p: p micro-batches go through
+/// chunk 0, the same p through chunk 1, ..., then the next p; the k-th backward runs the same
+/// micro-batch on chunk v - 1 - (k mod p v) / p. A warm-up of forwards, then one forward and one
+/// backward in turn, then the backwards left. The warm-up lasts until the rank's first backward
+/// (micro-batch 0 on chunk v - 1) can have its gradient: (v - 1) p forwards come before that
+/// micro-batch's forward on chunk v - 1, and while it goes on to the last rank and its gradient
+/// comes back, one slot per rank each way, the rank runs 2 (p - stage - 1) more forwards; at most
+/// v m (README section 7 derives it).
+/// Preconditions (check_interleaved()): chunks >= 2, micro_batches a multiple of stages.
+std::vector<Op> interleaved_schedule(int stages, int64_t micro_batches, int stage, int chunks);
 
-/// "F0 F1 B0 B1" (given; for messages and the program's output).
+/// ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 2.1, Figure 3, top):
+/// 1F1B with each backward split in two, I (kInput) where 1F1B runs B, and W (kWeight) later.
+/// Forwards and I's in 1F1B's order (the same warm-up); the W of micro-batch j right after the I
+/// of micro-batch j + stage (stage 0: right after its own I), so that every stage holds at most
+/// p micro-batches' graphs, as 1F1B's first stage does, while W fills the time 1F1B spends
+/// waiting in the cool-down; the W's left come last, in order.
+std::vector<Op> zb_h1_schedule(int stages, int64_t micro_batches, int stage);
+
+/// The schedule @p kind for (stages, micro_batches, stage), with @p chunks model chunks per rank
+/// (interleaved; 1 for the others). Given.
+std::vector<Op> make_schedule(ScheduleKind kind, int stages, int64_t micro_batches, int stage,
+                              int chunks = 1);
+
+/// Checks an interleaved pipeline: at least 2 chunks per rank (--virtual-stages; 1 is 1f1b), the
+/// layers a multiple of stages x chunks (every chunk the same number of blocks, as Megatron
+/// asks), micro-batches a multiple of the stages (Megatron's default group of p micro-batches).
+/// @throws dtc::UsageError naming --virtual-stages or --micro-batches, with the fix. Given.
+void check_interleaved(const GptConfig& config, int stages, int chunks, int64_t micro_batches);
+
+/// "F0 F1 B0 B1" (given; for messages and the program's output); I and W for the split
+/// backward; with chunks, each op as PyTorch's pipelining writes an action, the chunk first:
+/// "0F0 0F1 1F0 ...".
 std::string to_string(const std::vector<Op>& ops);
 
-/// The largest number of micro-batches whose forward is done and whose backward is not, at any
-/// point of @p ops: the stored activations a stage holds at its peak (GPipe: m; 1F1B:
-/// min(m, p - s)). Given.
+/// The largest number of micro-batches (of all chunks) whose forward is done and whose backward
+/// is not (for a split backward: whose W is not), at any point of @p ops: the stored activations
+/// a stage holds at its peak (GPipe: m; 1F1B: min(m, p - s); ZB-H1: min(m, p)). Given.
 int64_t max_in_flight(const std::vector<Op>& ops);
 
 // ---------------------------------------------------------------------------------------------
 // Point-to-point (you implement them)
 // ---------------------------------------------------------------------------------------------
 
-/// The tag of micro-batch @p micro's activations (even) and of its gradients (odd), so the two
-/// directions and the micro-batches never mix. Given.
-inline int activation_tag(int64_t micro) { return static_cast<int>(2 * micro); }
-inline int gradient_tag(int64_t micro) { return static_cast<int>(2 * micro + 1); }
+/// The tag of micro-batch @p micro's activations (even) and of its gradients (odd) for the model
+/// chunk @p chunk that receives them, so the two directions, the micro-batches and the chunks
+/// never mix. Given.
+inline int activation_tag(int64_t micro, int chunk = 0) {
+  return static_cast<int>(2 * (micro + (int64_t{chunk} << 20)));
+}
+inline int gradient_tag(int64_t micro, int chunk = 0) { return activation_tag(micro, chunk) + 1; }
 
 /// Starts sending @p tensor (contiguous) to rank @p dst with @p tag, as a group of one
 /// (dtc::batch_isend_irecv, dtc/dist.h: on NCCL every message of the pipeline must travel the
@@ -204,9 +249,14 @@ struct StepStats {
   double bubble() const { return total_s > 0 ? (total_s - compute_s) / total_s : 0.0; }
 };
 
-/// Runs @p ops on this stage for one batch, accumulating gradients into the stage's parameters
-/// (the caller zeroes them before and steps the optimizer after). The communicator's rank is
-/// the stage index.
+/// Runs @p ops on this rank's model @p chunks for one batch (one chunk per rank, or v with the
+/// interleaved schedule: chunks[c] is virtual stage c p + rank, built by make_stage(full, p v,
+/// c p + rank)), accumulating gradients into the chunks' parameters (the caller zeroes them
+/// before and steps the optimizer after). The communicator's rank is the rank's place in the
+/// pipeline, its size p. Below, "stage" is the op's chunk, "stage - 1" the virtual stage before
+/// it (on the rank before, and for chunk c > 0 on rank 0: the previous chunk on rank p - 1) and
+/// "stage + 1" the one after; a message's tag names the chunk that receives it
+/// (activation_tag(i, chunk), gradient_tag(i, chunk)).
 ///
 /// @p batch is the whole batch of the step, (b, T) inputs and targets, on every stage, on the
 /// device the stage computes on (received tensors go there too); micro-
@@ -243,6 +293,17 @@ struct StepStats {
 /// stage: through the micro-batch's loss). The gradients are the same bit for bit on the CPU;
 /// a stage holds one (b/m, T, h) input per micro-batch in flight instead of its layers' saved
 /// tensors. L09Recompute.* checks both; @p deallocate_outputs has nothing left to free then.
+/// A split backward (ZB-H1): I i receives the gradient as a backward does, computes only the
+/// input's gradient with the graph kept (torch::autograd::grad, retain_graph; the first stage's
+/// input is the tokens: nothing to compute) and sends it as a backward does; W i runs the
+/// backward from the same output and gradient into the chunk's parameters only (the `inputs`
+/// argument of torch::autograd::backward), frees the graph and drops micro-batch i. It needs the
+/// whole graph: with @p recompute or @p deallocate_outputs, std::invalid_argument.
+StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector<Op>& ops,
+                       const Batch& batch, int64_t micro_batches, bool deallocate_outputs = false,
+                       bool recompute = false);
+
+/// run_schedule() on one stage per rank (GPipe, 1F1B, ZB-H1): the chunks {stage}. Given.
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
                        int64_t micro_batches, bool deallocate_outputs = false,
                        bool recompute = false);

@@ -86,23 +86,69 @@ void check_pipeline(const GptConfig& config, int stages, int64_t batch, int64_t 
 ScheduleKind parse_schedule(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::kGpipe;
   if (name == "1f1b") return ScheduleKind::k1f1b;
-  throw UsageError("--schedule", fmt::format("'{}' is not a schedule", name), "use gpipe or 1f1b");
+  if (name == "interleaved") return ScheduleKind::kInterleaved;
+  if (name == "zb-h1") return ScheduleKind::kZbH1;
+  throw UsageError("--schedule", fmt::format("'{}' is not a schedule", name),
+                   "use gpipe, 1f1b, interleaved (with --virtual-stages) or zb-h1");
 }
 
 const char* schedule_name(ScheduleKind kind) {
-  return kind == ScheduleKind::kGpipe ? "gpipe" : "1f1b";
+  switch (kind) {
+    case ScheduleKind::kGpipe: return "gpipe";
+    case ScheduleKind::k1f1b: return "1f1b";
+    case ScheduleKind::kInterleaved: return "interleaved";
+    case ScheduleKind::kZbH1: return "zb-h1";
+  }
+  return "?";
 }
 
-std::vector<Op> make_schedule(ScheduleKind kind, int stages, int64_t micro_batches, int stage) {
-  return kind == ScheduleKind::kGpipe ? gpipe_schedule(stages, micro_batches, stage)
-                                      : one_f_one_b_schedule(stages, micro_batches, stage);
+std::vector<Op> make_schedule(ScheduleKind kind, int stages, int64_t micro_batches, int stage,
+                              int chunks) {
+  switch (kind) {
+    case ScheduleKind::kGpipe: return gpipe_schedule(stages, micro_batches, stage);
+    case ScheduleKind::k1f1b: return one_f_one_b_schedule(stages, micro_batches, stage);
+    case ScheduleKind::kInterleaved:
+      return interleaved_schedule(stages, micro_batches, stage, chunks);
+    case ScheduleKind::kZbH1: return zb_h1_schedule(stages, micro_batches, stage);
+  }
+  return {};
+}
+
+void check_interleaved(const GptConfig& config, int stages, int chunks, int64_t micro_batches) {
+  if (chunks < 2) {
+    throw UsageError("--virtual-stages",
+                     fmt::format("{} model chunk(s) per rank for the interleaved schedule", chunks),
+                     "pass --virtual-stages 2 or more (with one chunk per rank, use --schedule "
+                     "1f1b)");
+  }
+  if (config.layers % (static_cast<int64_t>(stages) * chunks) != 0) {
+    throw UsageError(
+        "--virtual-stages",
+        fmt::format("{} layers do not split into {} stages x {} chunks of equal size",
+                    config.layers, stages, chunks),
+        fmt::format("pass --layers a multiple of {} (stages x virtual stages), or fewer "
+                    "--virtual-stages",
+                    static_cast<int64_t>(stages) * chunks));
+  }
+  if (micro_batches % stages != 0) {
+    throw UsageError(
+        "--micro-batches",
+        fmt::format("{} micro-batches are not a multiple of the {} stages (the interleaved "
+                    "schedule sends micro-batches through each chunk in groups of p)",
+                    micro_batches, stages),
+        fmt::format("pass --micro-batches {} or another multiple of {}", stages, stages));
+  }
 }
 
 std::string to_string(const std::vector<Op>& ops) {
+  const bool chunked =
+      std::any_of(ops.begin(), ops.end(), [](const Op& op) { return op.chunk != 0; });
+  static constexpr char kLetter[] = {'F', 'B', 'I', 'W'};
   std::string text;
   for (const auto& op : ops) {
     if (!text.empty()) text += ' ';
-    text += fmt::format("{}{}", op.kind == Op::kForward ? 'F' : 'B', op.micro);
+    if (chunked) text += std::to_string(op.chunk);
+    text += fmt::format("{}{}", kLetter[op.kind], op.micro);
   }
   return text;
 }
@@ -110,10 +156,23 @@ std::string to_string(const std::vector<Op>& ops) {
 int64_t max_in_flight(const std::vector<Op>& ops) {
   int64_t now = 0, most = 0;
   for (const auto& op : ops) {
-    now += op.kind == Op::kForward ? 1 : -1;
+    if (op.kind == Op::kForward) ++now;
+    if (op.kind == Op::kBackward || op.kind == Op::kWeight) --now;  // I keeps the graph
     most = std::max(most, now);
   }
   return most;
+}
+
+StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
+                       int64_t micro_batches, bool deallocate_outputs, bool recompute) {
+  std::vector<Stage> chunks;
+  chunks.push_back(std::move(stage));
+  struct GiveBack {  // the stage comes back to the caller whatever happens
+    Stage& stage;
+    std::vector<Stage>& chunks;
+    ~GiveBack() { stage = std::move(chunks.front()); }
+  } give_back{stage, chunks};
+  return run_schedule(chunks, comm, ops, batch, micro_batches, deallocate_outputs, recompute);
 }
 
 void deallocate_output(torch::Tensor& output) {

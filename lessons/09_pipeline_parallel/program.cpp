@@ -30,10 +30,47 @@ GptConfig untied(GptConfig c) {
   return c;
 }
 
-// This rank's stage, from the baseline's initial weights, on options.device.
-Stage build_stage(const PipelineOptions& o, int stages, int stage) {
+// This rank's model chunks (one, or v interleaved: virtual stages rank, p + rank, ...), from
+// the baseline's initial weights, on options.device.
+std::vector<Stage> build_chunks(const PipelineOptions& o, int stages, int rank) {
   Gpt full = make_gpt(untied(o.model), o.seed, o.device);  // every rank builds it all
-  return make_stage(full, stages, stage);  // the other modules are freed with `full`
+  std::vector<Stage> chunks;
+  for (int c = 0; c < o.chunks; ++c) {
+    chunks.push_back(make_stage(full, stages * o.chunks, c * stages + rank));
+  }
+  return chunks;  // the other modules are freed with `full`
+}
+
+// Every parameter of the rank's chunks, chunk by chunk (what its optimizer steps).
+std::vector<torch::Tensor> parameters_of(const std::vector<Stage>& chunks) {
+  std::vector<torch::Tensor> params;
+  for (const auto& c : chunks) {
+    const auto mine = c.parameters();
+    params.insert(params.end(), mine.begin(), mine.end());
+  }
+  return params;
+}
+
+// What a schedule needs of the run, checked on every rank before anything is built.
+void check_schedule(const PipelineOptions& o, int stages) {
+  if (o.schedule == ScheduleKind::kInterleaved && stages >= 1) {
+    check_interleaved(o.model, stages, o.chunks, o.micro_batches);  // names --virtual-stages
+  }
+  check_pipeline(o.model, stages * o.chunks, o.batch, o.micro_batches);
+  if (o.schedule != ScheduleKind::kInterleaved && o.chunks != 1) {
+    throw UsageError("--virtual-stages",
+                     fmt::format("{} model chunks per rank with the {} schedule", o.chunks,
+                                 schedule_name(o.schedule)),
+                     "pass --schedule interleaved, or leave --virtual-stages out");
+  }
+  if (o.schedule == ScheduleKind::kZbH1 && o.recompute != Recompute::kNone) {
+    throw UsageError("--recompute", "zb-h1 with recomputation",
+                     "leave --recompute out: W needs the graph that I kept");
+  }
+  if (o.schedule == ScheduleKind::kZbH1 && o.deallocate_outputs) {
+    throw UsageError("--deallocate-outputs", "zb-h1 with deallocated outputs",
+                     "leave --deallocate-outputs out: W runs from the output's graph");
+  }
 }
 
 void zero_grads(const std::vector<torch::Tensor>& params) {
@@ -52,14 +89,26 @@ std::vector<double> gather_per_stage(Comm& comm, double value, const torch::Devi
 
 }  // namespace
 
+namespace {
+// The ideal time of a step in units of (the bubble's (p - 1) slots): m, v m for interleaved
+// (each slot 1/v of a stage's work), 3 m for ZB-H1 (F, B and W of equal length, one of the
+// three in each of the p - 1 slots is filled).
+double ideal_units(const BubbleRow& r) {
+  const auto m = static_cast<double>(r.micro_batches);
+  if (r.schedule == ScheduleKind::kInterleaved) return static_cast<double>(r.chunks) * m;
+  if (r.schedule == ScheduleKind::kZbH1) return 3 * m;
+  return m;
+}
+}  // namespace
+
 double BubbleRow::theory() const {
   const auto p = static_cast<double>(stages);
-  return (p - 1) / (static_cast<double>(micro_batches) + p - 1);
+  return (p - 1) / (ideal_units(*this) + p - 1);
 }
 
 double BubbleRow::theory_per_compute() const {
   const auto p = static_cast<double>(stages);
-  return (p - 1) / static_cast<double>(micro_batches);
+  return (p - 1) / ideal_units(*this);
 }
 
 double BubbleRow::mean_bubble() const {
@@ -93,15 +142,15 @@ std::vector<NamedPiece> stage_pieces(const Stage& stage) {
 PipelineResult train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log) {
   const int p = comm.getSize();
   const int s = comm.getRank();
-  check_pipeline(o.model, p, o.batch, o.micro_batches);
+  check_schedule(o, p);
   check_precision(o.precision, /*bf16_collectives=*/false);  // fp32 messages
-  Stage stage = build_stage(o, p, s);
-  const auto params = stage.parameters();
+  std::vector<Stage> chunks = build_chunks(o, p, s);
+  const auto params = parameters_of(chunks);
   // AdamW per stage over its own parameters: elementwise, so p optimizers = the baseline's one.
   // bf16: over fp32 master weights, the stage's parameters cast to bf16 (dtc::MasterAdamW).
   MasterAdamW optimizer(params, o.precision, adamw_options(o));
-  stage.precision = o.precision;
-  const auto ops = make_schedule(o.schedule, p, o.micro_batches, s);
+  for (auto& c : chunks) c.precision = o.precision;
+  const auto ops = make_schedule(o.schedule, p, o.micro_batches, s, o.chunks);
   const ByteDataset data = ByteDataset::builtin();
   // On NCCL, a group of sends and receives (dtc::batch_isend_irecv) runs on the communicator of
   // the whole group, which the group's first collective creates with every rank taking part;
@@ -115,12 +164,12 @@ PipelineResult train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log
     if (log) log->begin_step();
     const Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
     optimizer.zero_grad();
-    stage.begin_step();  // a trace's labels F0, B0, ... start again
-    const StepStats stats = run_schedule(stage, comm, ops, batch, o.micro_batches,
+    for (auto& c : chunks) c.begin_step();  // a trace's labels F0, B0, ... start again
+    const StepStats stats = run_schedule(chunks, comm, ops, batch, o.micro_batches,
                                          o.deallocate_outputs, o.recompute == Recompute::kFull);
     optimizer.step();
     // The loss lives on the last stage: a sum in which only it writes a non-zero.
-    auto loss = torch::full({1}, s == p - 1 ? stats.loss : 0.0f,
+    auto loss = torch::full({1}, chunks.back().layers.head ? stats.loss : 0.0f,
                             torch::dtype(torch::kFloat).device(o.device));
     std::vector<at::Tensor> v{loss};
     comm.allreduce(v)->wait();
@@ -130,7 +179,11 @@ PipelineResult train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log
   if (o.digest) {
     std::vector<std::string> names;
     for (const auto& item : Gpt(untied(o.model))->named_parameters()) names.push_back(item.key());
-    std::vector<NamedPiece> pieces = stage_pieces(stage);  // in parameters() order
+    std::vector<NamedPiece> pieces;  // in parameters_of() order
+    for (const auto& c : chunks) {
+      const auto mine = stage_pieces(c);
+      pieces.insert(pieces.end(), mine.begin(), mine.end());
+    }
     for (size_t i = 0; i < pieces.size(); ++i) pieces[i].second = optimizer.master()[i];
     result.digest = param_digest(names, pieces, &comm);
   }
@@ -143,20 +196,40 @@ PipelineResult train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log
 std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
   const int p = comm.getSize();
   const int s = comm.getRank();
-  Stage stage = build_stage(o, p, s);
-  const auto params = stage.parameters();
-  if (o.precision != Precision::kFp32) {
-    torch::NoGradGuard no_grad;  // the run's dtype (no optimizer here: nothing steps)
-    for (auto p : params) p.set_data(p.detach().to(working_dtype(o.precision)));
-    stage.precision = o.precision;
-  }
   const ByteDataset data = ByteDataset::builtin();
   const Batch batch = data.batch(o.seed, 0, o.batch, o.model.ctx).to(o.device);
+  // Every schedule the run allows: GPipe and 1F1B; interleaved with the run's v (2 if the run's
+  // is not interleaved) where the layers split so; ZB-H1 unless the run recomputes or
+  // deallocates outputs. Each (schedule, m) on its own chunks, in the run's dtype.
+  struct Sweep {
+    ScheduleKind kind;
+    int chunks;
+  };
+  std::vector<Sweep> kinds{{ScheduleKind::kGpipe, 1}, {ScheduleKind::k1f1b, 1}};
+  const int v = o.schedule == ScheduleKind::kInterleaved ? o.chunks : 2;
+  if (o.model.layers % (static_cast<int64_t>(p) * v) == 0 && p > 1) {
+    kinds.push_back({ScheduleKind::kInterleaved, v});
+  }
+  if (o.recompute == Recompute::kNone && !o.deallocate_outputs) {
+    kinds.push_back({ScheduleKind::kZbH1, 1});
+  }
   std::vector<BubbleRow> rows;
-  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1f1b}) {
+  for (const Sweep& sweep : kinds) {
+    PipelineOptions ko = o;
+    ko.schedule = sweep.kind;
+    ko.chunks = sweep.chunks;
+    std::vector<Stage> chunks = build_chunks(ko, p, s);
+    const auto params = parameters_of(chunks);
+    if (o.precision != Precision::kFp32) {
+      torch::NoGradGuard no_grad;  // the run's dtype (no optimizer here: nothing steps)
+      for (auto t : params) t.set_data(t.detach().to(working_dtype(o.precision)));
+      for (auto& c : chunks) c.precision = o.precision;
+    }
+    const ScheduleKind kind = sweep.kind;
     for (int64_t m : o.sweep) {
       if (m < 1 || o.batch % m != 0) continue;
-      const auto ops = make_schedule(kind, p, m, s);
+      if (kind == ScheduleKind::kInterleaved && m % p != 0) continue;
+      const auto ops = make_schedule(kind, p, m, s, sweep.chunks);
       const auto steps = static_cast<size_t>(std::max<int64_t>(1, o.sweep_steps));
       std::vector<double> windows(steps), computes(steps);
       int64_t in_flight = 0, peak = -1;
@@ -172,8 +245,8 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
         // stage 0 finishes last, the last stage first, so only stage 0 would see the formula.
         comm.barrier()->wait();
         const auto t0 = std::chrono::steady_clock::now();
-        stage.begin_step();
-        const StepStats st = run_schedule(stage, comm, ops, batch, m, o.deallocate_outputs,
+        for (auto& c : chunks) c.begin_step();
+        const StepStats st = run_schedule(chunks, comm, ops, batch, m, o.deallocate_outputs,
                                           o.recompute == Recompute::kFull);
         comm.barrier()->wait();
         windows[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -196,6 +269,7 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
       row.schedule = kind;
       row.micro_batches = m;
       row.stages = p;
+      row.chunks = sweep.chunks;
       row.bubble = gather_per_stage(comm, window > 0 ? idle / window : 0.0, o.device);
       row.idle_per_compute =
           gather_per_stage(comm, computes[best] > 0 ? idle / computes[best] : 0.0, o.device);
@@ -231,12 +305,19 @@ std::vector<std::pair<std::string, std::string>> stage_rows(const PipelineOption
                    o.recompute == Recompute::kFull ? "full (each stage's layers again in backward)"
                                                    : "none")}};
   for (int s = 0; s < p; ++s) {
-    const StageLayers l = stage_layers(o.model.layers, p, s);
+    std::string blocks;  // the rank's chunks: virtual stages s, p + s, ...
+    bool embed = false, head = false;
+    for (int c = 0; c < o.chunks; ++c) {
+      const StageLayers l = stage_layers(o.model.layers, p * o.chunks, c * p + s);
+      blocks += fmt::format("{}[{}, {})", blocks.empty() ? "" : " ", l.first, l.last);
+      embed = embed || l.embed;
+      head = head || l.head;
+    }
     rows.emplace_back(
         fmt::format("stage {}", s),
-        fmt::format("(rank {}): blocks [{}, {}){}{}   schedule {}", s, l.first, l.last,
-                    l.embed ? " + embeddings" : "", l.head ? " + ln_f, lm_head, loss" : "",
-                    to_string(make_schedule(o.schedule, p, o.micro_batches, s))));
+        fmt::format("(rank {}): blocks {}{}{}   schedule {}", s, blocks,
+                    embed ? " + embeddings" : "", head ? " + ln_f, lm_head, loss" : "",
+                    to_string(make_schedule(o.schedule, p, o.micro_batches, s, o.chunks))));
   }
   return rows;
 }
@@ -244,7 +325,7 @@ std::vector<std::pair<std::string, std::string>> stage_rows(const PipelineOption
 int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::ostream& err) {
   const int p = comm.getSize();
   const int rank = comm.getRank();
-  check_pipeline(o.model, p, o.batch, o.micro_batches);
+  check_schedule(o, p);
   StepLog log(err, rank == 0 && !o.json, 0, o.steps, o.batch * o.model.ctx);
   PipelineOptions run = o;
   run.digest = true;
@@ -259,12 +340,13 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
     j["stages"] = p;
     j["micro_batches"] = o.micro_batches;
     j["schedule"] = schedule_name(o.schedule);
+    j["virtual_stages"] = o.chunks;
     j["precision"] = precision_name(o.precision);
     j["recompute"] = recompute_name(o.recompute);
     j["torch"] = torch_version();
     nlohmann::json layers = nlohmann::json::array();
-    for (int s = 0; s < p; ++s) {
-      const StageLayers l = stage_layers(o.model.layers, p, s);
+    for (int s = 0; s < p * o.chunks; ++s) {  // virtual stage s is rank s % p's chunk s / p
+      const StageLayers l = stage_layers(o.model.layers, p * o.chunks, s);
       layers.push_back({l.first, l.last});
     }
     j["stage_blocks"] = layers;
@@ -272,6 +354,7 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
     for (const auto& r : rows) {
       j["bubble"].push_back(
           {{"schedule", schedule_name(r.schedule)},
+           {"virtual_stages", r.chunks},
            {"micro_batches", r.micro_batches},
            {"measured", r.bubble.empty() ? nlohmann::json() : nlohmann::json(r.bubble)},
            {"mean", r.bubble.empty() ? nlohmann::json() : nlohmann::json(r.mean_bubble())},
@@ -300,14 +383,14 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
              o.device.is_cpu() ? ""
                                : " (not measured on CUDA: a CPU clock around asynchronous "
                                  "kernels\ntimes their launch, not their work)");
-  fmt::print(out, "  {:<9} {:>3}  {:>8} {:>8}  {:<23} {:>9}  {}\n", "schedule", "m", "theory",
+  fmt::print(out, "  {:<11} {:>3}  {:>8} {:>8}  {:<23} {:>9}  {}\n", "schedule", "m", "theory",
              "mean", "idle/window per stage", "(p-1)/m", "idle/compute per stage");
   for (const auto& r : rows) {
     std::vector<std::string> per, per_compute;
     for (double b : r.bubble) per.push_back(fmt::format("{:.2f}", b));
     for (double b : r.idle_per_compute) per_compute.push_back(fmt::format("{:.2f}", b));
     const std::string mean = r.bubble.empty() ? "-" : fmt::format("{:.3f}", r.mean_bubble());
-    fmt::print(out, "  {:<9} {:>3}  {:>8.3f} {:>8}  {:<23} {:>9.3f}  {}\n",
+    fmt::print(out, "  {:<11} {:>3}  {:>8.3f} {:>8}  {:<23} {:>9.3f}  {}\n",
                schedule_name(r.schedule), r.micro_batches, r.theory(), mean,
                fmt::format("{}", fmt::join(per, " ")), r.theory_per_compute(),
                fmt::join(per_compute, " "));
@@ -316,13 +399,13 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
              "\nActivation memory per stage: micro-batches stored at once (GPipe m, 1F1B "
              "min(m, p-s)),\nand the counting allocator's peak during the step (MiB; '-' "
              "when not measured):\n\n");
-  fmt::print(out, "  {:<9} {:>3}  {:<22} {}\n", "schedule", "m", "in flight per stage",
+  fmt::print(out, "  {:<11} {:>3}  {:<22} {}\n", "schedule", "m", "in flight per stage",
              "peak MiB per stage");
   for (const auto& r : rows) {
     std::vector<std::string> mib;
     for (int64_t b : r.peak_bytes)
       mib.push_back(b < 0 ? "-" : fmt::format("{:.2f}", static_cast<double>(b) / (1 << 20)));
-    fmt::print(out, "  {:<9} {:>3}  {:<22} {}\n", schedule_name(r.schedule), r.micro_batches,
+    fmt::print(out, "  {:<11} {:>3}  {:<22} {}\n", schedule_name(r.schedule), r.micro_batches,
                fmt::format("{}", fmt::join(r.in_flight, " ")), fmt::join(mib, " "));
   }
   return kExitOk;
@@ -341,6 +424,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   cli.add_recompute_flag({Recompute::kNone, Recompute::kFull});
   PipelineOptions o;
   int stages = 0;
+  int virtual_stages = 0;
   std::string schedule = "1f1b";
   bool no_sweep = false;
   CLI::App& app = cli.app();
@@ -349,9 +433,12 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--micro-batches", o.micro_batches, "micro-batches m per step (divides the batch)")
       ->check(positive_count("--micro-batches 4"))
       ->capture_default_str();
-  app.add_option("--schedule", schedule, "gpipe or 1f1b")
-      ->check(one_of({"gpipe", "1f1b"}, "a pipeline schedule"))
+  app.add_option("--schedule", schedule, "gpipe, 1f1b, interleaved or zb-h1")
+      ->check(one_of({"gpipe", "1f1b", "interleaved", "zb-h1"}, "a pipeline schedule"))
       ->capture_default_str();
+  app.add_option("--virtual-stages", virtual_stages,
+                 "v, model chunks per rank for --schedule interleaved (default 2)")
+      ->check(positive_count("--virtual-stages 2"));
   app.add_option("--sweep", o.sweep,
                  "micro-batch counts for the bubble measurement (those that divide the batch)")
       ->check(positive_count("--sweep 1 2 4 8"))
@@ -372,13 +459,17 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
     o.steps = t.train.steps;
     o.json = t.train.json;
     o.schedule = parse_schedule(schedule);
+    o.chunks =
+        virtual_stages > 0 ? virtual_stages : (o.schedule == ScheduleKind::kInterleaved ? 2 : 1);
     o.device = job.device;
     check_precision(o.precision, /*bf16_collectives=*/false);  // fp32 messages
     if (no_sweep) o.sweep.clear();
     const int world = job.env.world_size;
     if (stages == 0) stages = world;
     // More ranks than the default 4 layers (e.g. 8 GPUs) and no --layers: one block each.
-    if (app.count("--layers") == 0 && stages > o.model.layers) o.model.layers = stages;
+    if (app.count("--layers") == 0 && stages * o.chunks > o.model.layers) {
+      o.model.layers = stages * o.chunks;
+    }
     if (stages != world) {
       throw UsageError(
           "--stages",
@@ -386,7 +477,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
           fmt::format("start {} ranks (torchrun --nproc_per_node={}) or leave --stages out", stages,
                       stages));
     }
-    check_pipeline(o.model, stages, o.batch, o.micro_batches);
+    check_schedule(o, stages);
 
     // 2. Build: the counting allocator on the CPU (each stage's activation peak), the group.
     if (job.device.is_cpu()) install_counting_allocator();

@@ -24,6 +24,7 @@ struct PipelineOptions : RunConfig {
   int64_t steps = 20;                           ///< optimizer steps (--steps)
   int64_t micro_batches = 4;                    ///< m (--micro-batches)
   ScheduleKind schedule = ScheduleKind::k1f1b;  ///< --schedule
+  int chunks = 1;  ///< v, model chunks per rank (--virtual-stages; interleaved only, else 1)
   /// Micro-batch counts for the bubble measurement (only those that divide the batch); empty:
   /// no measurement.
   std::vector<int64_t> sweep{1, 2, 4, 8};
@@ -61,6 +62,7 @@ struct BubbleRow {
   ScheduleKind schedule = ScheduleKind::kGpipe;
   int64_t micro_batches = 1;
   int stages = 1;  ///< p
+  int chunks = 1;  ///< v (interleaved; else 1)
   /// per stage: idle / window (empty on CUDA: not measured, see measure_bubbles), where the window
   /// is the same for every stage: from a barrier
   /// before the step to a barrier after it (so the window ends when the last stage is done)
@@ -69,9 +71,14 @@ struct BubbleRow {
   std::vector<int64_t> in_flight;        ///< per stage: most micro-batches stored at once
   std::vector<int64_t> peak_bytes;       ///< per stage: allocator peak above the step's start, or
                                          ///< -1 when the counting allocator is not installed
-  double theory() const;                 ///< idle / window: (p - 1) / (m + p - 1)
-  double theory_per_compute() const;     ///< idle / compute, Megatron-LM's: (p - 1) / m
-  double mean_bubble() const;            ///< the mean over stages
+  /// idle / window: (p - 1) / (m + p - 1), the zero-bubble paper's measure; interleaved
+  /// (p - 1) / (v m + p - 1); ZB-H1 (p - 1) / (3 m + p - 1), its bubble (p - 1)(F + B - W) when
+  /// F, B and W take the same time
+  double theory() const;
+  /// idle / compute, Narayanan et al.'s measure: (p - 1) / m; interleaved (p - 1) / (v m);
+  /// ZB-H1 (p - 1) / (3 m)
+  double theory_per_compute() const;
+  double mean_bubble() const;  ///< the mean over stages
 };
 
 /// Runs options.sweep_steps forward-backward steps (no optimizer step) for each schedule and

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 #include "dtc/errors.h"
 #include "dtc/todo.h"
@@ -107,6 +108,48 @@ std::vector<Op> one_f_one_b_schedule(int stages, int64_t micro_batches, int stag
   return ops;
 }
 
+std::vector<Op> interleaved_schedule(int stages, int64_t micro_batches, int stage, int chunks) {
+  std::vector<Op> ops;
+  // BEGIN SOLUTION: every (chunk, micro-batch) forward and backward once, in the header's order
+  //   (micro-batches in groups of p through each chunk), with the warm-up the header derives
+  //   (L09Interleaved.*; README section 7 has hints)
+  const int64_t p = stages, v = chunks;
+  const int64_t total = v * micro_batches;
+  auto micro = [&](int64_t k) { return (k / (p * v)) * p + k % p; };
+  auto chunk = [&](int64_t k, bool forward) {
+    const auto c = static_cast<int>((k % (p * v)) / p);
+    return forward ? c : chunks - 1 - c;
+  };
+  auto forward = [&](int64_t k) { ops.push_back({Op::kForward, micro(k), chunk(k, true)}); };
+  auto backward = [&](int64_t k) { ops.push_back({Op::kBackward, micro(k), chunk(k, false)}); };
+  const int64_t warmup = std::min(2 * (p - stage - 1) + (v - 1) * p, total);
+  for (int64_t k = 0; k < warmup; ++k) forward(k);
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    forward(warmup + k);
+    backward(k);
+  }
+  for (int64_t k = total - warmup; k < total; ++k) backward(k);
+  // END SOLUTION
+  return ops;
+}
+
+std::vector<Op> zb_h1_schedule(int stages, int64_t micro_batches, int stage) {
+  std::vector<Op> ops;
+  // BEGIN SOLUTION: 1F1B's forwards with an I where 1F1B has a B, and each W as late as the
+  //   header says (L09ZeroBubble.*; README section 8 has hints)
+  const int64_t warmup = std::min<int64_t>(micro_batches, stages - 1 - stage);  // 1F1B's
+  int64_t forwards = 0, weights = 0;
+  for (; forwards < warmup; ++forwards) ops.push_back({Op::kForward, forwards});
+  for (int64_t i = 0; i < micro_batches; ++i) {
+    if (forwards < micro_batches) ops.push_back({Op::kForward, forwards++});
+    ops.push_back({Op::kInput, i});
+    if (i >= stage) ops.push_back({Op::kWeight, weights++});
+  }
+  for (; weights < micro_batches; ++weights) ops.push_back({Op::kWeight, weights});
+  // END SOLUTION
+  return ops;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Point-to-point
 // ---------------------------------------------------------------------------------------------
@@ -136,33 +179,45 @@ torch::Tensor recv_tensor(Comm& comm, at::IntArrayRef shape, int src, int tag,
 // The executor
 // ---------------------------------------------------------------------------------------------
 
-StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
-                       int64_t micro_batches, bool deallocate_outputs, bool recompute) {
+StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector<Op>& ops,
+                       const Batch& batch, int64_t micro_batches, bool deallocate_outputs,
+                       bool recompute) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepStats stats;
   const auto start = Clock::now();
-  // BEGIN SOLUTION: run ops in order so that the stage's parameters get the whole batch's mean
-  //   gradient, each micro-batch's tensors freed after its backward, every send waited for before
-  //   returning, a send started together with the next op's receive whenever both go to the same
-  //   neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a sent output's values freed
-  //   when deallocate_outputs asks, with recompute only each micro-batch's input kept from its
-  //   forward to its backward, and stats filled (L09Pipeline.*, L09Memory.*, L09NcclSafe.*,
-  //   L09Recompute.*; README section 6 hints)
-  const int s = stage.stage;
+  // BEGIN SOLUTION: run ops in order so that every chunk's parameters get the whole batch's mean
+  //   gradient, each micro-batch's tensors freed after its backward (split: after its W), every
+  //   send waited for before returning, a send started together with the next op's receive
+  //   whenever both go to the same neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a
+  //   sent output's values freed when deallocate_outputs asks, with recompute only each
+  //   micro-batch's input kept from its forward to its backward, and stats filled
+  //   (L09Pipeline.*, L09Memory.*, L09NcclSafe.*, L09Recompute.*, L09Chunks.*, L09SplitBackward.*;
+  //   README sections 6-8 hints)
+  const int s = comm.getRank();
+  const int p = comm.getSize();
+  const int prev = (s + p - 1) % p;  // the rank of the virtual stage before (chunks wrap around)
+  const int next_rank = (s + 1) % p;
   const int64_t rows = batch.inputs.size(0) / micro_batches;  // b / m
   const int64_t T = batch.inputs.size(1);
-  const std::vector<int64_t> act_shape{rows, T, stage.config.hidden};  // (b/m, T, h)
-  const torch::Device device = batch.inputs.device();                  // where this stage computes
-  const bool first = stage.layers.embed;
-  const bool last = stage.layers.head;
-  // Whom an op receives from (-1: nobody) and with which tag: a forward its activation from
-  // the stage before, a backward its gradient from the stage after.
+  const std::vector<int64_t> act_shape{rows, T, chunks.front().config.hidden};  // (b/m, T, h)
+  const torch::Device device = batch.inputs.device();  // where this stage computes
+  // Whom an op receives from (-1: nobody): a forward its activation from the virtual stage
+  // before, a backward (or I) its gradient from the one after; a W nothing.
   auto source = [&](const Op& op) {
-    return op.kind == Op::kForward ? (first ? -1 : s - 1) : (last ? -1 : s + 1);
+    const StageLayers& l = chunks[static_cast<size_t>(op.chunk)].layers;
+    if (op.kind == Op::kWeight) return -1;
+    return op.kind == Op::kForward ? (l.embed ? -1 : prev) : (l.head ? -1 : next_rank);
   };
+  // The tag of the message an op receives (its micro-batch, its chunk), and of the one it sends
+  // (the receiver's chunk: the next chunk's when the ring wraps around).
   auto tag = [](const Op& op) {
-    return op.kind == Op::kForward ? activation_tag(op.micro) : gradient_tag(op.micro);
+    return op.kind == Op::kForward ? activation_tag(op.micro, op.chunk)
+                                   : gradient_tag(op.micro, op.chunk);
+  };
+  auto sent_tag = [&](const Op& op) {
+    return op.kind == Op::kForward ? activation_tag(op.micro, op.chunk + (s == p - 1 ? 1 : 0))
+                                   : gradient_tag(op.micro, op.chunk - (s == 0 ? 1 : 0));
   };
   // The last stage's loss of micro-batch i from its logits: its mean cross-entropy / m.
   auto micro_loss = [&](const torch::Tensor& logits, int64_t micro) {
@@ -171,19 +226,61 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
                                                 targets.reshape({-1})) /
            static_cast<double>(micro_batches);
   };
-  std::vector<torch::Tensor> inputs(static_cast<size_t>(micro_batches));
-  std::vector<torch::Tensor> outputs(static_cast<size_t>(micro_batches));  // or scaled losses
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends;                       // waited for at the end
+  using PerMicro = std::vector<torch::Tensor>;
+  const PerMicro none(static_cast<size_t>(micro_batches));
+  std::vector<PerMicro> inputs_of(chunks.size(), none);
+  std::vector<PerMicro> outputs_of(chunks.size(), none);  // or scaled losses
+  std::vector<PerMicro> grads_of(chunks.size(), none);    // an output's gradient, from I to W
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;      // waited for at the end
   torch::Tensor ahead;  // the next op's message, received together with this op's send
   std::vector<c10::intrusive_ptr<c10d::Work>> ahead_works;
   int64_t in_flight = 0;
   double loss_sum = 0;
+  // Interleaved (chunks wrap around the ranks): Megatron's exchanges instead of the pairing.
+  const bool interleaved = chunks.size() > 1;
+  std::vector<P2POp> held;                            // sends held back for the next exchange
+  std::vector<torch::Tensor> prefetched(ops.size());  // messages received ahead, by op
+  // One exchange, as one group: the sends held back, the receive of op k and, when op k is a
+  // forward in the steady state (a backward, then a forward follow it), that backward's too.
+  auto exchange = [&](size_t k) {
+    std::vector<P2POp> group = std::move(held);
+    held.clear();
+    auto receive = [&](size_t j) {
+      if (j >= ops.size() || source(ops[j]) < 0 || prefetched[j].defined()) return;
+      prefetched[j] = torch::empty(act_shape, torch::dtype(torch::kFloat).device(device));
+      group.push_back({P2POp::kRecv, prefetched[j], source(ops[j]), tag(ops[j])});
+    };
+    receive(k);
+    if (k + 2 < ops.size() && ops[k].kind == Op::kForward && ops[k + 1].kind != Op::kForward &&
+        ops[k + 2].kind == Op::kForward) {
+      receive(k + 1);
+    }
+    if (!group.empty()) {
+      for (auto& work : batch_isend_irecv(comm, group)) work->wait();
+    }
+  };
   for (size_t k = 0; k < ops.size(); ++k) {
     const Op& op = ops[k];
     const auto i = static_cast<size_t>(op.micro);
+    Stage& stage = chunks[static_cast<size_t>(op.chunk)];
+    PerMicro& inputs = inputs_of[static_cast<size_t>(op.chunk)];
+    PerMicro& outputs = outputs_of[static_cast<size_t>(op.chunk)];
+    PerMicro& grads = grads_of[static_cast<size_t>(op.chunk)];
+    const bool first = stage.layers.embed;
+    const bool last = stage.layers.head;
+    const bool split = op.kind == Op::kInput || op.kind == Op::kWeight;
+    if (split && (recompute || deallocate_outputs)) {
+      throw std::invalid_argument(
+          "run_schedule: a split backward (I, W) needs each micro-batch's graph whole: not with "
+          "recompute or deallocate_outputs");
+    }
     // 1. The message this op needs: already on its way if it was paired with the last send.
     torch::Tensor message;
-    if (source(op) >= 0) {
+    if (interleaved && source(op) >= 0 && !prefetched[k].defined()) exchange(k);
+    if (interleaved && source(op) >= 0) {
+      message = prefetched[k];
+      prefetched[k] = torch::Tensor();
+    } else if (source(op) >= 0) {
       if (ahead.defined()) {
         for (auto& work : ahead_works) work->wait();
         ahead_works.clear();
@@ -193,7 +290,7 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
         message = recv_tensor(comm, act_shape, source(op), tag(op), device);
       }
     }
-    // 2. The op itself, and what it sends on (to whom; its own tag, tag(op)).
+    // 2. The op itself, and what it sends on (to whom; the receiver's tag, sent_tag(op)).
     torch::Tensor outgoing;
     int dest = -1;
     const auto t0 = Clock::now();
@@ -211,11 +308,32 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
         loss_sum += out.item<double>();
       } else {
         outgoing = out.detach();
-        dest = s + 1;
+        dest = next_rank;
       }
       inputs[i] = input;
       if (!recompute) outputs[i] = out;
       stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
+    } else if (op.kind == Op::kInput) {
+      // I: the input's gradient only (the first chunk's input is the tokens: nothing to do), the
+      // graph kept for W, and the output's gradient with it.
+      if (!first) {
+        outgoing = torch::autograd::grad(
+            {outputs[i]}, {inputs[i]},
+            last ? torch::autograd::variable_list{} : torch::autograd::variable_list{message},
+            /*retain_graph=*/true)[0];
+        dest = prev;
+      }
+      grads[i] = message;  // (undefined on the last chunk: its output is the loss)
+    } else if (op.kind == Op::kWeight) {
+      // W: the weight gradients from the same graph, which is freed then.
+      torch::autograd::backward(
+          {outputs[i]},
+          last ? torch::autograd::variable_list{} : torch::autograd::variable_list{grads[i]},
+          /*retain_graph=*/false, /*create_graph=*/false, stage.parameters());
+      inputs[i] = torch::Tensor();
+      outputs[i] = torch::Tensor();
+      grads[i] = torch::Tensor();
+      --in_flight;
     } else {
       if (recompute) {
         // The stage's forward again, from the input it kept, now recording the graph.
@@ -236,7 +354,7 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
       }
       if (!first) {
         outgoing = inputs[i].grad();
-        dest = s - 1;
+        dest = prev;
       }
       inputs[i] = torch::Tensor();  // the micro-batch's activations are freed here
       outputs[i] = torch::Tensor();
@@ -246,13 +364,23 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
     // 3. The send, paired with the next op's receive when that comes from the same neighbour
     //    (1F1B's steady state: Megatron's send_forward_recv_backward / send_backward_recv_forward).
     if (dest < 0) continue;
+    if (interleaved) {
+      // Megatron's order: a forward's send waits for the backward that follows it in the
+      // steady state; any other send goes at once, with the next op's receives.
+      held.push_back({P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)});
+      const bool steady =
+          op.kind == Op::kForward && k + 1 < ops.size() && ops[k + 1].kind != Op::kForward;
+      if (!steady) exchange(k + 1);
+      continue;
+    }
     const Op* next = k + 1 < ops.size() ? &ops[k + 1] : nullptr;
     if (next != nullptr && source(*next) == dest) {
       ahead = torch::empty(act_shape, torch::dtype(torch::kFloat).device(device));
-      ahead_works = batch_isend_irecv(comm, {{P2POp::kSend, outgoing.contiguous(), dest, tag(op)},
-                                             {P2POp::kRecv, ahead, dest, tag(*next)}});
+      ahead_works =
+          batch_isend_irecv(comm, {{P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)},
+                                   {P2POp::kRecv, ahead, dest, tag(*next)}});
     } else {
-      sends.push_back(send_tensor(comm, outgoing, dest, tag(op)));
+      sends.push_back(send_tensor(comm, outgoing, dest, sent_tag(op)));
     }
     // The send holds the values it sends (outgoing shares their storage) until it is done; the
     // output keeps only its graph.
@@ -260,6 +388,7 @@ StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, con
       deallocate_output(outputs[i]);  // (recomputing, nothing of the output is kept anyway)
     }
   }
+  if (!held.empty()) exchange(ops.size());
   for (auto& work : sends) work->wait();
   stats.loss = static_cast<float>(loss_sum);
   // END SOLUTION

@@ -70,16 +70,21 @@ PipelineRun run_pipeline_here(const PipelineOptions& o, int stages) {
       [&](RankContext& ctx) {
         Gpt full(o.model);
         init_weights(full, o.seed);
-        Stage stage = make_stage(full, stages, ctx.rank);
-        const auto params = stage.parameters();
+        std::vector<Stage> chunks;  // one per rank, or o.chunks: virtual stages rank, p + rank, ..
+        std::vector<torch::Tensor> params;
+        for (int c = 0; c < o.chunks; ++c) {
+          chunks.push_back(make_stage(full, stages * o.chunks, c * stages + ctx.rank));
+          const auto mine = chunks.back().parameters();
+          params.insert(params.end(), mine.begin(), mine.end());
+        }
         torch::optim::AdamW optimizer(params, adamw_options(o));
-        const auto ops = make_schedule(o.schedule, stages, o.micro_batches, ctx.rank);
+        const auto ops = make_schedule(o.schedule, stages, o.micro_batches, ctx.rank, o.chunks);
         const ByteDataset data = ByteDataset::builtin();
         std::vector<float> losses;
         for (int64_t step = 0; step < o.steps; ++step) {
           for (auto p : params) p.mutable_grad().reset();
           const StepStats stats =
-              run_schedule(stage, *ctx.comm, ops, data.batch(o.seed, step, o.batch, o.model.ctx),
+              run_schedule(chunks, *ctx.comm, ops, data.batch(o.seed, step, o.batch, o.model.ctx),
                            o.micro_batches);
           optimizer.step();
           auto loss = torch::full({1}, ctx.rank == stages - 1 ? stats.loss : 0.0f);
@@ -102,8 +107,10 @@ PipelineRun run_pipeline_here(const PipelineOptions& o, int stages) {
   return run;
 }
 
-void expect_baseline(ScheduleKind schedule, int stages, int64_t micro_batches) {
-  const PipelineOptions o = small_run(schedule, micro_batches);
+void expect_baseline(ScheduleKind schedule, int stages, int64_t micro_batches, int chunks = 1) {
+  PipelineOptions o = small_run(schedule, micro_batches);
+  o.chunks = chunks;
+  o.model.layers = std::max<int64_t>(o.model.layers, int64_t{stages} * chunks);
   const test::BaselineRun base = test::plain_baseline(o, o.steps);
   const PipelineRun got = run_pipeline_here(o, stages);
   ASSERT_EQ(got.losses.size(), base.losses.size());
@@ -137,6 +144,65 @@ TEST(L09Pipeline, GpipeTwoStagesMatchesBaseline) { expect_baseline(ScheduleKind:
 TEST(L09Pipeline, GpipeFourStagesMatchesBaseline) { expect_baseline(ScheduleKind::kGpipe, 4, 4); }
 TEST(L09Pipeline, OneFOneBTwoStagesMatchesBaseline) { expect_baseline(ScheduleKind::k1f1b, 2, 4); }
 TEST(L09Pipeline, OneFOneBFourStagesMatchesBaseline) { expect_baseline(ScheduleKind::k1f1b, 4, 8); }
+// Interleaved 1F1B: v = 2 chunks per rank (rank 0 holds virtual stages 0 and p), m a multiple
+// of p; the chunks' messages wrap from the last rank to rank 0.
+TEST(L09Chunks, InterleavedTwoRanksTwoChunksMatchesBaseline) {
+  expect_baseline(ScheduleKind::kInterleaved, 2, 4, 2);
+}
+TEST(L09Chunks, InterleavedFourRanksTwoChunksMatchesBaseline) {
+  expect_baseline(ScheduleKind::kInterleaved, 4, 4, 2);
+}
+TEST(L09Chunks, InterleavedTwoRanksThreeChunksMatchesBaseline) {
+  expect_baseline(ScheduleKind::kInterleaved, 2, 4, 3);
+}
+// ZB-H1: each backward split into I and W.
+TEST(L09SplitBackward, ZbH1TwoStagesMatchesBaseline) { expect_baseline(ScheduleKind::kZbH1, 2, 4); }
+TEST(L09SplitBackward, ZbH1FourStagesMatchesBaseline) {
+  expect_baseline(ScheduleKind::kZbH1, 4, 8);
+}
+
+// Every schedule adds each parameter's micro-batch gradients in the same order (0 .. m-1): the
+// same weights as GPipe's, bit for bit, after several steps.
+TEST(L09SplitBackward, EverySchedulesWeightsEqualGpipesBitForBit) {
+  for (int stages : {2, 4}) {
+    SCOPED_TRACE(testing::Message() << stages << " stages");
+    PipelineOptions o = small_run(ScheduleKind::kGpipe, 4);
+    o.model.layers = 2 * stages;  // room for 2 chunks per rank
+    const PipelineRun gpipe = run_pipeline_here(o, stages);
+    for (ScheduleKind kind : {ScheduleKind::kInterleaved, ScheduleKind::kZbH1}) {
+      SCOPED_TRACE(schedule_name(kind));
+      o.schedule = kind;
+      o.chunks = kind == ScheduleKind::kInterleaved ? 2 : 1;
+      const PipelineRun got = run_pipeline_here(o, stages);
+      ASSERT_EQ(got.params.size(), gpipe.params.size());
+      for (const auto& [name, value] : gpipe.params) {
+        ASSERT_TRUE(got.params.count(name)) << name << " is in no stage";
+        EXPECT_TRUE(torch::equal(got.params.at(name), value)) << name;
+      }
+      EXPECT_EQ(got.losses, gpipe.losses);
+    }
+  }
+}
+
+// The program's loop (train_pipeline) with each new schedule: lesson 02's losses.
+TEST(L09SplitBackward, TrainPipelineRunsEverySchedule) {
+  for (ScheduleKind kind : {ScheduleKind::kInterleaved, ScheduleKind::kZbH1}) {
+    SCOPED_TRACE(schedule_name(kind));
+    PipelineOptions o = small_run(kind, 4);
+    o.chunks = kind == ScheduleKind::kInterleaved ? 2 : 1;
+    const test::BaselineRun base = test::plain_baseline(o, o.steps);
+    std::vector<float> losses;
+    run_ranks(
+        2,
+        [&](RankContext& ctx) {
+          auto l = train_pipeline(o, *ctx.comm).losses;
+          if (ctx.rank == 0) losses = l;
+        },
+        kTimeout);
+    EXPECT_TENSOR_CLOSE(torch::tensor(losses), torch::tensor(base.losses), kFp32Steps);
+  }
+}
+
 // m = 1: no overlap at all, the pipeline is a model split over ranks.
 TEST(L09Pipeline, OneMicroBatchMatchesBaseline) { expect_baseline(ScheduleKind::k1f1b, 2, 1); }
 
@@ -399,7 +465,7 @@ std::string replay_as_nccl(std::vector<std::vector<std::vector<P2pCall>>> groups
 // One step of @p schedule on @p stages thread-ranks, every rank's communication recorded (a
 // RecordingComm under run_schedule): events[rank].
 std::vector<std::vector<CommEvent>> recorded_step(const PipelineOptions& o, ScheduleKind schedule,
-                                                  int stages, int64_t m) {
+                                                  int stages, int64_t m, int chunks = 1) {
   std::vector<std::vector<CommEvent>> events(static_cast<size_t>(stages));
   run_ranks(
       stages,
@@ -407,9 +473,12 @@ std::vector<std::vector<CommEvent>> recorded_step(const PipelineOptions& o, Sche
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
         Gpt full(o.model);
         init_weights(full, o.seed);
-        Stage stage = make_stage(full, stages, ctx.rank);
-        const auto ops = make_schedule(schedule, stages, m, ctx.rank);
-        run_schedule(stage, *rec, ops,
+        std::vector<Stage> parts;
+        for (int c = 0; c < chunks; ++c) {
+          parts.push_back(make_stage(full, stages * chunks, c * stages + ctx.rank));
+        }
+        const auto ops = make_schedule(schedule, stages, m, ctx.rank, chunks);
+        run_schedule(parts, *rec, ops,
                      ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx), m);
         events[static_cast<size_t>(ctx.rank)] = rec->events();
       },
@@ -438,6 +507,33 @@ TEST(L09NcclSafe, EveryTransferIsAGroupAndNothingDeadlocksUnderNcclRules) {
     }
   }
   EXPECT_EQ(checked, 30);
+}
+
+// The same replay for the new schedules: interleaved (v = 2, 3; its messages wrap from the last
+// rank to rank 0) and ZB-H1 (I sends as B does, W sends nothing).
+TEST(L09NcclSafe, InterleavedAndZeroBubbleStepsAreSafeUnderNcclRules) {
+  int checked = 0;
+  for (int stages : {2, 3, 4}) {
+    for (int chunks : {1, 2, 3}) {
+      for (int64_t m : {int64_t{stages}, int64_t{2} * stages, int64_t{1}, int64_t{5}}) {
+        const ScheduleKind kind = chunks == 1 ? ScheduleKind::kZbH1 : ScheduleKind::kInterleaved;
+        if (kind == ScheduleKind::kInterleaved && m % stages != 0) continue;
+        SCOPED_TRACE(fmt::format("{}, {} stages x {} chunks, {} micro-batches", schedule_name(kind),
+                                 stages, chunks, m));
+        PipelineOptions o = small_run(kind, m);
+        o.model.layers = int64_t{stages} * chunks;
+        o.batch = 120;  // divisible by every m above
+        const auto events = recorded_step(o, kind, stages, m, chunks);
+        std::vector<std::vector<std::vector<P2pCall>>> groups;
+        const std::string lone = group_calls(events, groups);
+        EXPECT_EQ(lone, "") << "every send and receive goes through dtc::batch_isend_irecv:\n"
+                            << lone;
+        EXPECT_EQ(replay_as_nccl(groups), "");
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 24);
 }
 
 // A send that no receive of the next op pairs with (GPipe's forwards on every stage but the

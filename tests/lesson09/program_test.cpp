@@ -41,14 +41,17 @@ TEST(L09Program, ReportsBubbleAndInFlightOnFourRanks) {
   ASSERT_EQ(j.at("losses").size(), 2u);
   EXPECT_GT(j.at("tokens_per_s").get<double>(), 0);
   EXPECT_EQ(j.at("stage_blocks"), (nlohmann::json{{0, 1}, {1, 2}, {2, 3}, {3, 4}}));
-  ASSERT_EQ(j.at("bubble").size(), 4u);  // {gpipe, 1f1b} x {1, 8}
+  // {gpipe, 1f1b, zb-h1} x {1, 8}; not interleaved: 4 layers do not split into 4 x 2 chunks
+  ASSERT_EQ(j.at("bubble").size(), 6u);
   for (const auto& row : j.at("bubble")) {
     const int64_t m = row.at("micro_batches").get<int64_t>();
     const bool gpipe = row.at("schedule") == "gpipe";
-    // closed form: (p - 1) / (m + p - 1) with p = 4
-    EXPECT_DOUBLE_EQ(row.at("theory").get<double>(), 3.0 / (static_cast<double>(m) + 3.0));
-    // Megatron-LM's definition, idle per unit of compute: (p - 1) / m
-    EXPECT_DOUBLE_EQ(row.at("theory_per_compute").get<double>(), 3.0 / static_cast<double>(m));
+    ASSERT_NE(row.at("schedule"), "interleaved");
+    // closed form: (p - 1) / (m + p - 1) with p = 4; ZB-H1 with F = B = W: (p - 1) / (3m + p - 1)
+    const double units = static_cast<double>(m) * (row.at("schedule") == "zb-h1" ? 3.0 : 1.0);
+    EXPECT_DOUBLE_EQ(row.at("theory").get<double>(), 3.0 / (units + 3.0));
+    // Narayanan et al.'s definition, idle per unit of compute: (p - 1) / m (ZB-H1: / 3m)
+    EXPECT_DOUBLE_EQ(row.at("theory_per_compute").get<double>(), 3.0 / units);
     ASSERT_EQ(row.at("measured").size(), 4u);
     ASSERT_EQ(row.at("idle_per_compute").size(), 4u);
     for (int s = 0; s < 4; ++s) {
@@ -61,9 +64,11 @@ TEST(L09Program, ReportsBubbleAndInFlightOnFourRanks) {
           << row.dump();
     }
     for (int s = 0; s < 4; ++s) {
-      // GPipe stores m micro-batches, 1F1B min(m, p - s)
-      EXPECT_EQ(row.at("in_flight")[s].get<int64_t>(), gpipe ? m : std::min<int64_t>(m, 4 - s))
-          << row.dump();
+      // GPipe stores m micro-batches, 1F1B min(m, p - s), ZB-H1 min(m, p)
+      const int64_t want = gpipe                           ? m
+                           : row.at("schedule") == "zb-h1" ? std::min<int64_t>(m, 4)
+                                                           : std::min<int64_t>(m, 4 - s);
+      EXPECT_EQ(row.at("in_flight")[s].get<int64_t>(), want) << row.dump();
     }
   }
 }
@@ -108,7 +113,13 @@ TEST(L09ProgramGiven, StagesMustMatchTheWorld) {
 
 TEST(L09ProgramGiven, BadFlagsAreUsageErrors) {
   const std::pair<std::vector<std::string>, const char*> cases[] = {
-      {{"--schedule", "interleaved"}, "--schedule"},
+      {{"--schedule", "zb-v"}, "--schedule"},
+      {{"--virtual-stages", "2"}, "--virtual-stages"},  // 1f1b has one chunk per rank
+      {{"--schedule", "interleaved", "--virtual-stages", "1"}, "--virtual-stages"},
+      {{"--schedule", "interleaved", "--micro-batches", "2"}, "--micro-batches"},  // not 4k
+      {{"--schedule", "interleaved", "--layers", "6"}, "--virtual-stages"},  // not 4 x 2 chunks
+      {{"--schedule", "zb-h1", "--recompute", "full"}, "--recompute"},
+      {{"--schedule", "zb-h1", "--deallocate-outputs"}, "--deallocate-outputs"},
       {{"--heads", "3"}, "--heads"},  // 3 does not divide 128
       {{"--micro-batches", "0"}, "--micro-batches"},
       {{"--stages", "0"}, "--stages"},

@@ -1,4 +1,4 @@
-// Lesson 09's timelines (README section 7's pictures), read back from traces: the claims the
+// Lesson 09's timelines (README section 9's pictures), read back from traces: the claims the
 // GPipe and 1F1B pictures make, checked on timestamps, from outside the schedule and the
 // executor. Each thread-rank records its own trace (dtc/trace.h): the given Stage::forward's
 // micro-batch spans F<i> and, through gradient hooks, B<i>; a micro-batch is held by a stage
