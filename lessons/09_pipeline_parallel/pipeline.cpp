@@ -146,7 +146,8 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
            "every "
            "send waited for before returning, a send started together with the next op's receive "
            "whenever both go to the same neighbour (dtc::batch_isend_irecv: the NCCL-safe "
-           "pairing), a "
+           "pairing; "
+           "with chunks, Megatron's exchanges as the header says), a "
            "sent output's values freed when deallocate_outputs asks, with recompute only each "
            "micro-batch's input kept from its forward to its backward, and stats filled "
            "(L09Pipeline.*, L09Memory.*, L09NcclSafe.*, L09Recompute.*, L09Chunks.*, "
@@ -157,4 +158,4 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
 }
 
 }  // namespace dtc::l09
-// generated from solutions/09_pipeline_parallel/pipeline.cpp; checksum 058693ae114b707e
+// generated from solutions/09_pipeline_parallel/pipeline.cpp; checksum 9cc70fd59a2bf940

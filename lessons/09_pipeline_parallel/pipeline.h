@@ -93,6 +93,14 @@ struct Stage {
 ///   ("--untied": pipelines here need the separate output head).
 Stage make_stage(const Gpt& full, int stages, int stage);
 
+/// Rank @p rank's @p chunks model chunks of a pipeline of @p stages ranks, cut out of @p full
+/// with make_stage(): chunk c is virtual stage c stages + rank of the stages x chunks that cut
+/// the model (one chunk: the rank's stage). Given.
+std::vector<Stage> make_chunks(const Gpt& full, int stages, int chunks, int rank);
+
+/// Every parameter of @p chunks, chunk by chunk (what the rank's optimizer steps). Given.
+std::vector<torch::Tensor> parameters_of(const std::vector<Stage>& chunks);
+
 // ---------------------------------------------------------------------------------------------
 // Checks (given)
 // ---------------------------------------------------------------------------------------------
@@ -250,9 +258,9 @@ struct StepStats {
 };
 
 /// Runs @p ops on this rank's model @p chunks for one batch (one chunk per rank, or v with the
-/// interleaved schedule: chunks[c] is virtual stage c p + rank, built by make_stage(full, p v,
-/// c p + rank)), accumulating gradients into the chunks' parameters (the caller zeroes them
-/// before and steps the optimizer after). The communicator's rank is the rank's place in the
+/// interleaved schedule: chunks[c] is virtual stage c p + rank, as make_chunks() cuts them),
+/// accumulating gradients into the chunks' parameters (the caller zeroes them before and steps
+/// the optimizer after). The communicator's rank is the rank's place in the
 /// pipeline, its size p. Below, "stage" is the op's chunk, "stage - 1" the virtual stage before
 /// it (on the rank before, and for chunk c > 0 on rank 0: the previous chunk on rank p - 1) and
 /// "stage + 1" the one after; a message's tag names the chunk that receives it
@@ -278,8 +286,14 @@ struct StepStats {
 /// may wait for its own send before its neighbour can receive it: in 1F1B's steady state a
 /// forward's output goes to stage + 1 while the next backward's gradient comes from stage + 1
 /// (and after a backward the other way round), so start such a send together with that receive,
-/// as one group, and wait for the pair before the next op reads the message. L09NcclSafe.*
-/// replays the recorded calls under these rules.
+/// as one group, and wait for the pair before the next op reads the message. With several
+/// chunks that pairing can wait in a circle (the ring wraps around, and a rank's next receive may
+/// need what its neighbour sends only after its own next exchange), so use Megatron's exchanges
+/// there (forward_backward_pipelining_with_interleaving): hold a forward's send when a backward
+/// follows it (the steady state) and send it with that backward's; send any other at once, in
+/// one group with the sends held and the next op's receive, and, when that next op is a steady
+/// state's forward (a backward, then a forward follow it), the following backward's receive too;
+/// wait for the group. L09NcclSafe.* replays the recorded calls under these rules.
 /// Wait for every send before returning. Fill StepStats: time compute (forward, loss,
 /// backward) separately from the whole step, and count micro-batches in flight.
 /// With @p deallocate_outputs, a stage other than the last frees each forward's output values

@@ -56,6 +56,22 @@ torch::Tensor Stage::forward(const torch::Tensor& input) {
   return x;
 }
 
+std::vector<Stage> make_chunks(const Gpt& full, int stages, int chunks, int rank) {
+  std::vector<Stage> parts;
+  for (int c = 0; c < chunks; ++c)
+    parts.push_back(make_stage(full, stages * chunks, c * stages + rank));
+  return parts;
+}
+
+std::vector<torch::Tensor> parameters_of(const std::vector<Stage>& chunks) {
+  std::vector<torch::Tensor> params;
+  for (const auto& c : chunks) {
+    const auto mine = c.parameters();
+    params.insert(params.end(), mine.begin(), mine.end());
+  }
+  return params;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checks
 // ---------------------------------------------------------------------------------------------

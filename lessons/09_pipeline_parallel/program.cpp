@@ -30,25 +30,11 @@ GptConfig untied(GptConfig c) {
   return c;
 }
 
-// This rank's model chunks (one, or v interleaved: virtual stages rank, p + rank, ...), from
-// the baseline's initial weights, on options.device.
+// This rank's model chunks (one, or v interleaved), from the baseline's initial weights, on
+// options.device.
 std::vector<Stage> build_chunks(const PipelineOptions& o, int stages, int rank) {
   Gpt full = make_gpt(untied(o.model), o.seed, o.device);  // every rank builds it all
-  std::vector<Stage> chunks;
-  for (int c = 0; c < o.chunks; ++c) {
-    chunks.push_back(make_stage(full, stages * o.chunks, c * stages + rank));
-  }
-  return chunks;  // the other modules are freed with `full`
-}
-
-// Every parameter of the rank's chunks, chunk by chunk (what its optimizer steps).
-std::vector<torch::Tensor> parameters_of(const std::vector<Stage>& chunks) {
-  std::vector<torch::Tensor> params;
-  for (const auto& c : chunks) {
-    const auto mine = c.parameters();
-    params.insert(params.end(), mine.begin(), mine.end());
-  }
-  return params;
+  return make_chunks(full, stages, o.chunks, rank);  // the other modules are freed with `full`
 }
 
 // What a schedule needs of the run, checked on every rank before anything is built.
@@ -87,9 +73,6 @@ std::vector<double> gather_per_stage(Comm& comm, double value, const torch::Devi
   return std::vector<double>(cpu.data_ptr<double>(), cpu.data_ptr<double>() + cpu.numel());
 }
 
-}  // namespace
-
-namespace {
 // The ideal time of a step in units of (the bubble's (p - 1) slots): m, v m for interleaved
 // (each slot 1/v of a stage's work), 3 m for ZB-H1 (F, B and W of equal length, one of the
 // three in each of the p - 1 slots is filled).

@@ -189,7 +189,8 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
   // BEGIN SOLUTION: run ops in order so that every chunk's parameters get the whole batch's mean
   //   gradient, each micro-batch's tensors freed after its backward (split: after its W), every
   //   send waited for before returning, a send started together with the next op's receive
-  //   whenever both go to the same neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing), a
+  //   whenever both go to the same neighbour (dtc::batch_isend_irecv: the NCCL-safe pairing;
+  //   with chunks, Megatron's exchanges as the header says), a
   //   sent output's values freed when deallocate_outputs asks, with recompute only each
   //   micro-batch's input kept from its forward to its backward, and stats filled
   //   (L09Pipeline.*, L09Memory.*, L09NcclSafe.*, L09Recompute.*, L09Chunks.*, L09SplitBackward.*;
@@ -276,8 +277,8 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
     }
     // 1. The message this op needs: already on its way if it was paired with the last send.
     torch::Tensor message;
-    if (interleaved && source(op) >= 0 && !prefetched[k].defined()) exchange(k);
     if (interleaved && source(op) >= 0) {
+      if (!prefetched[k].defined()) exchange(k);
       message = prefetched[k];
       prefetched[k] = torch::Tensor();
     } else if (source(op) >= 0) {
@@ -363,18 +364,15 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
     stats.compute_s += seconds(Clock::now() - t0);
     // 3. The send, paired with the next op's receive when that comes from the same neighbour
     //    (1F1B's steady state: Megatron's send_forward_recv_backward / send_backward_recv_forward).
+    //    With chunks, Megatron's exchanges: a forward's send waits for the backward that follows
+    //    it in the steady state; any other send goes at once, with the next op's receives.
     if (dest < 0) continue;
-    if (interleaved) {
-      // Megatron's order: a forward's send waits for the backward that follows it in the
-      // steady state; any other send goes at once, with the next op's receives.
-      held.push_back({P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)});
-      const bool steady =
-          op.kind == Op::kForward && k + 1 < ops.size() && ops[k + 1].kind != Op::kForward;
-      if (!steady) exchange(k + 1);
-      continue;
-    }
     const Op* next = k + 1 < ops.size() ? &ops[k + 1] : nullptr;
-    if (next != nullptr && source(*next) == dest) {
+    if (interleaved) {
+      held.push_back({P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)});
+      const bool steady = op.kind == Op::kForward && next != nullptr && next->kind != Op::kForward;
+      if (!steady) exchange(k + 1);
+    } else if (next != nullptr && source(*next) == dest) {
       ahead = torch::empty(act_shape, torch::dtype(torch::kFloat).device(device));
       ahead_works =
           batch_isend_irecv(comm, {{P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)},

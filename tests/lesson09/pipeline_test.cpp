@@ -70,13 +70,8 @@ PipelineRun run_pipeline_here(const PipelineOptions& o, int stages) {
       [&](RankContext& ctx) {
         Gpt full(o.model);
         init_weights(full, o.seed);
-        std::vector<Stage> chunks;  // one per rank, or o.chunks: virtual stages rank, p + rank, ..
-        std::vector<torch::Tensor> params;
-        for (int c = 0; c < o.chunks; ++c) {
-          chunks.push_back(make_stage(full, stages * o.chunks, c * stages + ctx.rank));
-          const auto mine = chunks.back().parameters();
-          params.insert(params.end(), mine.begin(), mine.end());
-        }
+        std::vector<Stage> chunks = make_chunks(full, stages, o.chunks, ctx.rank);
+        const auto params = parameters_of(chunks);
         torch::optim::AdamW optimizer(params, adamw_options(o));
         const auto ops = make_schedule(o.schedule, stages, o.micro_batches, ctx.rank, o.chunks);
         const ByteDataset data = ByteDataset::builtin();
@@ -181,6 +176,28 @@ TEST(L09SplitBackward, EverySchedulesWeightsEqualGpipesBitForBit) {
       }
       EXPECT_EQ(got.losses, gpipe.losses);
     }
+  }
+}
+
+// Interleaved with the output of each forward freed once sent (the send holds its values) or
+// with each chunk recomputed: the same losses as lesson 02's.
+TEST(L09Chunks, InterleavedDeallocatingOrRecomputingMatchesBaseline) {
+  for (const bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "deallocate_outputs");
+    PipelineOptions o = small_run(ScheduleKind::kInterleaved, 4);
+    o.chunks = 2;
+    o.deallocate_outputs = !recompute;
+    o.recompute = recompute ? Recompute::kFull : Recompute::kNone;
+    const test::BaselineRun base = test::plain_baseline(o, o.steps);
+    std::vector<float> losses;
+    run_ranks(
+        2,
+        [&](RankContext& ctx) {
+          auto l = train_pipeline(o, *ctx.comm).losses;
+          if (ctx.rank == 0) losses = l;
+        },
+        kTimeout);
+    EXPECT_TENSOR_CLOSE(torch::tensor(losses), torch::tensor(base.losses), kFp32Steps);
   }
 }
 
@@ -473,10 +490,7 @@ std::vector<std::vector<CommEvent>> recorded_step(const PipelineOptions& o, Sche
         auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
         Gpt full(o.model);
         init_weights(full, o.seed);
-        std::vector<Stage> parts;
-        for (int c = 0; c < chunks; ++c) {
-          parts.push_back(make_stage(full, stages * chunks, c * stages + ctx.rank));
-        }
+        std::vector<Stage> parts = make_chunks(full, stages, chunks, ctx.rank);
         const auto ops = make_schedule(schedule, stages, m, ctx.rank, chunks);
         run_schedule(parts, *rec, ops,
                      ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx), m);
