@@ -16,6 +16,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,6 +53,20 @@ struct StageLayers {
 /// Precondition: 1 <= stages <= layers and 0 <= stage < stages (check_pipeline() checks them).
 StageLayers stage_layers(int64_t layers, int stages, int stage);
 
+/// What the given Stage::forward() sees of each backward pass through a micro-batch's graph,
+/// from outside the executor (a hook on the stage's output, where the pass starts, and the
+/// autograd engine's end-of-pass callback): whether the pass computed the stage's weight
+/// gradients (a whole backward B, or a W) or only its input's gradient (an I). The trace's
+/// B/I/W spans and the program's data-parallel averaging (PipelineOptions::replicas) build on it.
+/// Given; one per Stage, shared by its copies.
+struct BackwardWatch {
+  std::mutex mu;
+  int64_t micro_batches = 0;              ///< m of this step (Stage::begin_step)
+  int64_t weights_done = 0;               ///< micro-batches whose weight gradients are in
+  std::function<void()> on_weights_done;  ///< runs once all m are in (Stage::begin_step)
+  std::set<int64_t> input_only;           ///< micro-batches whose input gradient came alone (I)
+};
+
 /// One stage of the pipeline: the modules it owns (the others are nullptr / absent).
 struct Stage {
   GptConfig config;
@@ -77,12 +95,17 @@ struct Stage {
   /// logits are fp32 for the loss.
   torch::Tensor forward(const torch::Tensor& input);
 
-  /// A trace's micro-batch labels (F{k}, R{k}, B{k}; see forward()) start again from 0: the
-  /// program calls it before each run_schedule.
-  void begin_step();
+  /// A trace's micro-batch labels (F{k}, R{k}, B{k}, I{k}, W{k}; see forward()) start again
+  /// from 0: the program calls it before each run_schedule. With @p micro_batches m > 0,
+  /// @p on_weights_done runs once the weight gradients of all m micro-batches are in (at the end
+  /// of the backward pass that completes them, from inside the executor's autograd call).
+  void begin_step(int64_t micro_batches = 0, std::function<void()> on_weights_done = {});
   int64_t traced_forwards = 0;        ///< forward calls with a graph, or without (recompute)
   int64_t traced_recomputes = 0;      ///< calls with a graph after one without, this step
   bool traced_without_graph = false;  ///< a call of this step ran without a graph
+  int chunk = 0;   ///< which of the rank's chunks this is (make_chunks sets it; given)
+  int chunks = 1;  ///< of how many: with more than one, trace labels carry it first ("1F3")
+  std::shared_ptr<BackwardWatch> watch = std::make_shared<BackwardWatch>();  ///< given
 };
 
 /// Stage @p stage of @p stages, cut out of @p full: the same module objects (not copies), so
@@ -95,7 +118,7 @@ Stage make_stage(const Gpt& full, int stages, int stage);
 
 /// Rank @p rank's @p chunks model chunks of a pipeline of @p stages ranks, cut out of @p full
 /// with make_stage(): chunk c is virtual stage c stages + rank of the stages x chunks that cut
-/// the model (one chunk: the rank's stage). Given.
+/// the model (one chunk: the rank's stage); each knows its chunk and chunks. Given.
 std::vector<Stage> make_chunks(const Gpt& full, int stages, int chunks, int rank);
 
 /// Every parameter of @p chunks, chunk by chunk (what the rank's optimizer steps). Given.
@@ -286,7 +309,10 @@ struct StepStats {
 /// may wait for its own send before its neighbour can receive it: in 1F1B's steady state a
 /// forward's output goes to stage + 1 while the next backward's gradient comes from stage + 1
 /// (and after a backward the other way round), so start such a send together with that receive,
-/// as one group, and wait for the pair before the next op reads the message. With several
+/// as one group, and wait for the pair before the next op reads the message ("the next op": the
+/// next that receives; a W neither receives nor sends, so ZB-H1's I pairs its send with the
+/// forward after the W that follows it, where a send left alone would hold its gradient until
+/// the step ends: L09Memory.ZbH1* measures it). With several
 /// chunks that pairing can wait in a circle (the ring wraps around, and a rank's next receive may
 /// need what its neighbour sends only after its own next exchange), so use Megatron's exchanges
 /// there (forward_backward_pipelining_with_interleaving): hold a forward's send when a backward

@@ -28,38 +28,108 @@ std::vector<torch::Tensor> Stage::parameters() const {
   return params;
 }
 
-void Stage::begin_step() {
+void Stage::begin_step(int64_t micro_batches, std::function<void()> on_weights_done) {
   traced_forwards = 0;
   traced_recomputes = 0;
   traced_without_graph = false;
+  std::lock_guard<std::mutex> lock(watch->mu);
+  watch->micro_batches = micro_batches;
+  watch->weights_done = 0;
+  watch->on_weights_done = std::move(on_weights_done);
+  watch->input_only.clear();
 }
 
+namespace {
+
+// A gradient's identity and version: backward accumulating into it changes one or the other
+// (the first accumulation makes it, the next ones add in place or replace it).
+std::pair<const void*, uint32_t> grad_state(const torch::Tensor& param) {
+  const torch::Tensor& g = param.grad();
+  if (!g.defined()) return {nullptr, 0};
+  return {g.unsafeGetTensorImpl(), g._version()};
+}
+
+// Watches every backward pass through micro-batch @p micro's graph from @p output: the pass
+// starts when the output's gradient reaches it (a hook) and ends with the autograd engine's
+// end-of-pass callback; it computed weight gradients if @p probe's gradient changed. Traces the
+// pass as "{label}B{micro}" (a whole backward), "I" (the input's gradient alone) or "W" (weight
+// gradients after an I), and counts the micro-batches whose weight gradients are in.
+void watch_backward(torch::Tensor output, const torch::Tensor& probe, int64_t micro,
+                    const std::string& label, const std::shared_ptr<BackwardWatch>& watch) {
+  struct Pass {
+    std::mutex mu;
+    std::pair<const void*, uint32_t> before{};
+    TraceTime begin{};
+  };
+  auto pass = std::make_shared<Pass>();
+  Tracer* tracer = active_tracer();
+  output.register_hook([=](const torch::Tensor&) {
+    {
+      std::lock_guard<std::mutex> lock(pass->mu);
+      pass->before = grad_state(probe);
+      if (tracer) pass->begin = tracer->now();
+    }
+    torch::autograd::Engine::get_default_engine().queue_callback([=] {
+      std::function<void()> done;
+      const char* kind = "I";
+      {
+        std::lock_guard<std::mutex> lock(watch->mu);
+        if (grad_state(probe) != pass->before) {
+          kind = watch->input_only.count(micro) ? "W" : "B";
+          if (++watch->weights_done == watch->micro_batches) done = watch->on_weights_done;
+        } else {
+          watch->input_only.insert(micro);
+        }
+      }
+      if (tracer) {
+        const TraceTime end = tracer->now();
+        std::lock_guard<std::mutex> lock(pass->mu);
+        tracer->span(fmt::format("{}{}{}", label, kind, micro), "compute", TraceTrack::kCompute,
+                     pass->begin, end);
+        tracer->memory(end);
+      }
+      if (done) done();
+    });
+  });
+}
+
+}  // namespace
+
 torch::Tensor Stage::forward(const torch::Tensor& input) {
-  // On a trace (--trace): the k-th call of a step is micro-batch k's span "F<k>" (forward and
-  // backward both run micro-batches in order 0 .. m-1 in GPipe and 1F1B), and its backward
-  // "B<k>" is timed by gradient hooks. Once a call of the step ran without a graph (recompute),
+  // On a trace (--trace): the k-th call of a step is micro-batch k's span "F<k>" (every
+  // schedule runs a chunk's forwards, and its backwards, in micro-batch order 0 .. m-1), and
+  // each backward pass through its graph is watched (watch_backward): "B<k>", or "I<k>" and
+  // "W<k>" when the backward is split. Once a call of the step ran without a graph (recompute),
   // the calls with one are the recomputations in backward: "R<k>", and their backward "B<k>".
+  // With several chunks, the labels start with the chunk: "1F3".
   const bool graph = torch::GradMode::is_enabled();
   if (!graph) traced_without_graph = true;
   const bool recomputing = graph && traced_without_graph;
   const int64_t micro = recomputing ? traced_recomputes++ : traced_forwards++;
-  TraceSpan span(recomputing ? "R" : "F", micro);
+  const std::string label = chunks > 1 ? std::to_string(chunk) : std::string();
+  const std::string name = fmt::format("{}{}{}", label, recomputing ? "R" : "F", micro);
+  TraceSpan span(name.c_str());
   // The model's own pieces (dtc/model.h), as GptImpl::forward runs them: the embedding on
   // stage 0 (tokens (b, T) -> (b, T, h)), this stage's blocks, the head on the last stage.
   torch::Tensor x = layers.embed ? embed_tokens(wte, wpe, input)
                                  : input.to(working_dtype(precision));  // no-op in fp32
-  const torch::Tensor first = x;             // the first tensor of the stage with a gradient
-  for (auto& b : blocks) x = b->forward(x);  // (b, T, h)
+  for (auto& b : blocks) x = b->forward(x);                             // (b, T, h)
   if (layers.head) x = head_logits(ln_f, lm_head, torch::Tensor(), x);  // (b, T, V), fp32
   x = x.to(torch::kFloat);  // the next stage's message in fp32 (no-op in fp32 or on the head)
-  trace_backward(first, x, "B", micro);
+  if (graph && x.requires_grad()) {
+    const auto params = parameters();
+    if (!params.empty()) watch_backward(x, params.front(), micro, label, watch);
+  }
   return x;
 }
 
 std::vector<Stage> make_chunks(const Gpt& full, int stages, int chunks, int rank) {
   std::vector<Stage> parts;
-  for (int c = 0; c < chunks; ++c)
+  for (int c = 0; c < chunks; ++c) {
     parts.push_back(make_stage(full, stages * chunks, c * stages + rank));
+    parts.back().chunk = c;
+    parts.back().chunks = chunks;
+  }
   return parts;
 }
 

@@ -367,7 +367,11 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
     //    With chunks, Megatron's exchanges: a forward's send waits for the backward that follows
     //    it in the steady state; any other send goes at once, with the next op's receives.
     if (dest < 0) continue;
-    const Op* next = k + 1 < ops.size() ? &ops[k + 1] : nullptr;
+    // The next op that receives (a W neither receives nor sends: ZB-H1's I pairs with the
+    // forward after the W that follows it, else each I's send would wait alone until the end).
+    size_t after = k + 1;
+    while (!interleaved && after < ops.size() && ops[after].kind == Op::kWeight) ++after;
+    const Op* next = after < ops.size() ? &ops[after] : nullptr;
     if (interleaved) {
       held.push_back({P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)});
       const bool steady = op.kind == Op::kForward && next != nullptr && next->kind != Op::kForward;

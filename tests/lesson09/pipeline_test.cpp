@@ -292,6 +292,90 @@ TEST_P(L09MemoryStage, OneFOneBPeakDoesNotGrowWithMicroBatches) {
 INSTANTIATE_TEST_SUITE_P(Stages, L09MemoryStage, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
+// Every stage's step peak (bytes its thread allocated above the step's start, the counting
+// allocator), for @p schedule on 4 thread-ranks, m = @p micro_batches of 4 rows each, @p chunks
+// per rank over a model of @p layers blocks.
+std::vector<int64_t> step_peaks(ScheduleKind schedule, int64_t micro_batches, int chunks = 1,
+                                int64_t layers = 4) {
+  PipelineOptions o = small_run(schedule, micro_batches);
+  o.batch = 4 * micro_batches;
+  o.model.layers = layers;
+  install_counting_allocator();
+  std::vector<int64_t> peaks(4);
+  run_ranks(
+      4,
+      [&](RankContext& ctx) {
+        Gpt full(o.model);
+        init_weights(full, o.seed);
+        std::vector<Stage> stage = make_chunks(full, 4, chunks, ctx.rank);
+        const Batch batch = ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx);
+        const auto ops = make_schedule(schedule, 4, o.micro_batches, ctx.rank, chunks);
+        reset_thread_cpu_peak();
+        const int64_t start = thread_cpu_memory().current;
+        run_schedule(stage, *ctx.comm, ops, batch, o.micro_batches);
+        peaks[static_cast<size_t>(ctx.rank)] = thread_cpu_memory().peak - start;
+      },
+      kTimeout);
+  return peaks;
+}
+
+// ZB-H1's memory claim (Qi et al. 2024, sec. 2.1): the peak of 1F1B's first stage on every
+// stage. Stage s keeps the graph of each micro-batch from its forward to its W, at most p of
+// them (W of j runs after I of j + s), where 1F1B keeps p - s; and nothing grows with m. Measured
+// per stage, with one micro-batch's stored activations on that stage (GPipe's growth from m = 8
+// to 12, over 4) as the unit: ZB-H1's peak at most 1F1B's plus s units and the s output
+// gradients kept from I to W, and the same at m = 8 and m = 12. Deferring every W to the end
+// keeps all m graphs, and grows.
+TEST(L09Memory, ZbH1HoldsAtMostPGraphsOnEveryStage) {
+  const auto gpipe8 = step_peaks(ScheduleKind::kGpipe, 8);
+  const auto gpipe12 = step_peaks(ScheduleKind::kGpipe, 12);
+  const auto f8 = step_peaks(ScheduleKind::k1f1b, 8);
+  const auto zb8 = step_peaks(ScheduleKind::kZbH1, 8);
+  const auto zb12 = step_peaks(ScheduleKind::kZbH1, 12);
+  const PipelineOptions o = small_run(ScheduleKind::kZbH1, 8);
+  const int64_t one_output = 4 * o.model.ctx * o.model.hidden * 4;  // (4, T, h) fp32
+  for (int s = 0; s < 4; ++s) {
+    SCOPED_TRACE(fmt::format("stage {}", s));
+    const auto k = static_cast<size_t>(s);
+    const int64_t unit = (gpipe12[k] - gpipe8[k]) / 4;
+    std::cout << "    stage " << s << ": one micro-batch's activations " << unit
+              << " bytes; step peak 1F1B " << f8[k] << ", ZB-H1 " << zb8[k] << " (m = 8), "
+              << zb12[k] << " (m = 12)\n";
+    EXPECT_LE(std::abs(zb12[k] - zb8[k]), one_output / 2)
+        << "ZB-H1's step peak grew with m: a micro-batch's graph outlives its W";
+    EXPECT_LE(zb8[k], f8[k] + s * (unit + one_output) + unit / 2)
+        << "ZB-H1 holds more than p micro-batches' graphs";
+  }
+}
+
+// Interleaved 1F1B's price (Narayanan et al. 2021, sec. 2.2.2): a rank's warm-up runs
+// 2 (p - s - 1) + (v - 1) p forwards of chunks of 1/v of its layers, so it holds up to
+// warm-up + 1 such pieces, (warm-up + 1) / v of a stage's micro-batch, where 1F1B holds p - s.
+// On 4 ranks x 2 chunks (8 blocks): rank 0 holds 11 halves, 5.5 micro-batches' worth, against
+// 1F1B's 4 on the same model. Measured: interleaved's peak above 1F1B's on rank 0, within that
+// ratio of it on every rank, and the same at m = 8 and m = 12.
+TEST(L09Memory, InterleavedHoldsItsWarmUpAndNoMore) {
+  const auto f8 = step_peaks(ScheduleKind::k1f1b, 8, 1, 8);
+  const auto i8 = step_peaks(ScheduleKind::kInterleaved, 8, 2, 8);
+  const auto i12 = step_peaks(ScheduleKind::kInterleaved, 12, 2, 8);
+  const PipelineOptions o = small_run(ScheduleKind::kInterleaved, 8);
+  const int64_t one_output = 4 * o.model.ctx * o.model.hidden * 4;  // (4, T, h) fp32
+  for (int s = 0; s < 4; ++s) {
+    SCOPED_TRACE(fmt::format("rank {}", s));
+    const auto k = static_cast<size_t>(s);
+    const double pieces = std::min(2 * (4 - s - 1) + 4 + 1, 16);  // warm-up + 1, at most v m
+    const double ratio = pieces / 2 / (4 - s);
+    std::cout << "    rank " << s << ": step peak 1F1B " << f8[k] << ", interleaved " << i8[k]
+              << " (m = 8), " << i12[k] << " (m = 12); predicted ratio at most " << ratio << "\n";
+    EXPECT_LE(std::abs(i12[k] - i8[k]), one_output / 2)
+        << "interleaved's step peak grew with m: a micro-batch outlives its backward";
+    EXPECT_LE(static_cast<double>(i8[k]), ratio * static_cast<double>(f8[k]) + one_output)
+        << "interleaved holds more than its warm-up predicts";
+  }
+  EXPECT_GT(i8[0], f8[0])
+      << "rank 0 holds 5.5 micro-batches' worth under interleaving, 4 under 1F1B";
+}
+
 // Megatron's deallocate_output_tensor: stage 0 of 4 under 1F1B keeps 4 micro-batches in flight;
 // with deallocation each keeps its graph but not the (b/m, T, h) output it sent on, so the
 // step's peak falls by those outputs: measured 4 of 8,192 bytes here (763,008 -> 730,256, the

@@ -1,9 +1,11 @@
 // Lesson 09's timelines (README section 9's pictures), read back from traces: the claims the
-// GPipe and 1F1B pictures make, checked on timestamps, from outside the schedule and the
-// executor. Each thread-rank records its own trace (dtc/trace.h): the given Stage::forward's
-// micro-batch spans F<i> and, through gradient hooks, B<i>; a micro-batch is held by a stage
-// from the end of its F to the end of its B.
+// pictures make, checked on timestamps, from outside the schedule and the executor. Each
+// thread-rank records its own trace (dtc/trace.h): the given Stage::forward's micro-batch spans
+// F<i> and, watched through autograd (a hook where a backward pass starts, the engine's
+// callback where it ends), B<i>, or I<i> and W<i> for a split backward; a micro-batch is held by
+// a stage from the end of its F to the end of its B (or W).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,10 +29,11 @@ constexpr std::chrono::milliseconds kTraceTimeout{5000};
 constexpr int kStages = 4;
 constexpr int64_t kMicro = 8;
 
-// One traced step of @p schedule on 4 thread-ranks, m = 8: each stage's compute spans.
-std::vector<std::vector<TracedSpan>> traced_step(ScheduleKind schedule) {
+// One traced step of @p schedule on 4 thread-ranks, m = 8 (@p chunks per rank, one block
+// each): each stage's compute spans.
+std::vector<std::vector<TracedSpan>> traced_step(ScheduleKind schedule, int chunks = 1) {
   GptConfig model;
-  model.layers = 4;
+  model.layers = kStages * chunks;
   model.hidden = 32;
   model.heads = 2;
   model.ctx = 16;
@@ -41,15 +44,15 @@ std::vector<std::vector<TracedSpan>> traced_step(ScheduleKind schedule) {
       [&](RankContext& ctx) {
         Gpt full(model);
         init_weights(full, 1);
-        Stage stage = make_stage(full, kStages, ctx.rank);
+        std::vector<Stage> stage = make_chunks(full, kStages, chunks, ctx.rank);
         const Batch batch = ByteDataset::builtin().batch(1, 0, 16, model.ctx);
-        const auto ops = make_schedule(schedule, kStages, kMicro, ctx.rank);
+        const auto ops = make_schedule(schedule, kStages, kMicro, ctx.rank, chunks);
         auto tracer = std::make_shared<Tracer>(ctx.rank);
         tracer->set_clock(sync_clock(*ctx.store, ctx.rank, ctx.world));
         auto comm = c10::make_intrusive<TracingComm>(ctx.comm, tracer, "pipeline");
         {
           TraceScope scope(tracer.get());
-          stage.begin_step();
+          for (auto& c : stage) c.begin_step();
           run_schedule(stage, *comm, ops, batch, kMicro);
         }
         spans[static_cast<size_t>(ctx.rank)] =
@@ -116,6 +119,74 @@ TEST(L09Timeline, OneFOneBStartsBackwardBeforeTheLastForward) {
   const auto gpipe = traced_step(ScheduleKind::kGpipe);
   EXPECT_GT(find(gpipe[0], "B0").begin_us, find(gpipe[0], last).end_us);
 }
+
+// What a stage's trace should show for @p ops: the given Stage::forward names each forward
+// "F<i>" and each backward pass through micro-batch i's graph "B<i>", or "I<i>" then "W<i>" when
+// it is split ("<c>F<i>" and so on with several chunks). The first stage's input is the tokens:
+// its I computes nothing (no pass, no span), and its W, the first pass through that graph, is
+// the whole backward: "B<i>".
+std::vector<std::string> expected_names(const std::vector<Op>& ops, int chunks, bool first) {
+  std::vector<std::string> names;
+  for (const Op& op : ops) {
+    const bool embed = first && op.chunk == 0;
+    char kind = "FBIW"[op.kind];
+    if (embed && op.kind == Op::kInput) continue;
+    if (embed && op.kind == Op::kWeight) kind = 'B';
+    names.push_back(
+        fmt::format("{}{}{}", chunks > 1 ? std::to_string(op.chunk) : "", kind, op.micro));
+  }
+  return names;
+}
+
+// Every schedule, on the trace of the executor running it: each stage's forward and backward
+// passes in the schedule's order, and no more micro-batches held at once than the schedule
+// holds (max_in_flight, given: a micro-batch is held from its forward to its B, or its W).
+struct TimelineCase {
+  ScheduleKind schedule;
+  int chunks;
+};
+
+class L09TimelineOrder : public ::testing::TestWithParam<TimelineCase> {};
+
+TEST_P(L09TimelineOrder, EveryStageRunsTheScheduleInOrder) {
+  const TimelineCase c = GetParam();
+  const auto spans = traced_step(c.schedule, c.chunks);
+  const std::regex pass("^([0-9]*)([FBIW])([0-9]+)$");
+  for (int s = 0; s < kStages; ++s) {
+    SCOPED_TRACE(fmt::format("stage {}", s));
+    const auto ops = make_schedule(c.schedule, kStages, kMicro, s, c.chunks);
+    std::vector<std::pair<double, std::string>> begun;
+    std::vector<std::pair<double, int>> changes;
+    for (const auto& span : spans[static_cast<size_t>(s)]) {
+      std::smatch m;
+      if (!std::regex_match(span.name, m, pass)) continue;
+      begun.emplace_back(span.begin_us, span.name);
+      if (m[2] == "F") changes.emplace_back(span.end_us, 1);
+      if (m[2] == "B" || m[2] == "W") changes.emplace_back(span.end_us, -1);
+    }
+    std::sort(begun.begin(), begun.end());
+    std::vector<std::string> order;
+    for (const auto& b : begun) order.push_back(b.second);
+    EXPECT_EQ(fmt::format("{}", fmt::join(order, " ")),
+              fmt::format("{}", fmt::join(expected_names(ops, c.chunks, s == 0), " ")))
+        << "the passes on the trace, in the order they began, against the schedule";
+    std::sort(changes.begin(), changes.end());
+    int64_t held = 0, most = 0;
+    for (const auto& [t, d] : changes) most = std::max(most, held += d);
+    EXPECT_EQ(most, max_in_flight(ops)) << "micro-batches (of all chunks) held at once";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, L09TimelineOrder,
+                         ::testing::Values(TimelineCase{ScheduleKind::kGpipe, 1},
+                                           TimelineCase{ScheduleKind::k1f1b, 1},
+                                           TimelineCase{ScheduleKind::kInterleaved, 2},
+                                           TimelineCase{ScheduleKind::kZbH1, 1}),
+                         [](const auto& info) {
+                           std::string name = schedule_name(info.param.schedule);
+                           name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace dtc::l09
