@@ -27,6 +27,13 @@ if(DTC_TORCHRUN)
     --json-equals stages=2 "--json-equals=precision=\"bf16\"" --losses-like $<TARGET_FILE:lesson02_solution>
     "--losses-like-args=--steps 3 --untied --precision bf16" --digest-rtol 0.1
     -- --steps 3 --micro-batches 4 --precision bf16 --no-sweep --json)
+  # dp x pp: --stages 2 on 4 processes, 2 replicas of a 2-stage pipeline, each on half the batch
+  # and averaging its gradients with the other: exit 0, the report's stages and replicas, and
+  # lesson 02's losses and parameter digest (the whole batch's mean gradient).
+  dtc_add_e2e(09 NAME torchrun_replicas TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 4
+    --program @PROGRAM@ --json-equals stages=2 --json-equals replicas=2 --losses-like
+    $<TARGET_FILE:lesson02_solution> "--losses-like-args=--steps 3 --untied"
+    -- --steps 3 --stages 2 --micro-batches 2 --no-sweep --json)
   # --trace DIR on 4 stages: the micro-batch spans F<i>/B<i> on every stage, the drawing.
   dtc_add_e2e(09 NAME torchrun_trace TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 4
     --program @PROGRAM@ --trace-check "step,F0,F3,B0,B3,fwd block,optimizer" --losses-like

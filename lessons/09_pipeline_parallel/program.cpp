@@ -20,6 +20,7 @@
 #include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/memory.h"
+#include "dtc/mesh.h"
 #include "dtc/program.h"
 
 namespace dtc::l09 {
@@ -43,6 +44,15 @@ void check_schedule(const PipelineOptions& o, int stages) {
     check_interleaved(o.model, stages, o.chunks, o.micro_batches);  // names --virtual-stages
   }
   check_pipeline(o.model, stages * o.chunks, o.batch, o.micro_batches);
+  if (o.replicas > 1 && o.batch % (int64_t{o.replicas} * o.micro_batches) != 0) {
+    throw UsageError("--micro-batches",
+                     fmt::format("{} replicas of {} micro-batches each do not divide the batch of "
+                                 "{} sequences",
+                                 o.replicas, o.micro_batches, o.batch),
+                     fmt::format("pass a --global-batch that is a multiple of {} (replicas x "
+                                 "micro-batches), or fewer --micro-batches",
+                                 int64_t{o.replicas} * o.micro_batches));
+  }
   if (o.schedule != ScheduleKind::kInterleaved && o.chunks != 1) {
     throw UsageError("--virtual-stages",
                      fmt::format("{} model chunks per rank with the {} schedule", o.chunks,
@@ -122,9 +132,91 @@ std::vector<NamedPiece> stage_pieces(const Stage& stage) {
 
 }  // namespace
 
-PipelineResult train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log) {
+PipelineGroups pipeline_groups(const c10::intrusive_ptr<c10d::Store>& store, int world, int rank,
+                               int stages, BackendKind backend, std::chrono::milliseconds timeout,
+                               const std::string& master_addr) {
+  if (stages < 1 || world % stages != 0) {
+    throw UsageError(
+        "--stages",
+        fmt::format("{} stages on {} ranks: the ranks must be stages x replicas", stages, world),
+        fmt::format("pass a --stages that divides {}, or start a multiple of {} ranks", world,
+                    stages));
+  }
+  const Mesh mesh =
+      Mesh::build(world, {{"pp", stages, "--stages"}, {"dp_replicate", 0, "--stages"}});
+  const MeshGroups groups(store, mesh, rank, {{"pp"}, {"dp_replicate"}}, backend, timeout,
+                          master_addr);
+  return PipelineGroups{groups.get({"pp"}), groups.get({"dp_replicate"})};
+}
+
+namespace {
+
+// Data parallelism over pipelines: each chunk's gradients averaged with the same chunk of the
+// other replicas, one fp32 allreduce per chunk, started by the chunk's watch (Stage::begin_step)
+// when its last micro-batch's weight gradients are in, inside the executor's step.
+class ReplicaAverage {
+ public:
+  ReplicaAverage(std::vector<Stage>& chunks, Comm* replicas, int64_t micro_batches)
+      : chunks_(chunks), replicas_(replicas), flats_(chunks.size()), works_(chunks.size()) {
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      std::function<void()> start;
+      if (replicas_ != nullptr && replicas_->getSize() > 1) start = [this, c] { this->start(c); };
+      chunks[c].begin_step(micro_batches, std::move(start));
+    }
+  }
+
+  // After the step: waits for each chunk's allreduce and writes the averages back.
+  void finish() {
+    if (replicas_ == nullptr || replicas_->getSize() == 1) return;
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      if (!works_[c]) {
+        throw std::runtime_error(fmt::format(
+            "chunk {}: the weight gradients of the step's micro-batches were never all computed, "
+            "so its replicas could not average them (does run_schedule run every backward?)",
+            c));
+      }
+      works_[c]->wait();
+      flats_[c].div_(replicas_->getSize());
+      int64_t offset = 0;
+      for (auto& p : chunks_[c].parameters()) {
+        torch::NoGradGuard no_grad;
+        p.mutable_grad().copy_(flats_[c].narrow(0, offset, p.numel()).view_as(p));
+        offset += p.numel();
+      }
+    }
+  }
+
+ private:
+  void start(size_t c) {
+    std::vector<torch::Tensor> pieces;
+    for (const auto& p : chunks_[c].parameters()) {
+      pieces.push_back(p.grad().defined() ? p.grad().reshape(-1)
+                                          : torch::zeros_like(p).reshape(-1));
+    }
+    flats_[c] = torch::cat(pieces).to(torch::kFloat);  // fp32 on the wire, whatever the model's
+    std::vector<at::Tensor> v{flats_[c]};
+    works_[c] = replicas_->allreduce(v);
+  }
+
+  std::vector<Stage>& chunks_;
+  Comm* replicas_;
+  std::vector<torch::Tensor> flats_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
+
+}  // namespace
+
+PipelineResult train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log, Comm* replicas) {
   const int p = comm.getSize();
   const int s = comm.getRank();
+  const int dp = replicas != nullptr ? replicas->getSize() : 1;
+  if (dp != o.replicas) {
+    throw std::invalid_argument(fmt::format(
+        "train_pipeline: options.replicas is {} but the replicas' communicator has {} ranks",
+        o.replicas, dp));
+  }
+  const int64_t rows = o.batch / dp;  // this replica's share of each batch
+  const int64_t first_row = (replicas != nullptr ? replicas->getRank() : 0) * rows;
   check_schedule(o, p);
   check_precision(o.precision, /*bf16_collectives=*/false);  // fp32 messages
   std::vector<Stage> chunks = build_chunks(o, p, s);
@@ -145,17 +237,29 @@ PipelineResult train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log
   std::vector<float>& losses = result.losses;
   for (int64_t step = 0; step < o.steps; ++step) {
     if (log) log->begin_step();
-    const Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
+    Batch batch = data.batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
+    if (dp > 1) {
+      batch.inputs = batch.inputs.narrow(0, first_row, rows);
+      batch.targets = batch.targets.narrow(0, first_row, rows);
+    }
     optimizer.zero_grad();
-    for (auto& c : chunks) c.begin_step();  // a trace's labels F0, B0, ... start again
+    // A trace's labels F0, B0, ... start again; with replicas, each chunk's average starts
+    // when its last backward pass is done.
+    ReplicaAverage average(chunks, replicas, o.micro_batches);
     const StepStats stats = run_schedule(chunks, comm, ops, batch, o.micro_batches,
                                          o.deallocate_outputs, o.recompute == Recompute::kFull);
+    average.finish();
     optimizer.step();
-    // The loss lives on the last stage: a sum in which only it writes a non-zero.
+    // The loss lives on the last stage: a sum in which only it writes a non-zero; then the
+    // replicas' mean.
     auto loss = torch::full({1}, chunks.back().layers.head ? stats.loss : 0.0f,
                             torch::dtype(torch::kFloat).device(o.device));
     std::vector<at::Tensor> v{loss};
     comm.allreduce(v)->wait();
+    if (dp > 1) {
+      replicas->allreduce(v)->wait();
+      loss.div_(dp);
+    }
     losses.push_back(loss.cpu().item<float>());
     if (log) log->end_step(step, losses.back());
   }
@@ -275,9 +379,12 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& o, Comm& comm) {
 std::vector<std::pair<std::string, std::string>> stage_rows(const PipelineOptions& o, int p) {
   std::vector<std::pair<std::string, std::string>> rows = {
       {"train", fmt::format("AdamW lr {:g}, {} steps, {} schedule, {} micro-batches of {} "
-                            "sequences, seed {}",
+                            "sequences{}, seed {}",
                             o.lr, o.steps, schedule_name(o.schedule), o.micro_batches,
-                            o.batch / o.micro_batches, o.seed)},
+                            o.batch / o.micro_batches / o.replicas,
+                            o.replicas > 1 ? fmt::format(" on each of {} replicas", o.replicas)
+                                           : std::string(),
+                            o.seed)},
       {"numerics",
        fmt::format("precision {}, recompute {}",
                    o.precision == Precision::kFp32
@@ -298,22 +405,27 @@ std::vector<std::pair<std::string, std::string>> stage_rows(const PipelineOption
     }
     rows.emplace_back(
         fmt::format("stage {}", s),
-        fmt::format("(rank {}): blocks {}{}{}   schedule {}", s, blocks,
-                    embed ? " + embeddings" : "", head ? " + ln_f, lm_head, loss" : "",
+        fmt::format("({}): blocks {}{}{}   schedule {}",
+                    o.replicas > 1 ? fmt::format("ranks {}-{}, one per replica", s * o.replicas,
+                                                 (s + 1) * o.replicas - 1)
+                                   : fmt::format("rank {}", s),
+                    blocks, embed ? " + embeddings" : "", head ? " + ln_f, lm_head, loss" : "",
                     to_string(make_schedule(o.schedule, p, o.micro_batches, s, o.chunks))));
   }
   return rows;
 }
 
-int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::ostream& err) {
+int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::ostream& err,
+                 Comm* replicas) {
   const int p = comm.getSize();
-  const int rank = comm.getRank();
+  // The job's rank (the mesh's order: a stage's replicas are neighbours).
+  const int rank = (replicas != nullptr ? replicas->getRank() : 0) + o.replicas * comm.getRank();
   check_schedule(o, p);
   StepLog log(err, rank == 0 && !o.json, 0, o.steps, o.batch * o.model.ctx);
   PipelineOptions run = o;
   run.digest = true;
-  const PipelineResult result = train_pipeline(run, comm, &log);
-  const std::vector<BubbleRow> rows = measure_bubbles(o, comm);
+  const PipelineResult result = train_pipeline(run, comm, &log, replicas);
+  const std::vector<BubbleRow> rows = measure_bubbles(o, comm);  // each replica its own
   if (rank != 0) return kExitOk;
 
   if (o.json) {
@@ -321,6 +433,7 @@ int run_pipeline(const PipelineOptions& o, Comm& comm, std::ostream& out, std::o
     j["param_digest"] = result.digest;
     j["step_s"] = log.step_seconds();  // rank 0's wall time of every step (the first warms up)
     j["stages"] = p;
+    j["replicas"] = o.replicas;
     j["micro_batches"] = o.micro_batches;
     j["schedule"] = schedule_name(o.schedule);
     j["virtual_stages"] = o.chunks;
@@ -411,7 +524,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   std::string schedule = "1f1b";
   bool no_sweep = false;
   CLI::App& app = cli.app();
-  app.add_option("--stages", stages, "pipeline stages (default and only value: the world size)")
+  app.add_option("--stages", stages,
+                 "pipeline stages S (default: the world size); S x replicas ranks run replicas "
+                 "pipelines side by side, data parallel")
       ->check(positive_count("--stages 4"));
   app.add_option("--micro-batches", o.micro_batches, "micro-batches m per step (divides the batch)")
       ->check(positive_count("--micro-batches 4"))
@@ -453,27 +568,39 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
     if (app.count("--layers") == 0 && stages * o.chunks > o.model.layers) {
       o.model.layers = stages * o.chunks;
     }
-    if (stages != world) {
+    if (world % stages != 0) {
       throw UsageError(
           "--stages",
-          fmt::format("{} stages on {} ranks: this lesson runs one stage per rank", stages, world),
-          fmt::format("start {} ranks (torchrun --nproc_per_node={}) or leave --stages out", stages,
-                      stages));
+          fmt::format("{} stages on {} ranks: the ranks must be stages x replicas", stages, world),
+          fmt::format("start a multiple of {} ranks (torchrun --nproc_per_node={}), pass a "
+                      "--stages that divides {}, or leave --stages out (one pipeline)",
+                      stages, 2 * stages, world));
     }
+    o.replicas = world / stages;
     check_schedule(o, stages);
 
     // 2. Build: the counting allocator on the CPU (each stage's activation peak), the group.
     if (job.device.is_cpu()) install_counting_allocator();
     job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
     job.connect();
+    PipelineGroups groups{job.comm, nullptr};  // one pipeline: the world
+    if (o.replicas > 1) {
+      groups = pipeline_groups(job.store, world, job.rank(), stages, job.backend, job.timeout,
+                               job.env.master_addr);
+    }
     if (job.rank0() && !o.json) {
-      print_banner(out,
-                   fmt::format("Lesson 09: pipeline parallelism, {} stages (one per rank)", world),
-                   job, o.model, count_parameters(*Gpt(o.model)), stage_rows(o, world));
+      print_banner(
+          out,
+          o.replicas > 1
+              ? fmt::format("Lesson 09: pipeline parallelism, {} stages x {} replicas "
+                            "(data parallel over pipelines)",
+                            stages, o.replicas)
+              : fmt::format("Lesson 09: pipeline parallelism, {} stages (one per rank)", world),
+          job, o.model, count_parameters(*Gpt(o.model)), stage_rows(o, stages));
     }
 
     // 3. The loop and 4. the report (run_pipeline), 5. finish.
-    const int code = run_pipeline(o, *job.comm, out, err);
+    const int code = run_pipeline(o, *groups.pipeline, out, err, groups.replicas.get());
     job.finish();
     return code;
   });

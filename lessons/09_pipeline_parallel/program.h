@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
+#include <string>
 #include <vector>
 
 #include "dtc/launch.h"
@@ -25,6 +26,10 @@ struct PipelineOptions : RunConfig {
   int64_t micro_batches = 4;                    ///< m (--micro-batches)
   ScheduleKind schedule = ScheduleKind::k1f1b;  ///< --schedule
   int chunks = 1;  ///< v, model chunks per rank (--virtual-stages; interleaved only, else 1)
+  /// Pipelines side by side (dp x pp: --stages S on S x replicas ranks): replica r trains on
+  /// rows [r b / replicas, (r + 1) b / replicas) of each batch, and each stage averages its
+  /// gradients with the same stage of the other replicas.
+  int replicas = 1;
   /// Micro-batch counts for the bubble measurement (only those that divide the batch); empty:
   /// no measurement.
   std::vector<int64_t> sweep{1, 2, 4, 8};
@@ -48,14 +53,32 @@ struct PipelineResult {
   std::vector<torch::Tensor> weights;
 };
 
+/// The communicators of a dp x pp job (a dtc::Mesh of pp = @p stages by dp_replicate = world /
+/// stages, torchtitan's order, pp slowest: the replicas of a stage are neighbouring ranks):
+/// this rank's pipeline (its rank there is its stage) and its stage's replicas.
+struct PipelineGroups {
+  c10::intrusive_ptr<Comm> pipeline;  ///< pp: one rank per stage of this replica
+  c10::intrusive_ptr<Comm> replicas;  ///< dp_replicate: this stage in every replica
+};
+/// @throws dtc::UsageError("--stages") when @p stages does not divide the world.
+PipelineGroups pipeline_groups(const c10::intrusive_ptr<c10d::Store>& store, int world, int rank,
+                               int stages, BackendKind backend, std::chrono::milliseconds timeout,
+                               const std::string& master_addr = "127.0.0.1");
+
 /// Trains on every rank of @p comm, one stage per rank (stages = comm size), from the
 /// baseline's initial weights (dtc::init_weights with the seed) on the baseline's batches
 /// (ByteDataset::builtin(), rows 0..batch-1 of each step).
 /// In bf16: a bf16 model, AdamW over fp32 master weights (dtc::MasterAdamW).
+/// With @p replicas (options.replicas of them, this stage in each pipeline): this pipeline takes
+/// its replica's rows, and each chunk's gradients are averaged over the replicas (an fp32
+/// allreduce), started as soon as the chunk's last backward pass is done (Stage::begin_step's
+/// callback), so that it runs while the stages before are still in their cool-down, as
+/// Megatron's does; the step waits for it before the optimizer.
 /// @param log when not null, records every step's loss and wall time on this rank (and prints
 ///   the progress lines it is set up to print).
 /// @throws dtc::UsageError for a pipeline that does not fit (check_pipeline()), and for fp16.
-PipelineResult train_pipeline(const PipelineOptions& options, Comm& comm, StepLog* log = nullptr);
+PipelineResult train_pipeline(const PipelineOptions& options, Comm& comm, StepLog* log = nullptr,
+                              Comm* replicas = nullptr);
 
 /// One schedule at one micro-batch count, measured on every stage.
 struct BubbleRow {
@@ -90,7 +113,8 @@ std::vector<BubbleRow> measure_bubbles(const PipelineOptions& options, Comm& com
 
 /// Trains, measures, and prints the report on rank 0 (tables, or one JSON line with "losses",
 /// "tokens_per_s", "bubble", "memory"). @return 0.
-int run_pipeline(const PipelineOptions& options, Comm& comm, std::ostream& out, std::ostream& err);
+int run_pipeline(const PipelineOptions& options, Comm& comm, std::ostream& out, std::ostream& err,
+                 Comm* replicas = nullptr);
 
 /// Runs `lesson09` with @p argv. A single process (no launcher) runs a one-stage pipeline.
 /// @return the exit code: 0, 1 for a runtime failure, 2 for bad input (the message names the

@@ -23,6 +23,7 @@
 #include "dtc/memory.h"
 #include "dtc/observe.h"
 #include "dtc/ranks.h"
+#include "dtc/trace.h"
 #include "dtc_test.h"
 #include "pipeline.h"
 #include "plain_baseline.h"
@@ -217,6 +218,121 @@ TEST(L09SplitBackward, TrainPipelineRunsEverySchedule) {
         },
         kTimeout);
     EXPECT_TENSOR_CLOSE(torch::tensor(losses), torch::tensor(base.losses), kFp32Steps);
+  }
+}
+
+// dp x pp: 2 stages x 2 replicas (4 thread-ranks), through the program's loop
+// (train_pipeline), each replica on half of every batch: lesson 02's parameters after 3 steps
+// (the replicas' average is the whole batch's mean gradient), and every replica of a stage
+// with the same weights, bit for bit. Returns each rank's weights by the full model's names.
+struct ReplicaRun {
+  std::vector<float> losses;
+  std::vector<std::map<std::string, torch::Tensor>> params;  // by rank
+};
+
+ReplicaRun run_replicas(const PipelineOptions& o, int stages, int world,
+                        std::vector<std::vector<TracedSpan>>* spans = nullptr) {
+  ReplicaRun run;
+  run.params.resize(static_cast<size_t>(world));
+  if (spans) spans->assign(static_cast<size_t>(world), {});
+  std::mutex mu;
+  run_ranks(
+      world,
+      [&](RankContext& ctx) {
+        PipelineGroups g = pipeline_groups(ctx.store, world, ctx.rank, stages, BackendKind::kGloo,
+                                           std::chrono::milliseconds(5000));
+        auto tracer = std::make_shared<Tracer>(ctx.rank);
+        c10::intrusive_ptr<Comm> pp = g.pipeline, dp = g.replicas;
+        if (spans) {
+          tracer->set_clock(sync_clock(*ctx.store, ctx.rank, ctx.world));
+          pp = c10::make_intrusive<TracingComm>(g.pipeline, tracer, "pipeline");
+          dp = c10::make_intrusive<TracingComm>(g.replicas, tracer, "replicas");
+        }
+        PipelineOptions mine = o;
+        mine.weights = true;
+        PipelineResult r;
+        {
+          TraceScope scope(spans ? tracer.get() : nullptr);
+          r = train_pipeline(mine, *pp, nullptr, dp.get());
+        }
+        // The names of this rank's chunks' parameters, in parameters_of() order.
+        Gpt named(o.model);
+        const auto chunks = make_chunks(named, stages, o.chunks, pp->getRank());
+        std::map<const void*, std::string> name_of;
+        for (const auto& item : named->named_parameters())
+          name_of[item.value().unsafeGetTensorImpl()] = item.key();
+        const auto params = parameters_of(chunks);
+        std::lock_guard<std::mutex> lock(mu);
+        if (ctx.rank == 0) run.losses = r.losses;
+        for (size_t i = 0; i < params.size(); ++i)
+          run.params[static_cast<size_t>(ctx.rank)][name_of.at(params[i].unsafeGetTensorImpl())] =
+              r.weights.at(i);
+        if (spans) (*spans)[static_cast<size_t>(ctx.rank)] = traced_spans(tracer->to_json());
+      },
+      kTimeout);
+  return run;
+}
+
+TEST(L09Replicas, TwoStagesTimesTwoReplicasMatchBaseline) {
+  for (const auto& [kind, chunks] :
+       {std::pair{ScheduleKind::k1f1b, 1}, std::pair{ScheduleKind::kInterleaved, 2},
+        std::pair{ScheduleKind::kZbH1, 1}}) {
+    SCOPED_TRACE(schedule_name(kind));
+    PipelineOptions o = small_run(kind, 2);
+    o.chunks = chunks;
+    o.replicas = 2;
+    const test::BaselineRun base = test::plain_baseline(o, o.steps);
+    const ReplicaRun run = run_replicas(o, 2, 4);
+    EXPECT_TENSOR_CLOSE(torch::tensor(run.losses), torch::tensor(base.losses), kFp32Steps);
+    size_t i = 0;
+    for (const auto& item : Gpt(o.model)->named_parameters()) {
+      SCOPED_TRACE(item.key());
+      // Ranks 0 and 1 are stage 0's replicas, 2 and 3 stage 1's (pp slowest).
+      const int stage_rank = run.params[0].count(item.key()) ? 0 : 2;
+      ASSERT_TRUE(run.params[static_cast<size_t>(stage_rank)].count(item.key())) << "in no stage";
+      const torch::Tensor got = run.params[static_cast<size_t>(stage_rank)].at(item.key());
+      EXPECT_ADAMW_PARAMS_CLOSE(got, base.params[i], o.steps, o.lr);
+      EXPECT_TRUE(torch::equal(got, run.params[static_cast<size_t>(stage_rank + 1)].at(item.key())))
+          << "the two replicas of a stage disagree";
+      ++i;
+    }
+  }
+}
+
+// Megatron's overlap: a stage starts averaging its gradients with its replicas as soon as its
+// last backward pass is done, while the stages before it are still in their cool-down. On the
+// trace: under 1F1B the last stage's allreduce over the replicas is issued before the send of its
+// last input gradient, the one stage 0's last backward waits for (so stage 0's cool-down runs
+// beside it); interleaved, on every rank, the chunk that finishes first (chunk 1) is averaged
+// while chunk 0 still has backwards to run and send. Averaging after the step would issue it only
+// after those sends: run_schedule waits for its sends before it returns. (ZB-H1 puts the last
+// stage's last W after its last I: its average starts after its last send, by design.)
+TEST(L09Replicas, GradientsAreAveragedDuringTheCoolDown) {
+  for (const auto& [kind, chunks] :
+       {std::pair{ScheduleKind::k1f1b, 1}, std::pair{ScheduleKind::kInterleaved, 2}}) {
+    SCOPED_TRACE(schedule_name(kind));
+    PipelineOptions o = small_run(kind, 4);
+    o.chunks = chunks;
+    o.steps = 1;
+    o.replicas = 2;
+    std::vector<std::vector<TracedSpan>> spans;
+    run_replicas(o, 2, 4, &spans);
+    for (int rank = chunks > 1 ? 0 : 2; rank < 4; ++rank) {  // 1F1B: stage 1's ranks
+      SCOPED_TRACE(fmt::format("rank {}", rank));
+      double last_send = -1, allreduce = -1;
+      for (const auto& s : spans[static_cast<size_t>(rank)]) {
+        if (s.track != TraceTrack::kComm) continue;
+        if (s.name == "send") last_send = std::max(last_send, s.begin_us);
+        const bool replicas = s.args.value("group", "") == "replicas";
+        if (s.name.find("allreduce") != std::string::npos && replicas && allreduce < 0)
+          allreduce = s.begin_us;
+      }
+      ASSERT_GE(last_send, 0) << "no send";
+      ASSERT_GE(allreduce, 0) << "no allreduce over the replicas";
+      EXPECT_LT(allreduce, last_send)
+          << "the first gradients must start to be averaged before the rank's last gradient "
+             "leaves for the stage before, whose cool-down then runs beside the averaging";
+    }
   }
 }
 

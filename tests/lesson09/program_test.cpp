@@ -105,10 +105,19 @@ TEST(L09ProgramGiven, MicroBatchesThatDoNotDivideAreAUsageError) {
   EXPECT_NE(r.err.find("HINT"), std::string::npos) << r.err;
 }
 
-TEST(L09ProgramGiven, StagesMustMatchTheWorld) {
-  const Result r = run_lesson09({"--stages", "2"}, kFourRanks);
+TEST(L09ProgramGiven, StagesMustDivideTheWorld) {
+  const Result r = run_lesson09({"--stages", "3"}, kFourRanks);  // 4 ranks: not 3 x replicas
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--stages"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stages x replicas"), std::string::npos) << r.err;
+}
+
+TEST(L09ProgramGiven, ReplicasTimesMicroBatchesMustDivideTheBatch) {
+  // --stages 2 on 4 ranks: 2 replicas of 4 rows each; 8 micro-batches divide 8, not 4.
+  const Result r = run_lesson09({"--stages", "2", "--micro-batches", "8"}, kFourRanks);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--micro-batches"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("2 replicas"), std::string::npos) << r.err;
 }
 
 TEST(L09ProgramGiven, BadFlagsAreUsageErrors) {
