@@ -121,6 +121,39 @@ def pipeline(schedule, m):
     return check
 
 
+def split_or_chunked(schedule, m, chunks=1):
+    """Interleaved and ZB-H1 (L09TimelineOrder's claims, lighter): each stage's passes <c>F<i>,
+    B<i>, I<i>, W<i> from the given forward's watch; at most the micro-batch pieces the schedule
+    holds (interleaved: its warm-up + 1 pieces of 1/v; ZB-H1: min(m, p) graphs, each kept from
+    its F to its W), and for ZB-H1 every I before its W."""
+    def check(trace, ranks):
+        for s in range(ranks):
+            step = in_step(trace, s, 1)
+            passes = [x for x in step if x["cat"] != "comm"
+                      and re.match(r"^\d*[FBIW]\d+$", x["name"])]
+            held = most = 0
+            for _, d in sorted((x["e"], 1 if re.sub(r"^\d+", "", x["name"])[0] == "F" else
+                                -1 if re.sub(r"^\d+", "", x["name"])[0] in "BW" else 0)
+                               for x in passes):
+                held += d
+                most = max(most, held)
+            if schedule == "interleaved":
+                want = min(2 * (ranks - s - 1) + (chunks - 1) * ranks + 1, chunks * m)
+            else:
+                want = min(m, ranks)
+                ends = {x["name"]: x for x in passes}
+                for i in range(m):
+                    if f"I{i}" in ends:
+                        assert ends[f"I{i}"]["e"] <= ends[f"W{i}"]["b"], f"stage {s}: W{i} before I{i}"
+                    elif s > 0:
+                        raise AssertionError(f"stage {s}: no I{i}")
+            assert most <= want, f"stage {s} held {most} pieces, the schedule holds {want}"
+        return (f"every rank holds at most its warm-up + 1 pieces of 1/{chunks}"
+                if schedule == "interleaved" else "every stage holds at most min(m, p) graphs; "
+                "each I before its W")
+    return check
+
+
 def ring(trace, ranks):
     # L10Timeline.RingReceivesTheNextBlockWhileComputingThisOne's predicate: in every layer's
     # forward, every attention block but the last runs while a receive posted before it is not
@@ -169,6 +202,15 @@ FIGURES = {
              ["--schedule", "1f1b", "--micro-batches", "8", "--global-batch", "16",
               "--no-sweep", "--steps", "3"],
              "Lesson 09, 1F1B, 4 stages, m = 8 (step 1)", pipeline("1f1b", 8), True),
+    "interleaved": ("09_pipeline_parallel", "lesson09_solution", 4,
+                    ["--schedule", "interleaved", "--virtual-stages", "2", "--micro-batches", "8",
+                     "--global-batch", "16", "--no-sweep", "--steps", "3"],
+                    "Lesson 09, interleaved 1F1B, 4 ranks x 2 chunks, m = 8 (step 1)",
+                    split_or_chunked("interleaved", 8, 2), False),
+    "zb_h1": ("09_pipeline_parallel", "lesson09_solution", 4,
+              ["--schedule", "zb-h1", "--micro-batches", "8", "--global-batch", "16",
+               "--no-sweep", "--steps", "3"],
+              "Lesson 09, ZB-H1, 4 stages, m = 8 (step 1)", split_or_chunked("zb-h1", 8), False),
     "ring": ("10_context_parallel", "lesson10_solution", 4,
              ["--cp", "4", "--zigzag", "--seq", "256", "--steps", "3"],
              "Lesson 10, ring attention, zig-zag, cp 4, seq 256: around block 1's forward, from "

@@ -41,7 +41,8 @@ RIGHT = 20
 ROW = 18
 GAP = 8
 
-COMPUTE = [(r"^(F\d|fwd|forward)", "#4c72b0"), (r"^(B\d|bwd|backward)", "#55a868"),
+COMPUTE = [(r"^(\d*F\d|fwd|forward)", "#4c72b0"), (r"^(\d*B\d|bwd|backward)", "#55a868"),
+           (r"^\d*I\d", "#8cc79a"), (r"^\d*W\d", "#2f6b3f"),
            (r"^(optimizer)", "#8172b2"), (r"^(step)", "#e5e5e5"), (r"^(sync|wait)", "#b0b0b0"),
            (r"^(R\d|recompute)", "#64b5cd")]
 COMM = [("allreduce", "#dd8452"), ("allgather", "#c44e52"), ("reduce_scatter", "#937860"),
@@ -233,7 +234,8 @@ def render(trace, step=None, title="", with_textbook=False, ranks=None, max_lane
     used, seen = [], set()
     for _, _, bars, _ in rows:
         for sp, c in bars:
-            key = sp["name"] if sp["cat"] == "comm" else re.sub(r"[ \d].*$", "", sp["name"])
+            key = (sp["name"] if sp["cat"] == "comm"
+                   else re.sub(r"[ \d].*$", "", re.sub(r"^\d+(?=[A-Z])", "", sp["name"])))
             if c not in seen and not sp["name"].startswith("step"):
                 seen.add(c)
                 used.append((key, c))
