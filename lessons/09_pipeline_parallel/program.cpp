@@ -1,6 +1,6 @@
-// The lesson09 program: trains the course's GPT cut into one pipeline stage per rank, then
-// measures the pipeline bubble for several micro-batch counts and the activation memory of GPipe
-// against 1F1B. Given in full; the split, the schedules, send/recv and the executor are yours,
+// The lesson09 program: trains the course's GPT cut into one pipeline stage per rank (with
+// --stages S on S x R ranks, R such pipelines side by side, data parallel), then measures the
+// pipeline bubble of each schedule for several micro-batch counts and their activation memory. Given in full; the split, the schedules, send/recv and the executor are yours,
 // in pipeline.cpp.
 //
 //   torchrun --standalone --nproc_per_node=4 --no_python build/bin/lesson09 --micro-batches 4
@@ -512,8 +512,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   TrainCli cli(
       "lesson09",
       "Lesson 09: pipeline parallelism. Trains the course's GPT (untied head) cut into one "
-      "stage per rank with GPipe or 1F1B over micro-batches, then measures the bubble and "
-      "the activation memory. Start it with torchrun (one process per stage).",
+      "stage per rank with GPipe, 1F1B, interleaved 1F1B or ZB-H1 over micro-batches (--stages "
+      "S on S x R ranks: R pipelines side by side, data parallel), then measures the bubble "
+      "and the activation memory. Start it with torchrun (one process per stage).",
       /*default_steps=*/20, /*untied_flag=*/false);  // always untied: no --untied
   cli.add_timeout_flag();
   cli.add_precision_flag({Precision::kFp32, Precision::kBf16});

@@ -65,7 +65,8 @@ PipelineGroups pipeline_groups(const c10::intrusive_ptr<c10d::Store>& store, int
                                int stages, BackendKind backend, std::chrono::milliseconds timeout,
                                const std::string& master_addr = "127.0.0.1");
 
-/// Trains on every rank of @p comm, one stage per rank (stages = comm size), from the
+/// Trains on every rank of @p comm, one stage per rank (stages = comm size; the replica's
+/// pipeline when there are several), from the
 /// baseline's initial weights (dtc::init_weights with the seed) on the baseline's batches
 /// (ByteDataset::builtin(), rows 0..batch-1 of each step).
 /// In bf16: a bf16 model, AdamW over fp32 master weights (dtc::MasterAdamW).
