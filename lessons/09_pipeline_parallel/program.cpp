@@ -584,7 +584,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
     if (job.device.is_cpu()) install_counting_allocator();
     job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
     job.connect();
-    PipelineGroups groups{job.comm, nullptr};  // one pipeline: the world
+    PipelineGroups groups{job.comm, {}};  // one pipeline: the world
     if (o.replicas > 1) {
       groups = pipeline_groups(job.store, world, job.rank(), stages, job.backend, job.timeout,
                                job.env.master_addr);
