@@ -1,7 +1,8 @@
 // The lesson09 program: trains the course's GPT cut into one pipeline stage per rank (with
 // --stages S on S x R ranks, R such pipelines side by side, data parallel), then measures the
-// pipeline bubble of each schedule for several micro-batch counts and their activation memory. Given in full; the split, the schedules, send/recv and the executor are yours,
-// in pipeline.cpp.
+// pipeline bubble of each schedule for several micro-batch counts and their activation memory.
+// Given in full; the split, the schedules, send/recv and the executor are yours, in
+// pipeline.cpp.
 //
 //   torchrun --standalone --nproc_per_node=4 --no_python build/bin/lesson09 --micro-batches 4
 #include "program.h"
