@@ -166,6 +166,16 @@ class ReplicaAverage {
     }
   }
 
+  // The chunks' watches must not call back into an average that is gone.
+  ~ReplicaAverage() {
+    for (auto& c : chunks_) {
+      std::lock_guard<std::mutex> lock(c.watch->mu);
+      c.watch->on_weights_done = nullptr;
+    }
+  }
+  ReplicaAverage(const ReplicaAverage&) = delete;
+  ReplicaAverage& operator=(const ReplicaAverage&) = delete;
+
   // After the step: waits for each chunk's allreduce and writes the averages back.
   void finish() {
     if (replicas_ == nullptr || replicas_->getSize() == 1) return;
@@ -181,6 +191,7 @@ class ReplicaAverage {
       int64_t offset = 0;
       for (auto& p : chunks_[c].parameters()) {
         torch::NoGradGuard no_grad;
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
         p.mutable_grad().copy_(flats_[c].narrow(0, offset, p.numel()).view_as(p));
         offset += p.numel();
       }
