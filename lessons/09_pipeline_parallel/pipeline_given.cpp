@@ -51,14 +51,18 @@ std::pair<const void*, uint32_t> grad_state(const torch::Tensor& param) {
 
 // Watches every backward pass through micro-batch @p micro's graph from @p output: the pass
 // starts when the output's gradient reaches it (a hook) and ends with the autograd engine's
-// end-of-pass callback; it computed weight gradients if @p probe's gradient changed. Traces the
-// pass as "{label}B{micro}" (a whole backward), "I" (the input's gradient alone) or "W" (weight
-// gradients after an I), and counts the micro-batches whose weight gradients are in.
-void watch_backward(torch::Tensor output, const torch::Tensor& probe, int64_t micro,
-                    const std::string& label, const std::shared_ptr<BackwardWatch>& watch) {
+// end-of-pass callback; it computed weight gradients if @p probe's gradient changed, and went
+// on to the stage's input if @p input's did (a leaf that needs a gradient, else undefined).
+// Traces the pass as "{label}B{micro}" (a whole backward), "I" (the input's gradient alone) or
+// "W" (weight gradients after an I, the input left alone: a pass after an I that reaches the
+// input again is a whole backward, "B"), and counts the micro-batches whose weights are in.
+void watch_backward(torch::Tensor output, const torch::Tensor& probe, const torch::Tensor& input,
+                    int64_t micro, const std::string& label,
+                    const std::shared_ptr<BackwardWatch>& watch) {
   struct Pass {
     std::mutex mu;
     std::pair<const void*, uint32_t> before{};
+    std::pair<const void*, uint32_t> input_before{};
     TraceTime begin{};
   };
   auto pass = std::make_shared<Pass>();
@@ -67,6 +71,7 @@ void watch_backward(torch::Tensor output, const torch::Tensor& probe, int64_t mi
     {
       std::lock_guard<std::mutex> lock(pass->mu);
       pass->before = grad_state(probe);
+      if (input.defined()) pass->input_before = grad_state(input);
       if (tracer) pass->begin = tracer->now();
     }
     torch::autograd::Engine::get_default_engine().queue_callback([=] {
@@ -75,7 +80,8 @@ void watch_backward(torch::Tensor output, const torch::Tensor& probe, int64_t mi
       {
         std::lock_guard<std::mutex> lock(watch->mu);
         if (grad_state(probe) != pass->before) {
-          kind = watch->input_only.count(micro) ? "W" : "B";
+          const bool reached_input = input.defined() && grad_state(input) != pass->input_before;
+          kind = watch->input_only.count(micro) && !reached_input ? "W" : "B";
           if (++watch->weights_done == watch->micro_batches) done = watch->on_weights_done;
         } else {
           watch->input_only.insert(micro);
@@ -118,7 +124,9 @@ torch::Tensor Stage::forward(const torch::Tensor& input) {
   x = x.to(torch::kFloat);  // the next stage's message in fp32 (no-op in fp32 or on the head)
   if (graph && x.requires_grad()) {
     const auto params = parameters();
-    if (!params.empty()) watch_backward(x, params.front(), micro, label, watch);
+    // The stage's input, when backward accumulates a gradient into it (a received message).
+    const torch::Tensor leaf = input.requires_grad() && input.is_leaf() ? input : torch::Tensor();
+    if (!params.empty()) watch_backward(x, params.front(), leaf, micro, label, watch);
   }
   return x;
 }
