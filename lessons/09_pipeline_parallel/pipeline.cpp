@@ -1,6 +1,6 @@
 // Lesson 09: pipeline parallelism. Implements lessons/09_pipeline_parallel/pipeline.h.
 //
-// Fill in every TODO(L09) below, top to bottom: the split, the two schedules, send/recv, and
+// Fill in every TODO(L09) below, top to bottom: the split, the four schedules, send/recv, and
 // the executor. `make test-lesson09` checks the schedules against the textbook order and the
 // pipelined training against a single-process baseline on the same weights and batches; then
 //   make run-lesson09 NPROC=4 ARGS="--micro-batches 4 --schedule 1f1b"
@@ -158,4 +158,4 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
 }
 
 }  // namespace dtc::l09
-// generated from solutions/09_pipeline_parallel/pipeline.cpp; checksum 9cc70fd59a2bf940
+// generated from solutions/09_pipeline_parallel/pipeline.cpp; checksum 72251eeb3aa8c62b

@@ -3,10 +3,12 @@
 // The course's GPT (dtc/model.h, untied output head) is cut into p stages along its layers;
 // stage s runs on rank s. Activations go forward from stage s to s + 1 with send/recv, their
 // gradients come back from s + 1 to s, and a batch is cut into m micro-batches so that stages
-// work at the same time. Two schedules decide in which order a stage runs its micro-batches:
-// GPipe (all forwards, then all backwards; Huang et al. 2019) and 1F1B (one forward, one
-// backward; PipeDream-Flush, Narayanan et al. 2021, as in Megatron-LM). This header is the whole
-// specification of what you implement in pipeline.cpp; README.md beside it teaches it.
+// work at the same time. A schedule decides in which order a stage runs its micro-batches:
+// GPipe (all forwards, then all backwards; Huang et al. 2019), 1F1B (one forward, one backward;
+// PipeDream-Flush, Narayanan et al. 2021, as in Megatron-LM), interleaved 1F1B (v model chunks
+// per rank; Narayanan et al. 2021) and ZB-H1 (the backward split into the input's gradient and
+// the weights'; Qi et al. 2024). This header is the whole specification of what you implement
+// in pipeline.cpp; README.md beside it teaches it.
 //
 //   make test-lesson09        # your exercise, test by test
 //   make run-lesson09 NPROC=4 ARGS="--micro-batches 4 --schedule 1f1b"

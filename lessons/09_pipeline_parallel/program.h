@@ -73,8 +73,10 @@ PipelineGroups pipeline_groups(const c10::intrusive_ptr<c10d::Store>& store, int
 /// With @p replicas (options.replicas of them, this stage in each pipeline): this pipeline takes
 /// its replica's rows, and each chunk's gradients are averaged over the replicas (an fp32
 /// allreduce), started as soon as the chunk's last backward pass is done (Stage::begin_step's
-/// callback), so that it runs while the stages before are still in their cool-down, as
-/// Megatron's does; the step waits for it before the optimizer.
+/// callback), so that it runs while the stages before are still in their cool-down (Megatron-LM
+/// with --overlap-grad-reduce --no-align-grad-reduce starts it about there too; its default
+/// aligned mode starts it after the stage's last send); the step waits for it before the
+/// optimizer.
 /// @param log when not null, records every step's loss and wall time on this rank (and prints
 ///   the progress lines it is set up to print).
 /// @throws dtc::UsageError for a pipeline that does not fit (check_pipeline()), and for fp16.

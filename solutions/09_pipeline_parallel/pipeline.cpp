@@ -1,6 +1,6 @@
 // Lesson 09: pipeline parallelism. Implements lessons/09_pipeline_parallel/pipeline.h.
 //
-// Fill in every TODO(L09) below, top to bottom: the split, the two schedules, send/recv, and
+// Fill in every TODO(L09) below, top to bottom: the split, the four schedules, send/recv, and
 // the executor. `make test-lesson09` checks the schedules against the textbook order and the
 // pipelined training against a single-process baseline on the same weights and batches; then
 //   make run-lesson09 NPROC=4 ARGS="--micro-batches 4 --schedule 1f1b"
