@@ -253,9 +253,20 @@ std::string shards_text(const std::vector<std::string>& shards) {
   return text.empty() ? "-" : text;
 }
 
+// A mix in --compare's grammar, every field written: DPxTPxPPxCP:ZERO:RECOMPUTE:MICRO:VIRTUAL
+// (ZERO is hsdpN for HSDP), so that `--compare "$(... | jq -r .plan.mix)"` costs the same mix
+// and lesson 11's --mix runs it.
+std::string mix_text(const Mix& m) {
+  const std::string zero =
+      m.shard > 0 ? fmt::format("hsdp{}", m.shard) : std::to_string(m.zero_stage);
+  return fmt::format("{}x{}x{}x{}:{}:{}:{}:{}", m.dp, m.tp, m.pp, m.cp, zero,
+                     name_of(kRecomputes, m.recompute), m.micro_batch, m.virtual_stages);
+}
+
 // A costed mix: its layout, its per-GPU memory and step time (the plan, its runner-up, --compare).
 nlohmann::json evaluation_json(const Evaluation& e) {
-  return {{"dp", e.mix.dp},
+  return {{"mix", mix_text(e.mix)},
+          {"dp", e.mix.dp},
           {"tp", e.mix.tp},
           {"pp", e.mix.pp},
           {"cp", e.mix.cp},

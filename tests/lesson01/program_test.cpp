@@ -1,4 +1,5 @@
 // Lesson 01 tests: the lesson01 program, run in-process.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -179,6 +180,51 @@ TEST(L01Program, RunnerUpAndAComparedLayout) {
                up.at("pp") == plan.at("pp") && up.at("cp") == plan.at("cp"))
       << "the runner-up must be another layout";
   EXPECT_LE(up.at("per_gpu_bytes").get<double>(), 0.9 * 80e9);
+}
+
+// The plan's "mix" is --compare's grammar, every field written: fed back to --compare it costs
+// the very mix the planner picked (the same layout, bytes and step time), for a plain pick and
+// for an HSDP one. Lesson 11's --mix takes the same string.
+TEST(L01Program, ThePlansMixIsACompareOfTheSameMix) {
+  const std::vector<std::vector<std::string>> plans = {
+      {"--plan", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "16384", "--seq",
+       "8192", "--global-batch", "2048"},
+      {"--plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64"},
+      {"--plan", "--model", "llama-7b", "--cluster", "dgx-h100", "--gpus", "8"}};
+  for (const auto& args : plans) {
+    SCOPED_TRACE(args[2]);
+    std::vector<std::string> first = args;
+    first.push_back("--json");
+    const Result r = run_lesson01(first);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto plan = last_json_line(r.out).at("plan");
+    const std::string mix = plan.at("mix").get<std::string>();
+    const std::string zero = plan.at("shard").get<int64_t>() > 0
+                                 ? "hsdp" + std::to_string(plan.at("shard").get<int64_t>())
+                                 : std::to_string(plan.at("zero_stage").get<int>());
+    EXPECT_EQ(mix, fmt::format("{}x{}x{}x{}:{}:{}:{}:{}", plan.at("dp").get<int64_t>(),
+                               plan.at("tp").get<int64_t>(), plan.at("pp").get<int64_t>(),
+                               plan.at("cp").get<int64_t>(), zero,
+                               plan.at("recompute").get<std::string>(),
+                               plan.at("micro_batch").get<int64_t>(),
+                               plan.at("virtual_stages").get<int64_t>()));
+    std::vector<std::string> again = first;
+    again.push_back("--compare");
+    again.push_back(mix);
+    const Result c = run_lesson01(again);
+    ASSERT_EQ(c.code, 0) << c.err;
+    const auto cmp = last_json_line(c.out).at("compare");
+    EXPECT_EQ(cmp.at("mix").get<std::string>(), mix);
+    EXPECT_EQ(cmp.at("per_gpu_bytes"), plan.at("per_gpu_bytes"));
+    EXPECT_EQ(cmp.at("step_time_s"), plan.at("step_time_s"));
+    EXPECT_EQ(cmp.at("bubble"), plan.at("bubble"));
+  }
+  // HSDP and recomputation written back as they were given.
+  const std::string hsdp = "4x1x2x1:hsdp2:full:2:1";
+  const Result h = run_lesson01({"--plan", "--model", "llama-7b", "--cluster", "dgx-h100",
+                                 "--gpus", "8", "--compare", hsdp, "--json"});
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_EQ(last_json_line(h.out).at("compare").at("mix").get<std::string>(), hsdp);
 }
 
 TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
