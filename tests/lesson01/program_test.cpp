@@ -221,8 +221,8 @@ TEST(L01Program, ThePlansMixIsACompareOfTheSameMix) {
   }
   // HSDP and recomputation written back as they were given.
   const std::string hsdp = "4x1x2x1:hsdp2:full:2:1";
-  const Result h = run_lesson01({"--plan", "--model", "llama-7b", "--cluster", "dgx-h100",
-                                 "--gpus", "8", "--compare", hsdp, "--json"});
+  const Result h = run_lesson01({"--plan", "--model", "llama-7b", "--cluster", "dgx-h100", "--gpus",
+                                 "8", "--compare", hsdp, "--json"});
   ASSERT_EQ(h.code, 0) << h.err;
   EXPECT_EQ(last_json_line(h.out).at("compare").at("mix").get<std::string>(), hsdp);
 }

@@ -314,7 +314,8 @@ TEST(L09Replicas, TwoStagesTimesTwoReplicasMatchBaseline) {
 
 // The overlap (Megatron-LM's with --overlap-grad-reduce --no-align-grad-reduce): a stage starts
 // averaging its gradients with its replicas as soon as its last backward pass is done, while the
-// stages before it are still in their cool-down, and waits for it only after the step. On the
+// stages before it are still in their cool-down, and waits for it only after its last send,
+// before the optimizer step. On the
 // trace: under 1F1B the last stage's allreduce over the replicas is issued before the send of its
 // last input gradient, the one stage 0's last backward waits for (so stage 0's cool-down runs
 // beside it); interleaved, on every rank, the chunk that finishes first (chunk 1) is averaged
@@ -490,9 +491,10 @@ TEST(L09Memory, ZbH1HoldsAtMostPGraphsOnEveryStage) {
 // micro-batches more on every rank. Measured with one micro-batch's activations on the rank
 // (GPipe's growth from m = 8 to 12, over 4, on the same 8 blocks) as the unit: interleaved's
 // peak above 1F1B's on rank 0, at most 1F1B's plus the predicted extra units and pieces / 2
-// messages (a unit holds one received input; each piece holds its own, a message of the same
-// size: pieces - (p - s) - extra = pieces / 2 more of them), and the same at m = 8 and 12.
-// Measured: 1.5 units plus 2.5 messages on every rank (rank 0's first chunk receives tokens).
+// messages (a unit holds one received input; each piece may hold its own, a message the size of
+// a stage's output: at most pieces - (p - s) - extra = pieces / 2 more of them), and the same at
+// m = 8 and 12. Measured: 1.5 units plus 2.5 messages on every rank, under the bound on ranks
+// 0-2 (a piece's input stands in for activations the whole stage would have kept anyway).
 TEST(L09Memory, InterleavedHoldsItsWarmUpAndNoMore) {
   const auto gpipe8 = step_peaks(ScheduleKind::kGpipe, 8, 1, 8);
   const auto gpipe12 = step_peaks(ScheduleKind::kGpipe, 12, 1, 8);
