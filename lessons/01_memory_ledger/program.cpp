@@ -11,11 +11,11 @@
 #include <map>
 #include <optional>
 #include <ostream>
-#include <regex>
 
 #include "dtc/cli.h"
 #include "dtc/errors.h"
 #include "dtc/format.h"
+#include "dtc/mix.h"
 #include "ledger.h"
 #include "strategy.h"
 
@@ -253,15 +253,23 @@ std::string shards_text(const std::vector<std::string>& shards) {
   return text.empty() ? "-" : text;
 }
 
-// A mix in --compare's grammar, every field written: DPxTPxPPxCP:ZERO:RECOMPUTE:MICRO:VIRTUAL
-// (ZERO is hsdpN for HSDP), so that `--compare "$(... | jq -r .plan.mix)"` costs the same mix
-// and lesson 11's --mix runs it.
-std::string mix_text(const Mix& m) {
-  const std::string zero =
-      m.shard > 0 ? fmt::format("hsdp{}", m.shard) : std::to_string(m.zero_stage);
-  return fmt::format("{}x{}x{}x{}:{}:{}:{}:{}", m.dp, m.tp, m.pp, m.cp, zero,
-                     name_of(kRecomputes, m.recompute), m.micro_batch, m.virtual_stages);
+// A mix in --compare's grammar (dtc/mix.h), every field written, so that
+// `--compare "$(... | jq -r .plan.mix)"` costs the same mix and lesson 11's --mix runs it.
+MixSpec spec_of(const Mix& m) {
+  MixSpec spec;
+  spec.dp = m.dp;
+  spec.tp = m.tp;
+  spec.pp = m.pp;
+  spec.cp = m.cp;
+  spec.zero_stage = m.zero_stage;
+  spec.shard = m.shard;
+  spec.recompute = name_of(kRecomputes, m.recompute);
+  spec.micro_batch = m.micro_batch;
+  spec.virtual_stages = m.virtual_stages;
+  return spec;
 }
+
+std::string mix_text(const Mix& m) { return spec_of(m).text(); }
 
 // A costed mix: its layout, its per-GPU memory and step time (the plan, its runner-up, --compare).
 nlohmann::json evaluation_json(const Evaluation& e) {
@@ -478,40 +486,26 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
 // that the model allows (the ledger's own checks of tp and pp, validate()); ZERO is 0-3, or
 // hsdpN for ZeRO-3 sharded over groups of N data-parallel ranks.
 Mix parse_compare(const std::string& text, const PlanRequest& req) {
-  static const std::regex mix_re(
-      R"((\d+)x(\d+)x(\d+)x(\d+))"
-      R"((?::([0-3]|hsdp\d+)(?::(none|selective|full)(?::(\d+)(?::(\d+))?)?)?)?)");
   const auto bad = [&](const std::string& why) {
     return UsageError("--compare", "'" + text + "' " + why,
                       "give DPxTPxPPxCP[:ZERO[:RECOMPUTE[:MICRO[:VIRTUAL]]]], e.g. --compare "
-                      "128x8x16x1:1:none:1:1 (Llama 3 405B's layout); ZERO 0-3 or hsdpN");
+                      "128x8x16x1:1:none:1:8 (Llama 3 405B's layout); ZERO 0-3 or hsdpN");
   };
-  std::smatch mm;
-  if (!std::regex_match(text, mm, mix_re)) throw bad("is not a mix");
+  const MixSpec spec = parse_mix(text, "--compare");  // the grammar, and degrees of at least 1
   Mix m;
-  m.dp = std::stoll(mm[1]);
-  m.tp = std::stoll(mm[2]);
-  m.pp = std::stoll(mm[3]);
-  m.cp = std::stoll(mm[4]);
-  if (mm[5].matched) {
-    const std::string zero = mm[5];
-    if (zero.rfind("hsdp", 0) == 0) {
-      m.zero_stage = 3;
-      m.shard = std::stoll(zero.substr(4));
-    } else {
-      m.zero_stage = std::stoi(zero);
-    }
-  }
-  if (mm[6].matched) m.recompute = kRecomputes.at(mm[6]);
-  if (mm[7].matched) m.micro_batch = std::stoll(mm[7]);
-  if (mm[8].matched) m.virtual_stages = std::stoll(mm[8]);
+  m.dp = spec.dp;
+  m.tp = spec.tp;
+  m.pp = spec.pp;
+  m.cp = spec.cp;
+  m.zero_stage = spec.zero_stage;
+  m.shard = spec.shard;
+  m.recompute = kRecomputes.at(spec.recompute);
+  m.micro_batch = spec.micro_batch;
+  m.virtual_stages = spec.virtual_stages;
   if (m.gpus() != req.gpus) {
     throw bad(fmt::format("uses {} GPUs, not the --gpus {} of the plan", m.gpus(), req.gpus));
   }
-  if (m.dp < 1 || m.tp < 1 || m.pp < 1 || m.cp < 1 || m.micro_batch < 1 || m.virtual_stages < 1) {
-    throw bad("has a degree, micro-batch or virtual-stage count below 1");
-  }
-  if (m.shard > 0 && (m.cp != 1 || m.shard < 2 || m.dp % m.shard != 0)) {
+  if (m.shard > 0 && (m.cp != 1 || m.dp % m.shard != 0)) {
     throw bad(
         fmt::format("asks HSDP over groups of {}, which needs cp 1 and a group of 2 or "
                     "more that divides dp {}",
