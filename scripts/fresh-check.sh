@@ -86,6 +86,7 @@ fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 : > "$out/steps.tsv"
+rm -f "$out/commit.txt"
 rm -f "$out/steps.tsv.note"
 step_no=0
 first_failure=""
@@ -136,7 +137,10 @@ summary() {
     echo "# Fresh-system check"
     echo
     echo "Debian $suite root built with $bootstrap, $(nproc) cores, $(date -I); clean clone of"
-    echo "\`$(git -C "$repo" log -1 --format='%h %s' HEAD | cut -c1-90)\`."
+    # The commit the clone took (HEAD may have moved on while the check ran).
+    local commit
+    commit=$(cat "$out/commit.txt" 2>/dev/null || git -C "$repo" log -1 --format='%h %s' HEAD)
+    echo "\`$(echo "$commit" | cut -c1-90)\`."
     echo
     echo "| step | status | seconds |"
     echo "|---|---|---|"
@@ -167,7 +171,7 @@ make_root() {
 clone() {
   mkdir -p "$root/root"
   git clone --no-local --quiet "$repo" "$root/root/course"
-  git -C "$root/root/course" log -1 --format='%h %s'
+  git -C "$root/root/course" log -1 --format='%h %s' | tee "$out/commit.txt"
   cp -L /etc/resolv.conf "$root/etc/resolv.conf"
   # /etc/hosts, which the Debian installer writes on every machine and a bootstrapped root lacks:
   # without it, "localhost" does not resolve (torchrun's rendezvous uses it).
