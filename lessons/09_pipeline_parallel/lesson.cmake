@@ -53,3 +53,16 @@ if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
   set_tests_properties(lesson09.solution.bench_smoke PROPERTIES
     LABELS "lesson09;solution;lesson09-solution" TIMEOUT 120)
 endif()
+
+# Composition (tests/composition/pp_tp_test.cpp): lesson 08's tensor-parallel blocks inside this
+# lesson's stages, pp 2 x tp 2, one step of 1F1B, interleaved and ZB-H1 against one process's
+# gradients. Both reference solutions; lesson 11 builds on it.
+if(TARGET lesson08_solution_lib)
+  add_executable(composition_tests tests/composition/pp_tp_test.cpp)
+  target_include_directories(composition_tests PRIVATE
+    "${PROJECT_SOURCE_DIR}/lessons/08_tensor_parallel" "${PROJECT_SOURCE_DIR}/lessons/09_pipeline_parallel")
+  target_link_libraries(composition_tests PRIVATE lesson09_solution_lib lesson08_solution_lib
+                        dtc_test_support dtc_test_main)
+  set_target_properties(composition_tests PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
+  dtc_discover_tests(composition_tests PREFIX "course.composition." LABELS "course;lesson09;lesson09-solution")
+endif()
