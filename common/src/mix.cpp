@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <regex>
+#include <utility>
 
 #include "dtc/errors.h"
 
@@ -52,11 +53,24 @@ MixSpec parse_mix(const std::string& text, const std::string& flag) {
   if (m[6].matched) mix.recompute = m[6];
   if (m[7].matched) mix.micro_batch = std::stoll(m[7]);
   if (m[8].matched) mix.virtual_stages = std::stoll(m[8]);
-  if (mix.dp < 1 || mix.tp < 1 || mix.pp < 1 || mix.cp < 1 || mix.micro_batch < 1 ||
-      mix.virtual_stages < 1) {
-    throw UsageError(
-        flag, fmt::format("'{}' has a degree, micro-batch or virtual-stage count below 1", text),
-        kGrammar);
+  const std::pair<const char*, int64_t> fields[] = {{"DP", mix.dp},
+                                                    {"TP", mix.tp},
+                                                    {"PP", mix.pp},
+                                                    {"CP", mix.cp},
+                                                    {"MICRO", mix.micro_batch},
+                                                    {"VIRTUAL", mix.virtual_stages}};
+  for (const auto& [field, value] : fields) {
+    if (value < 1) {
+      throw UsageError(flag, fmt::format("'{}' has {} {}, below 1", text, field, value), kGrammar);
+    }
+  }
+  // Each degree has at most 9 digits; their product can still overflow: bound it as it grows.
+  int64_t world = 1;
+  for (const int64_t degree : {mix.dp, mix.tp, mix.pp, mix.cp}) {
+    if (degree > (int64_t{1} << 31) / world) {
+      throw UsageError(flag, fmt::format("'{}' asks more than 2^31 ranks", text), kGrammar);
+    }
+    world *= degree;
   }
   return mix;
 }
@@ -84,12 +98,17 @@ void check_mix(const MixSpec& mix, const MixShape& shape, const std::string& fla
                                  mix.pp, shape.layers),
                      "a stage holds at least one layer: use pp <= --layers");
   }
-  if (mix.virtual_stages > 1 && (mix.pp < 2 || shape.layers % (mix.pp * mix.virtual_stages) != 0)) {
+  if (mix.virtual_stages > 1 && mix.pp < 2) {
     throw UsageError(
         flag,
-        fmt::format("{}: {} virtual stages need pp >= 2 and the {} layers in pp x {} = {} equal "
-                    "chunks",
-                    text, mix.virtual_stages, shape.layers, mix.virtual_stages,
+        fmt::format("{}: {} virtual stages need a pipeline, but pp is 1", text, mix.virtual_stages),
+        "use pp >= 2 with virtual stages, or VIRTUAL 1");
+  }
+  if (mix.virtual_stages > 1 && shape.layers % (mix.pp * mix.virtual_stages) != 0) {
+    throw UsageError(
+        flag,
+        fmt::format("{}: {} virtual stages need the {} layers in pp x {} = {} equal chunks", text,
+                    mix.virtual_stages, shape.layers, mix.virtual_stages,
                     mix.pp * mix.virtual_stages),
         "use a virtual-stage count that divides the layers per stage, or 1 (plain 1F1B)");
   }
@@ -106,6 +125,27 @@ void check_mix(const MixSpec& mix, const MixShape& shape, const std::string& fla
                                  "dp {}",
                                  text, mix.shard, mix.dp),
                      "use an hsdpN whose N divides dp, with cp 1");
+  }
+  if (shape.batch > 0) {
+    const int64_t rows = mix.dp * mix.micro_batch;
+    if (shape.batch % rows != 0) {
+      throw UsageError(flag,
+                       fmt::format("{}: the batch of {} sequences does not split into dp {} x "
+                                   "micro-batch {} = {} rows",
+                                   text, shape.batch, mix.dp, mix.micro_batch, rows),
+                       fmt::format("use a batch that is a multiple of {} (--global-batch), or "
+                                   "another DP or MICRO",
+                                   rows));
+    }
+    const int64_t micro_batches = shape.batch / rows;  // per replica, per step
+    if (mix.virtual_stages > 1 && micro_batches % mix.pp != 0) {
+      throw UsageError(
+          flag,
+          fmt::format("{}: interleaving runs micro-batches in groups of pp {}, but "
+                      "each replica gets {} per step",
+                      text, mix.pp, micro_batches),
+          fmt::format("use a batch of a multiple of {} sequences, or VIRTUAL 1", rows * mix.pp));
+    }
   }
 }
 

@@ -507,8 +507,8 @@ Mix parse_compare(const std::string& text, const PlanRequest& req) {
   }
   if (m.shard > 0 && (m.cp != 1 || m.dp % m.shard != 0)) {
     throw bad(
-        fmt::format("asks HSDP over groups of {}, which needs cp 1 and a group of 2 or "
-                    "more that divides dp {}",
+        fmt::format("asks HSDP over groups of {}, which needs cp 1 and a group that divides "
+                    "dp {}",
                     m.shard, m.dp));
   }
   const int64_t stage_layers = (req.model.layers + m.pp - 1) / m.pp;

@@ -64,5 +64,5 @@ if(TARGET lesson08_solution_lib)
   target_link_libraries(composition_tests PRIVATE lesson09_solution_lib lesson08_solution_lib
                         dtc_test_support dtc_test_main)
   set_target_properties(composition_tests PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
-  dtc_discover_tests(composition_tests PREFIX "course.composition." LABELS "course;lesson09;lesson09-solution")
+  dtc_discover_tests(composition_tests PREFIX "course.composition." LABELS "course;lesson08;lesson08-solution;lesson09;lesson09-solution")
 endif()

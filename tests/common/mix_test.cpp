@@ -54,12 +54,42 @@ TEST(Mix, EveryFieldAndHsdp) {
 TEST(Mix, WhatIsNotAMixNamesTheFlag) {
   for (const std::string text :
        {"", "8x1x1", "8x1x1x1x1", "2x2x2x2:4", "2x2x2x2:1:some", "2x2x2x2:1:none:x", "0x2x2x2",
-        "2x2x2x2:1:none:0", "2x2x2x2:1:none:1:0", "2x2x2x2:hsdp1", "99999999999x1x1x1", " 2x2x2x2",
-        "2X2X2X2"}) {
+        "2x0x2x2", "2x2x0x2", "2x2x2x0", "2x2x2x2:1:none:0", "2x2x2x2:1:none:1:0", "2x2x2x2:hsdp1",
+        "2x2x2x2:hsdp0", "99999999999x1x1x1", " 2x2x2x2", "2X2X2X2", "384773x49477x34724x55810",
+        "65536x65536x1x1"}) {
     SCOPED_TRACE(text);
     const std::string err = usage_error([&] { parse_mix(text, "--mix"); });
     EXPECT_EQ(err.rfind("--mix | --mix: ", 0), 0u) << err;
   }
+}
+
+TEST(Mix, TheMessageNamesTheFieldAndTheFlagGiven) {
+  const std::string err = usage_error([] { parse_mix("2x2x0x2", "--compare"); });
+  EXPECT_EQ(err, "--compare | --compare: '2x2x0x2' has PP 0, below 1");
+  EXPECT_EQ(parse_mix("32768x65536x1x1", "--mix").world(), int64_t{1} << 31) << "2^31 is allowed";
+  EXPECT_EQ(usage_error([] {
+              check_mix(parse_mix("2x1x1x1", "--plan-mix"), MixShape{8, 4, 64, 4}, "--plan-mix");
+            }).rfind("--plan-mix | ", 0),
+            0u);
+}
+
+TEST(Mix, TheEdgesOfEachRule) {
+  const auto fits = [](const std::string& text, const MixShape& shape) {
+    return usage_error([&] { check_mix(parse_mix(text, "--mix"), shape, "--mix"); });
+  };
+  EXPECT_EQ(fits("1x1x8x1", MixShape{8, 4, 64, 8}), "") << "a stage of one layer";
+  EXPECT_NE(fits("1x3x1x1", MixShape{8, 4, 64, 3}), "") << "tp 3 does not divide 4 heads";
+  // 10 layers, pp 4: lesson 01's planner allows uneven stages, lesson 09's chunks must be equal.
+  EXPECT_NE(fits("1x1x4x1:0:none:1:2", MixShape{10, 4, 64, 4}).find("equal chunks"),
+            std::string::npos);
+  EXPECT_EQ(fits("1x1x2x1:0:none:1:5", MixShape{10, 4, 64, 2}), "");
+  // The batch: dp x micro-batch rows, and interleaving's groups of pp micro-batches.
+  EXPECT_EQ(fits("2x1x2x1:0:none:2:2", MixShape{8, 4, 64, 4, 16}), "");  // 4 micro-batches
+  EXPECT_NE(fits("2x1x2x1:0:none:3:1", MixShape{8, 4, 64, 4, 16}).find("= 6 rows"),
+            std::string::npos);
+  EXPECT_NE(fits("2x1x2x1:0:none:2:2", MixShape{8, 4, 64, 4, 12}).find("groups of pp 2"),
+            std::string::npos);
+  EXPECT_EQ(fits("2x1x2x1:0:none:2:1", MixShape{8, 4, 64, 4, 12}), "") << "1F1B: any count";
 }
 
 TEST(Mix, AMixThatDoesNotFitTheModelSaysWhy) {
@@ -73,8 +103,8 @@ TEST(Mix, AMixThatDoesNotFitTheModelSaysWhy) {
   const std::vector<std::pair<std::string, std::string>> misfits = {
       {"2x2x1x1", "needs dp x tp x pp x cp = 4 ranks, but 8 were launched"},
       {"1x8x1x1", "tp 8 does not divide the model's 4 heads"},
-      {"8x1x1x1:0:none:1:2", "2 virtual stages need pp >= 2"},
-      {"1x1x8x1:0:none:1:2", "2 virtual stages need pp >= 2 and the 8 layers in pp x 2 = 16"},
+      {"8x1x1x1:0:none:1:2", "2 virtual stages need a pipeline, but pp is 1"},
+      {"1x1x8x1:0:none:1:2", "2 virtual stages need the 8 layers in pp x 2 = 16 equal chunks"},
       {"2x1x1x4", ""},  // 64 tokens over cp 4: fits
       {"4x1x2x1:hsdp3", "HSDP over groups of 3 needs cp 1 and a group that divides dp 4"},
       {"2x1x2x2:hsdp2", "HSDP over groups of 2 needs cp 1"},

@@ -6,13 +6,16 @@
 // collectives inside. On a pp 2 x tp 2 mesh (4 thread-ranks, pp slowest), one step of each
 // schedule must give every rank the single-process gradients of the same batch: the replicated
 // parameters (embeddings, LayerNorms, row-parallel biases, the head) whole, the sharded ones as
-// their slices. The reference is one process's backward of the whole batch (the mean loss).
+// their slices; every parameter of a rank's chunks has one and no other. The reference is one
+// process's backward of the whole batch (the mean loss), within kFp32Steps: one backward, but
+// summed over 4 micro-batches and split matmuls, so reordered sums.
 // Lesson 11 builds its N-D run on this; the test keeps lessons 08 and 09 composable meanwhile.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "dtc/compare.h"
@@ -88,6 +91,19 @@ TEST_P(PpTimesTp, OneStepGivesTheSingleProcessGradients) {
         std::vector<l09::Stage> chunks = l09::make_chunks(model, 2, c.chunks, pp.getRank());
         const auto ops = l09::make_schedule(c.schedule, 2, micro_batches, pp.getRank(), c.chunks);
         l09::run_schedule(chunks, pp, ops, batch, micro_batches);
+        // Every parameter of this rank's chunks has its gradient (the embedding on the first
+        // stage, the head on the last ones included), and no other parameter has one.
+        std::set<const void*> mine;
+        for (const auto& p : l09::parameters_of(chunks)) {
+          EXPECT_TRUE(p.grad().defined()) << "rank " << ctx.rank << ": a parameter of its "
+                                          << "chunks has no gradient";
+          mine.insert(p.unsafeGetTensorImpl());
+        }
+        for (const auto& item : model->named_parameters()) {
+          EXPECT_EQ(item.value().grad().defined(),
+                    mine.count(item.value().unsafeGetTensorImpl()) > 0)
+              << "rank " << ctx.rank << ": " << item.key();
+        }
         for (const auto& item : model->named_parameters()) {
           const std::string& name = item.key();
           const torch::Tensor got = item.value().grad();

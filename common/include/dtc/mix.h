@@ -27,7 +27,7 @@ struct MixSpec {
   int64_t micro_batch = 1;         ///< sequences per micro-batch
   int64_t virtual_stages = 1;      ///< model chunks per pipeline stage
 
-  /// dp x tp x pp x cp: the ranks the mix needs.
+  /// dp x tp x pp x cp: the ranks the mix needs (at most 2^31 for a mix parse_mix() gave).
   int64_t world() const { return dp * tp * pp * cp; }
   /// The mix in the grammar, every field written ("2x2x2x1:hsdp2:full:1:2"): parse_mix() of it
   /// gives this mix back.
@@ -35,24 +35,29 @@ struct MixSpec {
 };
 
 /// Parses @p text (the grammar above).
-/// @throws UsageError(@p flag) when it does not follow the grammar, or has a degree, a
-///   micro-batch, a virtual-stage count or an HSDP group below 1 (below 2 for the group); the
-///   hint gives the grammar and an example.
+/// @throws UsageError(@p flag) when it does not follow the grammar, has a degree, a
+///   micro-batch, a virtual-stage count below 1 or an HSDP group below 2 (the message names the
+///   field), or asks more than 2^31 ranks; the hint gives the grammar and an example.
 MixSpec parse_mix(const std::string& text, const std::string& flag);
 
-/// What a mix must fit: the model's shape and the ranks launched.
+/// What a mix must fit: the model's shape, the batch and the ranks launched.
 struct MixShape {
   int64_t layers = 0;
   int64_t heads = 0;
   int64_t seq = 0;    ///< tokens per sequence
   int64_t world = 0;  ///< ranks launched
+  int64_t batch = 0;  ///< sequences per optimizer step; 0: not checked
 };
 
-/// Checks that @p mix can run on @p shape, before any networking.
+/// Checks that @p mix can run on @p shape, before any networking: what the mix alone decides.
+/// (The attention's own rules under cp, zig-zag's 2 cp dividing the sequence and Ulysses' heads,
+/// are lesson 10's validate_cp.)
 /// @throws UsageError(@p flag) naming the first misfit and its fix: the product of the degrees is
 ///   not the world size; tp does not divide the heads; pp is above the layers; virtual stages
-///   need pp >= 2 and layers a multiple of pp x virtual; cp does not divide the sequence; HSDP's
-///   group does not divide dp, or is used with cp above 1.
+///   need pp >= 2 and the layers in pp x virtual equal chunks (lesson 09's rule, stricter than
+///   lesson 01's planner, which allows uneven stages); cp does not divide the sequence; HSDP's
+///   group does not divide dp, or is used with cp above 1; the batch does not split into dp x
+///   micro-batch rows, or (interleaved) into a multiple of pp micro-batches per replica.
 void check_mix(const MixSpec& mix, const MixShape& shape, const std::string& flag);
 
 }  // namespace dtc
