@@ -23,6 +23,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtc/compat.h"
@@ -349,5 +350,44 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
 StepStats run_schedule(Stage& stage, Comm& comm, const std::vector<Op>& ops, const Batch& batch,
                        int64_t micro_batches, bool deallocate_outputs = false,
                        bool recompute = false);
+
+// ---------------------------------------------------------------------------------------------
+// Data parallelism over pipelines, and names (given, in pipeline_given.cpp)
+// ---------------------------------------------------------------------------------------------
+
+/// dp x pp: each chunk's gradients summed with the same chunk of the other replicas, one fp32
+/// allreduce per chunk over @p replicas, started by the chunk's watch (Stage::begin_step) when
+/// its last micro-batch's weight gradients are in, inside the executor's step, so that it runs
+/// while the stages before are still in their cool-down. Build one per step, before
+/// run_schedule (it calls begin_step on every chunk); finish() after it.
+class ReplicaAverage {
+ public:
+  /// @param chunks this rank's chunks (begin_step is called on each)
+  /// @param replicas the chunk's replicas (null or of size 1: nothing to reduce)
+  /// @param micro_batches m of the step (each chunk's reduction starts once all m are in)
+  /// @param divisor what the sums are divided by; 0: the replicas' size (their mean)
+  ReplicaAverage(std::vector<Stage>& chunks, Comm* replicas, int64_t micro_batches,
+                 double divisor = 0);
+  /// The chunks' watches must not call back into an average that is gone.
+  ~ReplicaAverage();
+  ReplicaAverage(const ReplicaAverage&) = delete;
+  ReplicaAverage& operator=(const ReplicaAverage&) = delete;
+  /// After the step: waits for each chunk's allreduce and writes sum / divisor into the
+  /// gradients (with no replicas to sum over: the gradients / divisor).
+  /// @throws std::runtime_error when a chunk's weight gradients were never all in
+  void finish();
+
+ private:
+  void start(size_t c);
+  std::vector<Stage>& chunks_;
+  Comm* replicas_;
+  double divisor_;
+  std::vector<torch::Tensor> flats_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
+
+/// @p stage's parameters under the full model's names (its blocks are the model's h.<i>), in
+/// Stage::parameters() order: what param_digest and the tests match.
+std::vector<std::pair<std::string, torch::Tensor>> stage_pieces(const Stage& stage);
 
 }  // namespace dtc::l09

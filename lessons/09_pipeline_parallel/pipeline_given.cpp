@@ -1,6 +1,7 @@
 // Lesson 09 (given): a stage's parameters and forward, the checks, the schedules' names and
 // printing, and the two autograd helpers the executor uses (deallocate_output,
-// backward_from_graph). Your part is in pipeline.cpp; both implement pipeline.h.
+// backward_from_graph), the replicas' gradient average and the stages' parameter names. Your
+// part is in pipeline.cpp; both implement pipeline.h.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -285,6 +286,83 @@ void backward_from_graph(const torch::Tensor& output, const torch::Tensor& grad)
   torch::autograd::Engine::get_default_engine().execute(
       {torch::autograd::impl::gradient_edge(output)}, {grad}, /*keep_graph=*/false,
       /*create_graph=*/false, /*accumulate_grad=*/true);
+}
+
+ReplicaAverage::ReplicaAverage(std::vector<Stage>& chunks, Comm* replicas, int64_t micro_batches,
+                               double divisor)
+    : chunks_(chunks),
+      replicas_(replicas),
+      divisor_(divisor > 0 ? divisor : (replicas != nullptr ? replicas->getSize() : 1)),
+      flats_(chunks.size()),
+      works_(chunks.size()) {
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    std::function<void()> start;
+    if (replicas_ != nullptr && replicas_->getSize() > 1) start = [this, c] { this->start(c); };
+    chunks[c].begin_step(micro_batches, std::move(start));
+  }
+}
+
+ReplicaAverage::~ReplicaAverage() {
+  for (auto& c : chunks_) {
+    std::lock_guard<std::mutex> lock(c.watch->mu);
+    c.watch->on_weights_done = nullptr;
+  }
+}
+
+void ReplicaAverage::finish() {
+  if (replicas_ == nullptr || replicas_->getSize() == 1) {
+    if (divisor_ == 1) return;
+    torch::NoGradGuard no_grad;  // a group of one: the sum is the gradient itself
+    for (auto& chunk : chunks_) {
+      for (auto& p : chunk.parameters()) {
+        if (p.grad().defined()) p.mutable_grad().div_(divisor_);
+      }
+    }
+    return;
+  }
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (!works_[c]) {
+      throw std::runtime_error(fmt::format(
+          "chunk {}: the weight gradients of the step's micro-batches were never all computed, "
+          "so its replicas could not average them (does run_schedule run every backward?)",
+          c));
+    }
+    works_[c]->wait();
+    flats_[c].div_(divisor_);
+    int64_t offset = 0;
+    for (auto& p : chunks_[c].parameters()) {
+      torch::NoGradGuard no_grad;
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      p.mutable_grad().copy_(flats_[c].narrow(0, offset, p.numel()).view_as(p));
+      offset += p.numel();
+    }
+  }
+}
+
+void ReplicaAverage::start(size_t c) {
+  std::vector<torch::Tensor> pieces;
+  for (const auto& p : chunks_[c].parameters()) {
+    pieces.push_back(p.grad().defined() ? p.grad().reshape(-1) : torch::zeros_like(p).reshape(-1));
+  }
+  flats_[c] = torch::cat(pieces).to(torch::kFloat);  // fp32 on the wire, whatever the model's
+  std::vector<at::Tensor> v{flats_[c]};
+  works_[c] = replicas_->allreduce(v);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> stage_pieces(const Stage& stage) {
+  std::vector<std::pair<std::string, torch::Tensor>> pieces;
+  auto add = [&](const std::string& prefix, const torch::nn::Module& m) {
+    for (const auto& item : m.named_parameters())
+      pieces.emplace_back(prefix + item.key(), item.value());
+  };
+  if (stage.wte) add("wte.", *stage.wte);
+  if (stage.wpe) add("wpe.", *stage.wpe);
+  for (size_t k = 0; k < stage.blocks.size(); ++k) {
+    add(fmt::format("h.{}.", stage.layers.first + static_cast<int64_t>(k)), *stage.blocks[k]);
+  }
+  if (stage.ln_f) add("ln_f.", *stage.ln_f);
+  if (stage.lm_head) add("lm_head.", *stage.lm_head);
+  return pieces;
 }
 
 }  // namespace dtc::l09

@@ -111,28 +111,6 @@ double BubbleRow::mean_bubble() const {
   return bubble.empty() ? 0.0 : sum / static_cast<double>(bubble.size());
 }
 
-namespace {
-
-// This stage's parameters under the full model's names (blocks first .. last - 1 are the
-// model's h.<i>), for the digest.
-std::vector<NamedPiece> stage_pieces(const Stage& stage) {
-  std::vector<NamedPiece> pieces;
-  auto add = [&](const std::string& prefix, const torch::nn::Module& m) {
-    for (const auto& item : m.named_parameters())
-      pieces.emplace_back(prefix + item.key(), item.value());
-  };
-  if (stage.wte) add("wte.", *stage.wte);
-  if (stage.wpe) add("wpe.", *stage.wpe);
-  for (size_t k = 0; k < stage.blocks.size(); ++k) {
-    add(fmt::format("h.{}.", stage.layers.first + static_cast<int64_t>(k)), *stage.blocks[k]);
-  }
-  if (stage.ln_f) add("ln_f.", *stage.ln_f);
-  if (stage.lm_head) add("lm_head.", *stage.lm_head);
-  return pieces;
-}
-
-}  // namespace
-
 PipelineGroups pipeline_groups(const c10::intrusive_ptr<c10d::Store>& store, int world, int rank,
                                int stages, BackendKind backend, std::chrono::milliseconds timeout,
                                const std::string& master_addr) {
@@ -149,74 +127,6 @@ PipelineGroups pipeline_groups(const c10::intrusive_ptr<c10d::Store>& store, int
                           master_addr);
   return PipelineGroups{groups.get({"pp"}), groups.get({"dp_replicate"})};
 }
-
-namespace {
-
-// Data parallelism over pipelines: each chunk's gradients averaged with the same chunk of the
-// other replicas, one fp32 allreduce per chunk, started by the chunk's watch (Stage::begin_step)
-// when its last micro-batch's weight gradients are in, inside the executor's step.
-class ReplicaAverage {
- public:
-  ReplicaAverage(std::vector<Stage>& chunks, Comm* replicas, int64_t micro_batches)
-      : chunks_(chunks), replicas_(replicas), flats_(chunks.size()), works_(chunks.size()) {
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      std::function<void()> start;
-      if (replicas_ != nullptr && replicas_->getSize() > 1) start = [this, c] { this->start(c); };
-      chunks[c].begin_step(micro_batches, std::move(start));
-    }
-  }
-
-  // The chunks' watches must not call back into an average that is gone.
-  ~ReplicaAverage() {
-    for (auto& c : chunks_) {
-      std::lock_guard<std::mutex> lock(c.watch->mu);
-      c.watch->on_weights_done = nullptr;
-    }
-  }
-  ReplicaAverage(const ReplicaAverage&) = delete;
-  ReplicaAverage& operator=(const ReplicaAverage&) = delete;
-
-  // After the step: waits for each chunk's allreduce and writes the averages back.
-  void finish() {
-    if (replicas_ == nullptr || replicas_->getSize() == 1) return;
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      if (!works_[c]) {
-        throw std::runtime_error(fmt::format(
-            "chunk {}: the weight gradients of the step's micro-batches were never all computed, "
-            "so its replicas could not average them (does run_schedule run every backward?)",
-            c));
-      }
-      works_[c]->wait();
-      flats_[c].div_(replicas_->getSize());
-      int64_t offset = 0;
-      for (auto& p : chunks_[c].parameters()) {
-        torch::NoGradGuard no_grad;
-        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-        p.mutable_grad().copy_(flats_[c].narrow(0, offset, p.numel()).view_as(p));
-        offset += p.numel();
-      }
-    }
-  }
-
- private:
-  void start(size_t c) {
-    std::vector<torch::Tensor> pieces;
-    for (const auto& p : chunks_[c].parameters()) {
-      pieces.push_back(p.grad().defined() ? p.grad().reshape(-1)
-                                          : torch::zeros_like(p).reshape(-1));
-    }
-    flats_[c] = torch::cat(pieces).to(torch::kFloat);  // fp32 on the wire, whatever the model's
-    std::vector<at::Tensor> v{flats_[c]};
-    works_[c] = replicas_->allreduce(v);
-  }
-
-  std::vector<Stage>& chunks_;
-  Comm* replicas_;
-  std::vector<torch::Tensor> flats_;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
-};
-
-}  // namespace
 
 PipelineResult train_pipeline(const PipelineOptions& o, Comm& comm, StepLog* log, Comm* replicas) {
   const int p = comm.getSize();
