@@ -1,0 +1,205 @@
+// Lesson 11 contract: N-D parallelism, the strategies of lessons 08 and 09 composed on one mesh,
+// and what only their composition needs.
+//
+// A run is a mix, the planner's grammar (dtc/mix.h, lesson 01's --compare): DPxTPxPPxCP, each
+// rank at one point of a dtc::Mesh (dtc/mesh.h) in torchtitan's order, pp slowest, tp fastest:
+//
+//   rank = tp_rank + tp (dp_rank + dp pp_rank)
+//
+// Every rank builds the course's GPT, swaps each block's attention and MLP for lesson 08's
+// tensor-parallel ones over its tp group, and keeps the model chunks lesson 09 cuts for its
+// pipeline stage (one, or v interleaved). Lesson 09's executor runs the schedule over the pp
+// group, with the blocks' TP collectives inside; the dp replicas each take their rows of the
+// batch. What is left is what neither lesson needed alone, and it is yours (nd.cpp):
+//
+//   1. gradient_reduction(): over which ranks the gradients of one parameter are summed after
+//      the pipeline's backward, and what the sum is divided by, so that the loss is normalised
+//      once over the global batch whatever dp, tp and pp are;
+//   2. sync_tied_embedding(): the tied embedding, held twice (wte on the first stage, its copy
+//      as the head on the last), its two gradients summed (Megatron's embedding group);
+//   3. norm_dims() and global_grad_norm(): the global gradient norm, 2-norm and inf-norm,
+//      counting every parameter of the model exactly once;
+//   4. clip_grad_norm(): the clipping every rank then applies, the same coefficient everywhere.
+//
+// What must hold: after any number of steps, every rank's parameters are the single-device
+// run's (lesson 02's model and AdamW, clip_grad_norm_ when clipping), within fp32 rounding.
+// README.md beside it teaches it; tests/lesson11/ checks it.
+//
+//   make test-lesson11
+//   make run-lesson11 NPROC=8 ARGS="--mix 2x2x2x1"
+#pragma once
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtc/data.h"
+#include "dtc/dist.h"
+#include "dtc/mesh.h"
+#include "dtc/mix.h"
+#include "dtc/model.h"
+#include "dtc/program.h"
+#include "pipeline.h"
+
+namespace dtc::l11 {
+
+// ---------------------------------------------------------------------------------------------
+// The rank's model and groups (given, in nd_given.cpp)
+// ---------------------------------------------------------------------------------------------
+
+/// What this rank holds of the model.
+struct RankModel {
+  /// This rank's model chunks (lesson 09's stages: one, or v with the interleaved schedule),
+  /// their blocks lesson 08's TpAttention and TpMlp when tp > 1.
+  std::vector<l09::Stage> chunks;
+  /// The tied embedding (GPT-2's, the course's default): the first stage's wte.weight and the
+  /// last stage's lm_head.weight are two copies of one (V, h) matrix, equal at the start. Their
+  /// gradients summed (sync_tied_embedding) and the same AdamW step keep them equal.
+  bool tied = true;
+  int tp_rank = 0;  ///< this rank's place in its tp group
+  int tp = 1;       ///< the tp group's size
+};
+
+/// Whether the parameter called @p name (the full model's name, "h.3.mlp.c_fc.weight") is split
+/// over the tp ranks when tp > 1, each holding a slice (lesson 08: c_attn's weight and bias,
+/// c_fc's weight and bias, both c_proj weights), or held whole by every tp rank (the
+/// embeddings, the LayerNorms, the row-parallel c_proj biases, ln_f, the head).
+bool tp_sharded(const std::string& name);
+
+/// This rank's communicators over the mesh, built once per job by make_groups(), every rank
+/// building its groups in the same order.
+struct NdGroups {
+  Mesh mesh;
+  int rank = 0;
+  c10::intrusive_ptr<Comm> pp;      ///< the pipeline this rank is a stage of; its rank = stage
+  c10::intrusive_ptr<Comm> tp;      ///< the tp group (a group of one when tp is 1)
+  c10::intrusive_ptr<Comm> dp;      ///< the dp replicas of this rank (the step's loss)
+  c10::intrusive_ptr<Comm> reduce;  ///< over gradient_reduction(mesh).dims
+  c10::intrusive_ptr<Comm> norm;    ///< over norm_dims(mesh)
+  /// The first and the last stage of this rank's pipeline (the same dp and tp coordinates):
+  /// Megatron's embedding group. Null on the other stages, and when pp is 1 (then one rank
+  /// holds both copies).
+  c10::intrusive_ptr<Comm> embedding;
+};
+
+/// The mesh of @p mix on @p world ranks: pp, dp_replicate, tp (cp is refused for now, see
+/// check_nd()). @throws UsageError("--mix") when the degrees do not multiply to @p world.
+Mesh make_mesh(const MixSpec& mix, int world);
+
+/// This rank's groups (the learner's gradient_reduction() and norm_dims() choose two of them).
+NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
+                     BackendKind backend, std::chrono::milliseconds timeout,
+                     const std::string& master_addr = "127.0.0.1");
+
+// ---------------------------------------------------------------------------------------------
+// What you implement (nd.cpp)
+// ---------------------------------------------------------------------------------------------
+
+/// Which gradients are summed over which ranks after the pipeline's backward, and by what the
+/// sum is divided.
+struct Reduction {
+  std::vector<std::string> dims;  ///< the mesh dimensions of the group (names of Mesh::order())
+  int64_t divisor = 1;            ///< the sum over the group is divided by this
+};
+
+/// @brief The reduction that turns every rank's gradients into the single-device gradient of
+///   the global batch's mean loss (or, for a tp shard, its slice).
+///
+/// Lesson 09's executor leaves on each rank the gradient of its pipeline's mean loss over the
+/// rows its dp replica took. The group is the ranks that hold the same piece of the same
+/// parameter and saw different rows; every other rank either holds another piece (tp), another
+/// parameter (pp), or must not count again. Divide once, by the number of equal parts the batch
+/// was cut into for that group.
+Reduction gradient_reduction(const Mesh& mesh);
+
+/// @brief The tied embedding: after the step's reduction, make the first stage's wte.weight
+///   gradient and the last stage's lm_head.weight gradient both the sum of the two.
+///
+/// @p model's chunks hold wte (the chunk whose layers.embed is set) and/or the head (layers.head)
+/// of this rank's pipeline. With @p embedding (the two stages' group), sum over it; without
+/// (pp 1), this rank holds both: add them here. A rank that holds neither does nothing. Untied
+/// models (model.tied false) are left as they are.
+void sync_tied_embedding(RankModel& model, Comm* embedding);
+
+/// @brief The mesh dimensions of the group a global gradient norm is reduced over: together,
+///   the group's ranks hold every parameter of the model (or its slices) at least once, and no
+///   two of them hold the same gradients after the reduction unless they must.
+std::vector<std::string> norm_dims(const Mesh& mesh);
+
+/// @brief The global gradient norm of the whole model, as torch::nn::utils::clip_grad_norm_
+///   computes it on one device: the 2-norm (@p norm_type 2) or the largest magnitude (inf), of
+///   every parameter's gradient, each parameter counted exactly once.
+///
+/// Runs after gradient_reduction() and sync_tied_embedding(). Every rank of @p norm (the group of
+/// norm_dims()) calls it and gets the same value. Find each gradient's full-model name with
+/// l09::stage_pieces(); tp_sharded() says whether this rank holds a slice or the whole; with a
+/// tied model, the head's lm_head.weight is the copy of wte.weight.
+/// @throws std::invalid_argument for a @p norm_type other than 2 or inf
+double global_grad_norm(const RankModel& model, Comm& norm, double norm_type);
+
+/// @brief torch::nn::utils::clip_grad_norm_ over the whole model: the global norm
+///   (global_grad_norm()), then every gradient this rank holds multiplied by max_norm / (norm +
+///   1e-6) when that is below 1. @return the norm before clipping.
+double clip_grad_norm(RankModel& model, Comm& norm, double max_norm, double norm_type);
+
+// ---------------------------------------------------------------------------------------------
+// The step and the run (given, in nd_given.cpp)
+// ---------------------------------------------------------------------------------------------
+
+/// Everything that decides a run: lesson 02's (dtc::RunConfig), the mix, and the step's own.
+struct NdOptions : RunConfig {
+  MixSpec mix;                                            ///< --mix (its VIRTUAL: --virtual-stages)
+  l09::ScheduleKind schedule = l09::ScheduleKind::k1f1b;  ///< --schedule (interleaved when v > 1)
+  int64_t steps = 20;                                     ///< --steps
+  double clip = 0;                                        ///< --clip: the max norm; 0 off
+  double norm_type = 2;                                   ///< --norm-type 2 or inf
+  torch::Device device = torch::kCPU;
+  bool digest = false;  ///< train_nd fills NdResult::digest
+};
+
+/// What the mix needs of the model and the batch, checked on every rank before any networking.
+/// @throws UsageError naming --mix (dtc::check_mix's rules, and what this lesson does not compose
+///   yet: cp above 1, ZeRO, HSDP, selective recomputation), --schedule (zb-h1 or gpipe with
+///   virtual stages, zb-h1 with recomputation) or --clip (negative).
+void check_nd(const NdOptions& options, int world);
+
+/// The micro-batches each pipeline cuts its rows into: batch / (dp x MICRO).
+int64_t micro_batches(const NdOptions& options);
+
+/// This rank's model, from the baseline's initial weights (dtc::init_weights with the seed):
+/// the untied GPT, whose lm_head.weight is then set to wte.weight when options.tied, its blocks
+/// split over @p groups.tp, cut into this rank's chunks.
+RankModel build_rank_model(const NdOptions& options, const NdGroups& groups);
+
+/// What one step measured.
+struct StepOut {
+  float loss = 0;        ///< the global batch's mean loss (every rank)
+  double grad_norm = 0;  ///< the global gradient norm before clipping (clip_grad_norm); 0 when
+                         ///< not clipping
+};
+
+/// One step's gradients, without the optimizer: zero them, run the schedule on this replica's
+/// rows of batch @p step, the reduction (started during the cool-down, lesson 09's
+/// ReplicaAverage with gradient_reduction()'s divisor), the tied embedding's sync, and with
+/// options.clip > 0 the clipping.
+StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& options, int64_t step);
+
+/// What a run gives back.
+struct NdResult {
+  std::vector<float> losses;       ///< every step's loss
+  std::vector<double> grad_norms;  ///< every step's norm before clipping (with --clip)
+  nlohmann::json digest;           ///< the full model's param_digest (every rank), when asked
+  /// this rank's parameters after the last step, under the full model's names (tp shards as
+  /// held; the tied head's copy left out)
+  std::vector<std::pair<std::string, torch::Tensor>> weights;
+};
+
+/// options.steps steps of nd_step() and AdamW on this rank's parameters.
+NdResult train_nd(const NdOptions& options, const NdGroups& groups, StepLog* log = nullptr);
+
+}  // namespace dtc::l11

@@ -1,0 +1,226 @@
+// Lesson 11 (given): the mesh of a mix, this rank's groups and model (lesson 08's tensor-parallel
+// blocks in lesson 09's stages), and the step that runs them with your reduction, tied embedding
+// and clipping. Your part is in nd.cpp; both implement nd.h.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dtc/digest.h"
+#include "dtc/errors.h"
+#include "nd.h"
+#include "tensor_parallel.h"
+
+namespace dtc::l11 {
+
+bool tp_sharded(const std::string& name) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  return has(".attn.c_attn.") || has(".mlp.c_fc.") ||
+         (has(".c_proj.") && has(".weight") && (has(".attn.") || has(".mlp.")));
+}
+
+Mesh make_mesh(const MixSpec& mix, int world) {
+  return Mesh::build(world, {{"pp", static_cast<int>(mix.pp), "--mix"},
+                             {"dp_replicate", static_cast<int>(mix.dp), "--mix"},
+                             {"tp", static_cast<int>(mix.tp), "--mix"}});
+}
+
+NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
+                     BackendKind backend, std::chrono::milliseconds timeout,
+                     const std::string& master_addr) {
+  const Reduction reduction = gradient_reduction(mesh);
+  const std::vector<std::string> norm = norm_dims(mesh);
+  // One communicator per distinct set (the learner's two may be the same set, or pp's or tp's).
+  std::vector<std::vector<std::string>> sets{{"pp"}, {"tp"}, {"dp_replicate"}};
+  for (const auto& set : {reduction.dims, norm}) {
+    const std::string key = Mesh::key(set);
+    bool seen = false;
+    for (const auto& s : sets) seen = seen || Mesh::key(s) == key;
+    if (!seen) sets.push_back(set);
+  }
+  const MeshGroups groups(store, mesh, rank, sets, backend, timeout, master_addr);
+  NdGroups g;
+  g.mesh = mesh;
+  g.rank = rank;
+  g.pp = groups.get({"pp"});
+  g.tp = groups.get({"tp"});
+  g.dp = groups.get({"dp_replicate"});
+  g.reduce = groups.get(reduction.dims);
+  g.norm = groups.get(norm);
+  // The embedding groups: for every (dp, tp) coordinate, its pipeline's first and last stage,
+  // created by every rank in the same order (a rank outside one gets null).
+  const int pp = mesh.size("pp");
+  if (pp > 1) {
+    for (int d = 0; d < mesh.size("dp_replicate"); ++d) {
+      for (int t = 0; t < mesh.size("tp"); ++t) {
+        const int first = mesh.rank_of({{"pp", 0}, {"dp_replicate", d}, {"tp", t}});
+        const int last = mesh.rank_of({{"pp", pp - 1}, {"dp_replicate", d}, {"tp", t}});
+        auto comm = new_subgroup(store, fmt::format("embedding/{}-{}", first, last), {first, last},
+                                 rank, backend, timeout, master_addr);
+        if (comm) g.embedding = comm;
+      }
+    }
+  }
+  return g;
+}
+
+void check_nd(const NdOptions& o, int world) {
+  const MixSpec& mix = o.mix;
+  check_mix(mix, MixShape{o.model.layers, o.model.heads, o.model.ctx, world, o.batch}, "--mix");
+  const std::string text = mix.text();
+  if (mix.cp > 1) {
+    throw UsageError(
+        "--mix", fmt::format("'{}' asks cp {}: this lesson composes dp, tp and pp", text, mix.cp),
+        "use CP 1 (lesson 10 runs context parallelism, alone and with tp)");
+  }
+  if (mix.zero_stage > 0 || mix.shard > 0) {
+    throw UsageError("--mix",
+                     fmt::format("'{}' asks ZeRO or HSDP: this lesson composes dp, tp "
+                                 "and pp with whole replicas",
+                                 text),
+                     "use ZERO 0 (lesson 07 runs ZeRO 1-3 alone)");
+  }
+  if (mix.recompute == "selective") {
+    throw UsageError("--mix", fmt::format("'{}' asks selective recomputation", text),
+                     "use none or full: the pipeline recomputes whole stages (lesson 09)");
+  }
+  l08::validate_tp(o.model, static_cast<int>(mix.tp));
+  const int pp = static_cast<int>(mix.pp);
+  const int v = static_cast<int>(mix.virtual_stages);
+  const int64_t m = micro_batches(o);
+  if (v > 1 && o.schedule != l09::ScheduleKind::kInterleaved &&
+      o.schedule != l09::ScheduleKind::k1f1b) {
+    throw UsageError(
+        "--schedule",
+        fmt::format("{} virtual stages with the {} schedule", v, l09::schedule_name(o.schedule)),
+        "leave --schedule out (v > 1 runs interleaved 1F1B), or use VIRTUAL 1");
+  }
+  if (v == 1 && o.schedule == l09::ScheduleKind::kInterleaved) {
+    throw UsageError("--schedule", "the interleaved schedule with one chunk per stage",
+                     "pass --virtual-stages 2 (or VIRTUAL 2 in the mix)");
+  }
+  if (v > 1) l09::check_interleaved(o.model, pp, v, m);
+  l09::check_pipeline(o.model, pp * v, o.batch / mix.dp, m);
+  if (o.schedule == l09::ScheduleKind::kZbH1 && mix.recompute != "none") {
+    throw UsageError("--schedule", "zb-h1 with recomputation",
+                     "use RECOMPUTE none: W needs the graph that I kept");
+  }
+  if (!(o.clip >= 0) || std::isinf(o.clip)) {
+    throw UsageError("--clip", fmt::format("max norm {}", o.clip),
+                     "pass a positive norm (1.0 is Megatron's and torchtitan's default), or 0 "
+                     "for no clipping");
+  }
+  if (o.norm_type != 2 && !(std::isinf(o.norm_type) && o.norm_type > 0)) {
+    throw UsageError("--norm-type", fmt::format("{}", o.norm_type), "pass 2 or inf");
+  }
+}
+
+int64_t micro_batches(const NdOptions& o) { return o.batch / (o.mix.dp * o.mix.micro_batch); }
+
+RankModel build_rank_model(const NdOptions& o, const NdGroups& groups) {
+  GptConfig untied = o.model;
+  untied.tied = false;
+  Gpt full = make_gpt(untied, o.seed, o.device);  // every rank builds it all, then keeps its part
+  if (o.model.tied) {
+    torch::NoGradGuard no_grad;
+    full->lm_head->weight.copy_(full->wte->weight);  // the head's copy of the tied embedding
+  }
+  RankModel model;
+  model.tied = o.model.tied;
+  model.tp = groups.tp->getSize();
+  model.tp_rank = groups.tp->getRank();
+  if (model.tp > 1) {
+    for (size_t i = 0; i < full->h->size(); ++i) {
+      auto& block = *full->h->ptr<BlockImpl>(i);
+      block.swap_attention(l08::TpAttention(block.attn, o.model.heads, *groups.tp));
+      block.swap_mlp(l08::TpMlp(block.mlp, *groups.tp));
+    }
+  }
+  model.chunks = l09::make_chunks(full, groups.pp->getSize(),
+                                  static_cast<int>(o.mix.virtual_stages), groups.pp->getRank());
+  return model;
+}
+
+StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, int64_t step) {
+  const Mesh& mesh = groups.mesh;
+  const int dp = mesh.size("dp_replicate");
+  const int64_t rows = o.batch / dp;
+  const int64_t first_row = mesh.coord(groups.rank, "dp_replicate") * rows;
+  const int64_t m = micro_batches(o);
+  Batch batch = ByteDataset::builtin().batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
+  batch.inputs = batch.inputs.narrow(0, first_row, rows);
+  batch.targets = batch.targets.narrow(0, first_row, rows);
+  for (auto p : l09::parameters_of(model.chunks)) p.mutable_grad().reset();
+
+  const Reduction reduction = gradient_reduction(mesh);
+  const auto ops = l09::make_schedule(o.schedule, groups.pp->getSize(), m, groups.pp->getRank(),
+                                      static_cast<int>(o.mix.virtual_stages));
+  // Each chunk's reduction starts when its last backward pass is done (lesson 09), with the
+  // divisor gradient_reduction() chose.
+  l09::ReplicaAverage reduce(model.chunks, groups.reduce.get(), m,
+                             static_cast<double>(reduction.divisor));
+  const l09::StepStats stats =
+      l09::run_schedule(model.chunks, *groups.pp, ops, batch, m,
+                        /*deallocate_outputs=*/false, o.mix.recompute == "full");
+  reduce.finish();
+  sync_tied_embedding(model, groups.embedding.get());
+  StepOut out;
+  if (o.clip > 0) out.grad_norm = clip_grad_norm(model, *groups.norm, o.clip, o.norm_type);
+
+  // The loss: the head's pipeline mean over its replica's rows (every tp rank of it holds the
+  // same), summed over the stages (only the last one writes), then the replicas' mean.
+  auto loss = torch::full({1}, model.chunks.back().layers.head ? stats.loss : 0.0f,
+                          torch::dtype(torch::kFloat).device(o.device));
+  std::vector<at::Tensor> v{loss};
+  groups.pp->allreduce(v)->wait();
+  groups.dp->allreduce(v)->wait();
+  out.loss = loss.cpu().item<float>() / static_cast<float>(dp);
+  return out;
+}
+
+NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
+  RankModel model = build_rank_model(o, groups);
+  const auto params = l09::parameters_of(model.chunks);
+  // AdamW per rank over its own parameters (shards, stages, the tied copy): elementwise, so the
+  // ranks' optimizers together are the single device's one.
+  TracedAdamW optimizer(params, adamw_options(o));
+  // On NCCL a group of sends and receives runs on the communicator of the whole group, which
+  // its first collective creates (lesson 09).
+  std::vector<at::Tensor> one{torch::ones({1}, torch::dtype(torch::kFloat).device(o.device))};
+  groups.pp->allreduce(one)->wait();
+  NdResult result;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    if (log) log->begin_step();
+    const StepOut out = nd_step(model, groups, o, step);
+    optimizer.step();
+    result.losses.push_back(out.loss);
+    if (o.clip > 0) result.grad_norms.push_back(out.grad_norm);
+    if (log) log->end_step(step, out.loss);
+  }
+  // This rank's parameters under the full model's names, the tied head's copy left out.
+  const int dp_rank = groups.mesh.coord(groups.rank, "dp_replicate");
+  std::vector<NamedPiece> pieces;
+  for (const auto& chunk : model.chunks) {
+    for (const auto& [name, value] : l09::stage_pieces(chunk)) {
+      if (model.tied && name == "lm_head.weight") continue;
+      result.weights.emplace_back(name, value.detach().clone());
+      // The digest: replica 0 only; a tp slice from every tp rank, a whole parameter from one.
+      const bool slice = model.tp > 1 && tp_sharded(name);
+      if (dp_rank == 0 && (slice || model.tp_rank == 0)) pieces.emplace_back(name, value);
+    }
+  }
+  if (o.digest) {
+    std::vector<std::string> names;
+    for (const auto& item : Gpt(o.model)->named_parameters()) names.push_back(item.key());
+    result.digest = param_digest(
+        names, pieces, std::vector<Comm*>{groups.tp.get(), groups.dp.get(), groups.pp.get()});
+  }
+  return result;
+}
+
+}  // namespace dtc::l11

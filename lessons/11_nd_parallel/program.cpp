@@ -1,0 +1,166 @@
+// The lesson11 program: trains the course's GPT on a dp x tp x pp mesh (the mix in the planner's
+// grammar), lesson 08's tensor-parallel blocks inside lesson 09's pipeline stages, with the
+// reduction, the tied embedding and the clipping you wrote in nd.cpp. Given in full.
+#include "program.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <ostream>
+
+#include "dtc/cli.h"
+#include "dtc/errors.h"
+#include "dtc/program.h"
+
+namespace dtc::l11 {
+namespace {
+
+struct Flags {
+  std::string mix;  // --mix; empty: every rank a dp replica
+  int virtual_stages = 0;
+  int hsdp = 0;
+  std::string schedule = "1f1b";
+  double clip = 0;
+  std::string norm_type = "2";
+};
+
+int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& err) {
+  // 1. Configuration, checked on every rank before the network is touched.
+  Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
+  const int world = job.env.world_size;
+  NdOptions o;
+  static_cast<RunConfig&>(o) = t.run_config();
+  o.steps = t.train.steps;
+  o.mix = parse_mix(f.mix.empty() ? fmt::format("{}x1x1x1", world) : f.mix, "--mix");
+  if (f.virtual_stages > 0) o.mix.virtual_stages = f.virtual_stages;
+  if (f.hsdp > 0) {
+    throw UsageError("--hsdp", fmt::format("HSDP over groups of {}", f.hsdp),
+                     "leave --hsdp out: this lesson composes dp, tp and pp with whole replicas "
+                     "(lesson 07 runs ZeRO alone)");
+  }
+  o.schedule = o.mix.virtual_stages > 1 && f.schedule == "1f1b" ? l09::ScheduleKind::kInterleaved
+                                                                : l09::parse_schedule(f.schedule);
+  o.clip = f.clip;
+  o.norm_type = f.norm_type == "inf" ? std::numeric_limits<double>::infinity() : 2.0;
+  o.device = job.device;
+  o.digest = true;
+  check_nd(o, world);
+
+  // 2. Build: the process group, then this rank's groups over the mesh.
+  job.trace_dir = t.trace;
+  job.connect();
+  const Mesh mesh = make_mesh(o.mix, world);
+  const NdGroups groups =
+      make_groups(job.store, mesh, job.rank(), job.backend, job.timeout, job.env.master_addr);
+  const bool talk = job.rank0() && !t.train.json;
+  if (talk) {
+    print_banner(
+        out, "Lesson 11: N-D parallelism", job, o.model, count_parameters(*Gpt(o.model)),
+        {{"mix", fmt::format("{} = {}", o.mix.text(), mesh.describe())},
+         {"pipeline",
+          fmt::format("{} stages{}, {} schedule, {} micro-batches of {} sequences", mesh.size("pp"),
+                      o.mix.virtual_stages > 1 ? fmt::format(" x {} chunks", o.mix.virtual_stages)
+                                               : std::string(),
+                      l09::schedule_name(o.schedule), micro_batches(o), o.mix.micro_batch)},
+         {"embedding", o.model.tied ? "tied: wte on the first stage, its copy on the last"
+                                    : "untied (a separate lm_head)"},
+         {"train", fmt::format("AdamW lr {:g}, {} steps, global batch {}, seed {}, {}", o.lr,
+                               o.steps, o.batch, o.seed,
+                               o.clip > 0 ? fmt::format("clip {:g} ({}-norm)", o.clip, f.norm_type)
+                                          : std::string("no clipping"))}});
+  }
+
+  // 3. The loop.
+  StepLog log(err, talk, 0, o.steps, o.batch * o.model.ctx);
+  log.begin_step();
+  const NdResult result = train_nd(o, groups, &log);
+
+  // 4. Report, 5. finish.
+  job.finish();
+  if (!job.rank0()) return kExitOk;
+  if (t.train.json) {
+    nlohmann::json j = run_json(log, o.steps, job.device);
+    add_job_json(j, job, o, o.mix.recompute == "full" ? Recompute::kFull : Recompute::kNone,
+                 result.digest);
+    j["mix"] = o.mix.text();
+    j["dp"] = mesh.size("dp_replicate");
+    j["tp"] = mesh.size("tp");
+    j["pp"] = mesh.size("pp");
+    j["cp"] = mesh.size("cp");
+    j["virtual_stages"] = o.mix.virtual_stages;
+    j["micro_batches"] = micro_batches(o);
+    j["schedule"] = l09::schedule_name(o.schedule);
+    j["tied"] = o.model.tied;
+    j["clip"] = o.clip;
+    j["norm_type"] = f.norm_type;
+    j["grad_norms"] = result.grad_norms;
+    print_json_line(out, j);
+    return kExitOk;
+  }
+  const auto& losses = log.losses();
+  fmt::print(out, "\n  trained {} steps on {}: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.1f} s\n",
+             losses.size(), mesh.describe(), losses.front(), losses.back(), log.tokens_per_s(),
+             log.elapsed_s());
+  if (!result.grad_norms.empty()) {
+    fmt::print(out, "  global gradient {}-norm: {:.4f} at the first step, {:.4f} at the last\n",
+               f.norm_type, result.grad_norms.front(), result.grad_norms.back());
+  }
+  const std::string same = fmt::format(
+      "--steps {} --layers {} --hidden {} --heads {} --seq {} --global-batch {} --seed {} --lr "
+      "{:g}{}",
+      o.steps, o.model.layers, o.model.hidden, o.model.heads, o.model.ctx, o.batch, o.seed, o.lr,
+      o.model.tied ? "" : " --untied");
+  if (o.clip > 0) {
+    fmt::print(out,
+               "  lesson 02 does not clip: run this with --clip 0 to compare its parameter digest\n"
+               "  with build/bin/lesson02 {} --json\n",
+               same);
+  } else {
+    fmt::print(out,
+               "  --json's param_digest is lesson 02's single-device run's within fp32 rounding:\n"
+               "  build/bin/lesson02 {} --json\n",
+               same);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_program(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  TrainCli cli(
+      "lesson11",
+      "Lesson 11: N-D parallelism. Trains the course's GPT on a mesh of dp replicas x tp ranks\n"
+      "x pp stages, written as the planner writes a mix; run it under torchrun, e.g.\n"
+      "  torchrun --standalone --nproc_per_node=8 --no_python build/bin/lesson11 --mix 2x2x2x1");
+  cli.add_timeout_flag();
+  Flags f;
+  CLI::App& app = cli.app();
+  app.add_option("--mix", f.mix,
+                 "DPxTPxPPxCP[:ZERO[:RECOMPUTE[:MICRO[:VIRTUAL]]]], lesson 01's grammar (its "
+                 "plan.mix); the degrees multiply to the world size. Default: every rank a dp "
+                 "replica");
+  app.add_option("--virtual-stages", f.virtual_stages,
+                 "model chunks per pipeline stage (interleaved 1F1B); overrides the mix's VIRTUAL")
+      ->check(positive_count("--virtual-stages 2"));
+  app.add_option("--hsdp", f.hsdp, "shard over groups of G dp ranks (not composed here yet)")
+      ->check(positive_count("--hsdp 2"));
+  app.add_option("--schedule", f.schedule,
+                 "1f1b, zb-h1 or gpipe (interleaved when the mix has VIRTUAL above 1)")
+      ->check(one_of({"1f1b", "zb-h1", "gpipe", "interleaved"}, "a pipeline schedule"))
+      ->capture_default_str();
+  app.add_option("--clip", f.clip,
+                 "clip the global gradient norm to this (0: off; 1.0 is Megatron's default)")
+      ->capture_default_str();
+  app.add_option("--norm-type", f.norm_type, "the clipping norm: 2 or inf")
+      ->check(one_of({"2", "inf"}, "a gradient norm"))
+      ->capture_default_str();
+  return cli.run(argc, argv, err, [&] { return run(cli.options(), f, out, err); });
+}
+
+int run_main(int argc, char** argv) { return run_program(argc, argv, std::cout, std::cerr); }
+
+}  // namespace dtc::l11

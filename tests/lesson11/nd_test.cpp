@@ -1,0 +1,342 @@
+// Lesson 11: the composed run against one device.
+//
+// Each mesh runs on thread-ranks (one process, a HashStore, gloo, as PyTorch's own c10d tests
+// do) and is compared with a single-device run written out here in plain LibTorch: the course's
+// GPT from the same initial weights (dtc::init_weights), the whole global batch, its mean
+// cross-entropy, torch::nn::utils::clip_grad_norm_ when clipping, torch::optim::AdamW. Nothing
+// of the learner's code computes a reference: a rank's gradients and parameters are read from
+// its model's tensors, and each is compared with the single device's (a tp shard with its slice).
+//
+// The meshes: dp x tp x pp on 8 ranks, tied and untied; interleaved (pp 2 x v 2) x dp 2;
+// tp x pp under ZB-H1; pp 3 (uneven stages) and pp 4, where 2 stages hide an index error; pp 1
+// (both copies of the tied embedding on one rank); full recomputation with dp.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "adamw_params.h"
+#include "digest_close.h"
+#include "dtc/compare.h"
+#include "dtc/data.h"
+#include "dtc/digest.h"
+#include "dtc/errors.h"
+#include "dtc/ranks.h"
+#include "dtc_test.h"
+#include "nd.h"
+
+namespace dtc {
+namespace {
+
+using l11::NdGroups;
+using l11::NdOptions;
+using l11::RankModel;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct MeshCase {
+  const char* name;
+  const char* mix;
+  l09::ScheduleKind schedule;
+  bool tied;
+};
+
+std::ostream& operator<<(std::ostream& os, const MeshCase& c) { return os << c.name; }
+
+NdOptions options_of(const MeshCase& c) {
+  NdOptions o;
+  o.model.layers = 4;
+  o.model.hidden = 32;
+  o.model.heads = 2;
+  o.model.ctx = 16;
+  o.model.tied = c.tied;
+  o.batch = 8;
+  o.seed = 3;
+  o.mix = parse_mix(c.mix, "--mix");
+  o.schedule = c.schedule;
+  return o;
+}
+
+// The single device: the gradients of batch 0's mean loss, clipped when @p clip > 0.
+struct OneDevice {
+  std::map<std::string, torch::Tensor> grads;  // by the full model's names
+  double norm = 0;                             // clip_grad_norm_'s total norm (when clipping)
+};
+
+OneDevice one_device_step(const NdOptions& o, double clip, double norm_type) {
+  Gpt model(o.model);
+  init_weights(model, o.seed);
+  const Batch b = ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx);
+  const auto logits = model->forward(b.inputs);
+  torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                       b.targets.reshape({-1}))
+      .backward();
+  OneDevice out;
+  if (clip > 0) out.norm = torch::nn::utils::clip_grad_norm_(model->parameters(), clip, norm_type);
+  for (const auto& item : model->named_parameters()) {
+    out.grads[item.key()] = item.value().grad().clone();
+  }
+  return out;
+}
+
+// The single device after @p steps steps of AdamW (with clip_grad_norm_ when @p clip > 0).
+std::map<std::string, torch::Tensor> one_device_train(const NdOptions& o, int64_t steps,
+                                                      double clip, double norm_type,
+                                                      nlohmann::json* digest = nullptr) {
+  Gpt model(o.model);
+  init_weights(model, o.seed);
+  torch::optim::AdamW opt(model->parameters(), adamw_options(o));
+  for (int64_t step = 0; step < steps; ++step) {
+    const Batch b = ByteDataset::builtin().batch(o.seed, step, o.batch, o.model.ctx);
+    opt.zero_grad();
+    const auto logits = model->forward(b.inputs);
+    torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                         b.targets.reshape({-1}))
+        .backward();
+    if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip, norm_type);
+    opt.step();
+  }
+  if (digest != nullptr) *digest = param_digest(*model);
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& item : model->named_parameters()) params[item.key()] = item.value().detach();
+  return params;
+}
+
+// What tp rank @p r of @p tp holds of the full tensor @p full called @p name: lesson 08's
+// slices (c_fc's rows, both c_proj weights' columns, c_attn's rows of each of q, k and v), or
+// the whole.
+torch::Tensor tp_piece(const std::string& name, const torch::Tensor& full, int r, int tp) {
+  if (tp == 1 || !l11::tp_sharded(name)) return full;
+  if (name.find("mlp.c_fc.") != std::string::npos) return full.chunk(tp, 0)[r];
+  if (name.find("c_proj.weight") != std::string::npos) return full.chunk(tp, 1)[r];
+  // attn.c_attn: [q | k | v] along dim 0, each h rows
+  const auto qkv = full.chunk(3, 0);
+  return torch::cat({qkv[0].chunk(tp, 0)[r], qkv[1].chunk(tp, 0)[r], qkv[2].chunk(tp, 0)[r]});
+}
+
+// Runs @p body on every rank of @p o's mesh with its groups.
+void on_mesh(const NdOptions& o, const std::function<void(const NdGroups&)>& body) {
+  const int world = static_cast<int>(o.mix.world());
+  l11::check_nd(o, world);
+  run_ranks(
+      world,
+      [&](RankContext& ctx) {
+        const Mesh mesh = l11::make_mesh(o.mix, world);
+        const NdGroups groups = l11::make_groups(ctx.store, mesh, ctx.rank, BackendKind::kGloo,
+                                                 std::chrono::milliseconds(10000));
+        body(groups);
+      },
+      std::chrono::milliseconds(60000));
+}
+
+// Every gradient of every rank (the tied head's copy included: it must hold wte's) against the
+// single device's.
+void expect_gradients(const RankModel& model, const NdGroups& g, const OneDevice& want,
+                      std::mutex& mu, std::map<int, int>& compared) {
+  for (const auto& chunk : model.chunks) {
+    for (const auto& [name, param] : l09::stage_pieces(chunk)) {
+      const std::string full = model.tied && name == "lm_head.weight" ? "wte.weight" : name;
+      SCOPED_TRACE(fmt::format("rank {} ({}): {}'s gradient", g.rank, g.mesh.describe(), name));
+      ASSERT_TRUE(param.grad().defined());
+      EXPECT_TENSOR_CLOSE(param.grad(),
+                          tp_piece(full, want.grads.at(full), model.tp_rank, model.tp), kFp32Steps);
+      std::lock_guard<std::mutex> lock(mu);
+      ++compared[g.rank];
+    }
+  }
+}
+
+class L11OneStep : public ::testing::TestWithParam<MeshCase> {};
+
+// One step's gradients, after the reduction and the tied embedding's sync, on every rank: the
+// single device's (the gradient of the global batch's mean loss), whole or as the rank's slice.
+// AdamW would hide a gradient k times too large; this does not.
+TEST_P(L11OneStep, GradientsAreTheSingleDevicesOnEveryRank) {
+  const NdOptions o = options_of(GetParam());
+  const OneDevice want = one_device_step(o, 0, 2);
+  std::mutex mu;
+  std::map<int, int> compared;
+  on_mesh(o, [&](const NdGroups& g) {
+    RankModel model = l11::build_rank_model(o, g);
+    const l11::StepOut out = l11::nd_step(model, g, o, 0);
+    (void)out;
+    expect_gradients(model, g, want, mu, compared);
+  });
+  for (int r = 0; r < static_cast<int>(o.mix.world()); ++r) {
+    EXPECT_GT(compared[r], 0) << "rank " << r << " compared no gradient";
+  }
+}
+
+// The loss nd_step reports is the global batch's (the reduction and the loss meet at the
+// same normalisation), on every rank.
+TEST_P(L11OneStep, TheLossIsTheGlobalBatchsMean) {
+  const NdOptions o = options_of(GetParam());
+  Gpt one(o.model);
+  init_weights(one, o.seed);
+  const Batch b = ByteDataset::builtin().batch(o.seed, 0, o.batch, o.model.ctx);
+  const auto logits = one->forward(b.inputs);
+  const float want = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                          b.targets.reshape({-1}))
+                         .item<float>();
+  on_mesh(o, [&](const NdGroups& g) {
+    RankModel model = l11::build_rank_model(o, g);
+    const l11::StepOut out = l11::nd_step(model, g, o, 0);
+    EXPECT_NEAR(out.loss, want, 1e-5) << "rank " << g.rank;
+  });
+}
+
+const MeshCase kMeshes[] = {
+    {"dp2_tp2_pp2_tied", "2x2x2x1", l09::ScheduleKind::k1f1b, true},
+    {"dp2_tp2_pp2_untied", "2x2x2x1", l09::ScheduleKind::k1f1b, false},
+    {"pp2_v2_dp2_tied", "2x1x2x1:0:none:1:2", l09::ScheduleKind::kInterleaved, true},
+    {"tp2_pp2_zbh1_tied", "1x2x2x1", l09::ScheduleKind::kZbH1, true},
+    {"pp3_uneven_tied", "1x1x3x1", l09::ScheduleKind::k1f1b, true},
+    {"pp4_tied", "1x1x4x1", l09::ScheduleKind::k1f1b, true},
+    {"dp2_tp2_pp1_tied", "2x2x1x1", l09::ScheduleKind::k1f1b, true},
+    {"dp2_pp2_full_recompute_untied", "2x1x2x1:0:full", l09::ScheduleKind::k1f1b, false},
+};
+
+INSTANTIATE_TEST_SUITE_P(Meshes, L11OneStep, ::testing::ValuesIn(kMeshes),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
+// Clipping: the global norm, 2 and inf, counts every parameter once
+// ---------------------------------------------------------------------------------------------
+
+struct ClipCase {
+  MeshCase mesh;
+  double norm_type;
+};
+
+std::ostream& operator<<(std::ostream& os, const ClipCase& c) {
+  return os << c.mesh.name << (std::isinf(c.norm_type) ? ", inf-norm" : ", 2-norm");
+}
+
+class L11Clip : public ::testing::TestWithParam<ClipCase> {};
+
+// The norm clip_grad_norm returns is the single device's clip_grad_norm_ total (a replicated
+// parameter counted twice, the tied copy counted, a dp replica's copy counted, or MAX summed: a
+// different number), and the clipped gradients are the single device's clipped ones on every
+// rank. The max norm is half the single device's norm, so clipping happens.
+TEST_P(L11Clip, TheGlobalNormAndTheClippedGradientsAreTheSingleDevices) {
+  const ClipCase c = GetParam();
+  NdOptions o = options_of(c.mesh);
+  // The single device's norm first (a huge max norm clips nothing), then half of it.
+  const double norm = one_device_step(o, 1e9, c.norm_type).norm;
+  ASSERT_GT(norm, 0);
+  o.clip = norm / 2;
+  o.norm_type = c.norm_type;
+  const OneDevice want = one_device_step(o, o.clip, c.norm_type);
+  std::mutex mu;
+  std::map<int, int> compared;
+  on_mesh(o, [&](const NdGroups& g) {
+    RankModel model = l11::build_rank_model(o, g);
+    const l11::StepOut out = l11::nd_step(model, g, o, 0);
+    EXPECT_NEAR(out.grad_norm, want.norm, 1e-5 * want.norm)
+        << "rank " << g.rank << ": the " << (std::isinf(c.norm_type) ? "inf" : "2")
+        << "-norm of the whole model's gradient";
+    expect_gradients(model, g, want, mu, compared);
+  });
+}
+
+// A max norm above the norm changes nothing: the gradients stay the unclipped single device's,
+// and the norm is still reported.
+TEST(L11ClipAbove, AMaxNormAboveTheNormLeavesTheGradients) {
+  NdOptions o = options_of(MeshCase{"dp2_tp2_pp2_tied", "2x2x2x1", l09::ScheduleKind::k1f1b, true});
+  const OneDevice unclipped = one_device_step(o, 1e9, 2);
+  o.clip = 2 * unclipped.norm;
+  std::mutex mu;
+  std::map<int, int> compared;
+  on_mesh(o, [&](const NdGroups& g) {
+    RankModel model = l11::build_rank_model(o, g);
+    const l11::StepOut out = l11::nd_step(model, g, o, 0);
+    EXPECT_NEAR(out.grad_norm, unclipped.norm, 1e-5 * unclipped.norm) << "rank " << g.rank;
+    expect_gradients(model, g, unclipped, mu, compared);
+  });
+}
+
+const ClipCase kClips[] = {
+    {kMeshes[0], 2}, {kMeshes[0], kInf}, {kMeshes[2], 2},    {kMeshes[3], kInf},
+    {kMeshes[4], 2}, {kMeshes[6], 2},    {kMeshes[6], kInf},
+};
+
+INSTANTIATE_TEST_SUITE_P(Meshes, L11Clip, ::testing::ValuesIn(kClips), [](const auto& info) {
+  return std::string(info.param.mesh.name) + (std::isinf(info.param.norm_type) ? "_inf" : "_l2");
+});
+
+// ---------------------------------------------------------------------------------------------
+// Training: parameters after several steps
+// ---------------------------------------------------------------------------------------------
+
+class L11Train : public ::testing::TestWithParam<MeshCase> {};
+
+// Three steps of AdamW with 2-norm clipping at half the first step's norm (so every step clips):
+// every rank's parameters, and the digest of the whole model, are the single device's.
+TEST_P(L11Train, ParametersAfterThreeClippedStepsAreTheSingleDevices) {
+  NdOptions o = options_of(GetParam());
+  o.steps = 3;
+  o.clip = one_device_step(o, 1e9, 2).norm / 2;
+  o.digest = true;
+  nlohmann::json want_digest;
+  const auto want = one_device_train(o, o.steps, o.clip, 2, &want_digest);
+  on_mesh(o, [&](const NdGroups& g) {
+    const l11::NdResult result = l11::train_nd(o, g);
+    ASSERT_FALSE(result.weights.empty());
+    const int tp_rank = g.tp->getRank();
+    for (const auto& [name, value] : result.weights) {
+      SCOPED_TRACE(fmt::format("rank {} ({}): {}", g.rank, g.mesh.describe(), name));
+      EXPECT_ADAMW_PARAMS_CLOSE(value, tp_piece(name, want.at(name), tp_rank, g.tp->getSize()),
+                                o.steps, o.lr);
+    }
+    ASSERT_EQ(result.grad_norms.size(), 3u);
+    EXPECT_NEAR(result.grad_norms[0], 2 * o.clip, 1e-5 * o.clip);
+    test::expect_digest_close(result.digest, want_digest);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, L11Train,
+                         ::testing::Values(kMeshes[0], kMeshes[1], kMeshes[2], kMeshes[3],
+                                           kMeshes[5]),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
+// The groups
+// ---------------------------------------------------------------------------------------------
+
+// Whatever the learner's groups, the reduction's group on every mesh holds only ranks with the
+// same pp and tp coordinates (the same piece of the same parameters), and the norm's group
+// holds one rank of every (pp, tp) pair and no two of one dp coordinate... checked by the
+// members, from the mesh.
+TEST(L11Groups, EachCollectiveRunsOnTheRanksThatNeedIt) {
+  for (const char* text : {"2x2x2x1", "4x1x2x1", "1x2x4x1", "2x1x1x1", "8x1x1x1"}) {
+    const MixSpec mix = parse_mix(text, "--mix");
+    const Mesh mesh = l11::make_mesh(mix, static_cast<int>(mix.world()));
+    const l11::Reduction r = l11::gradient_reduction(mesh);
+    const std::vector<std::string> n = l11::norm_dims(mesh);
+    for (int rank = 0; rank < mesh.world(); ++rank) {
+      SCOPED_TRACE(fmt::format("{}, rank {}", text, rank));
+      const auto reduce = mesh.group(rank, r.dims);
+      EXPECT_EQ(static_cast<int64_t>(reduce.size()), mix.dp)
+          << "the reduction's group: every replica of this rank's piece, and no other rank";
+      for (int other : reduce) {
+        EXPECT_EQ(mesh.coord(other, "pp"), mesh.coord(rank, "pp"));
+        EXPECT_EQ(mesh.coord(other, "tp"), mesh.coord(rank, "tp"));
+      }
+      EXPECT_EQ(r.divisor, mix.dp) << "the sum over the replicas, divided once by their count";
+      const auto norm = mesh.group(rank, n);
+      EXPECT_EQ(static_cast<int64_t>(norm.size()), mix.pp * mix.tp)
+          << "the norm's group: every stage and tp rank once, one replica";
+      for (int other : norm) {
+        EXPECT_EQ(mesh.coord(other, "dp_replicate"), mesh.coord(rank, "dp_replicate"));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dtc

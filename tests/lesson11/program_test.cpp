@@ -1,0 +1,131 @@
+// Lesson 11's program and checks: bad input is exit 2 naming the flag, before any networking;
+// a one-rank run's --json has the keys scripts read and the single device's parameter digest.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "digest_close.h"
+#include "dtc/digest.h"
+#include "dtc/errors.h"
+#include "dtc_test.h"
+#include "nd.h"
+#include "program.h"
+#include "program_run.h"
+
+namespace dtc::l11 {
+namespace {
+
+NdOptions small(const std::string& mix) {
+  NdOptions o;
+  o.model.layers = 4;
+  o.model.hidden = 32;
+  o.model.heads = 2;
+  o.model.ctx = 16;
+  o.batch = 8;
+  o.mix = parse_mix(mix, "--mix");
+  return o;
+}
+
+// The flag each impossible mesh names, checked for the world size it would run on.
+TEST(L11ChecksGiven, EveryImpossibleMeshNamesItsFlag) {
+  struct Case {
+    std::string mix;
+    int world;
+    l09::ScheduleKind schedule;
+    std::string flag;
+  };
+  const std::vector<Case> cases = {
+      {"2x2x2x1", 4, l09::ScheduleKind::k1f1b, "--mix"},    // not the world size
+      {"1x4x1x1", 4, l09::ScheduleKind::k1f1b, "--mix"},    // tp 4 does not divide 2 heads
+      {"1x1x8x1", 8, l09::ScheduleKind::k1f1b, "--mix"},    // more stages than layers
+      {"1x1x1x2", 2, l09::ScheduleKind::k1f1b, "--mix"},    // cp: not composed here
+      {"2x1x1x1:1", 2, l09::ScheduleKind::k1f1b, "--mix"},  // ZeRO: not composed here
+      {"1x1x2x1:0:selective", 2, l09::ScheduleKind::k1f1b, "--mix"},
+      {"1x1x2x1:0:none:1:3", 2, l09::ScheduleKind::k1f1b, "--mix"},  // 4 layers, 2 x 3 chunks
+      {"1x1x2x1:0:none:1:2", 2, l09::ScheduleKind::kZbH1, "--schedule"},
+      {"1x1x2x1", 2, l09::ScheduleKind::kInterleaved, "--schedule"},
+      {"1x1x2x1:0:full", 2, l09::ScheduleKind::kZbH1, "--schedule"},
+  };
+  for (const Case& c : cases) {
+    NdOptions o = small(c.mix);
+    o.schedule = c.schedule;
+    try {
+      check_nd(o, c.world);
+      ADD_FAILURE() << c.mix << " on " << c.world << " ranks was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(e.subject(), c.flag) << c.mix << ": " << e.what();
+    }
+  }
+  NdOptions o = small("2x2x2x1");
+  o.clip = -1;
+  EXPECT_THROW(check_nd(o, 8), UsageError);
+  o.clip = 1;
+  EXPECT_NO_THROW(check_nd(o, 8));
+}
+
+TEST(L11ProgramGiven, BadInputExitsTwoNamingTheFlag) {
+  ::dtc::test::clear_launch_env();  // one rank
+  const std::vector<::dtc::test::BadInput> cases = {
+      {{"--mix", "2x1x1x1", "--steps", "1"}, "--mix"}, {{"--mix", "2x2", "--steps", "1"}, "--mix"},
+      {{"--mix", "1x1x1x1:hsdp0"}, "--mix"},           {{"--hsdp", "2", "--steps", "1"}, "--hsdp"},
+      {{"--virtual-stages", "0"}, "--virtual-stages"}, {{"--schedule", "dualpipe"}, "--schedule"},
+      {{"--norm-type", "1"}, "--norm-type"},           {{"--clip", "-1", "--steps", "1"}, "--clip"},
+  };
+  ::dtc::test::expect_usage_errors("lesson11", cases, run_program);
+}
+
+// One rank, --json: the keys scripts read, and the single device's parameters (the digest of
+// lesson 02's model after the same steps, here in plain LibTorch with clip_grad_norm_).
+TEST(L11Program, JsonOfAOneRankRunHasTheSingleDevicesDigest) {
+  ::dtc::test::clear_launch_env();
+  const auto r =
+      ::dtc::test::run_in_process("lesson11",
+                                  {"--steps", "2", "--layers", "2", "--hidden", "32", "--heads",
+                                   "2", "--seq", "16", "--clip", "0.5", "--json"},
+                                  run_program);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = ::dtc::test::last_json_line(r.out);
+  EXPECT_EQ(j.at("mix"), "1x1x1x1:0:none:1:1");
+  EXPECT_EQ(j.at("world"), 1);
+  EXPECT_EQ(j.at("losses").size(), 2u);
+  EXPECT_EQ(j.at("grad_norms").size(), 2u);
+  for (const char* key : {"dp", "tp", "pp", "cp", "virtual_stages", "schedule", "launcher",
+                          "param_digest", "micro_batches", "tied"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  GptConfig c;
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 2;
+  c.ctx = 16;
+  Gpt model(c);
+  init_weights(model, 1);
+  RunConfig run;
+  run.model = c;
+  torch::optim::AdamW opt(model->parameters(), adamw_options(run));
+  for (int64_t step = 0; step < 2; ++step) {
+    const Batch b = ByteDataset::builtin().batch(1, step, run.batch, c.ctx);
+    opt.zero_grad();
+    const auto logits = model->forward(b.inputs);
+    torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                         b.targets.reshape({-1}))
+        .backward();
+    torch::nn::utils::clip_grad_norm_(model->parameters(), 0.5, 2);
+    opt.step();
+  }
+  const auto want = param_digest(*model);
+  const auto& got = j.at("param_digest");
+  ::dtc::test::expect_digest_close(got, want);
+}
+
+TEST(L11ProgramGiven, HelpExitsZero) {
+  const char* argv[] = {"lesson11", "--help"};
+  std::ostringstream out, err;
+  EXPECT_EQ(run_program(2, argv, out, err), 0);
+}
+
+}  // namespace
+}  // namespace dtc::l11
