@@ -84,6 +84,10 @@ struct Stage {
   /// The dtype the stage computes in (train_pipeline sets bf16 once MasterAdamW has cast the
   /// parameters); make_stage leaves it fp32.
   Precision precision = Precision::kFp32;
+  /// Stage 0: the global positions of the tokens it is given (T, int64), for a pipeline whose
+  /// ranks see part of each sequence (context parallelism, lesson 11); undefined (make_stage's
+  /// default): 0, 1, ..., T-1.
+  torch::Tensor positions;
 
   /// Every parameter this stage owns, in the model's order (what its optimizer updates).
   std::vector<torch::Tensor> parameters() const;

@@ -118,7 +118,7 @@ torch::Tensor Stage::forward(const torch::Tensor& input) {
   TraceSpan span(name.c_str());
   // The model's own pieces (dtc/model.h), as GptImpl::forward runs them: the embedding on
   // stage 0 (tokens (b, T) -> (b, T, h)), this stage's blocks, the head on the last stage.
-  torch::Tensor x = layers.embed ? embed_tokens(wte, wpe, input)
+  torch::Tensor x = layers.embed ? embed_tokens(wte, wpe, input, positions)
                                  : input.to(working_dtype(precision));  // no-op in fp32
   for (auto& b : blocks) x = b->forward(x);                             // (b, T, h)
   if (layers.head) x = head_logits(ln_f, lm_head, torch::Tensor(), x);  // (b, T, V), fp32

@@ -1,8 +1,10 @@
 # Lesson 10: context parallelism. Links dtc::dist (LibTorch's c10d, gloo; NCCL on CUDA builds).
 # Part 5 (sequence parallelism) builds on lesson 08's reference modules: lesson08_solution_lib.
+# The given code (the CP and TP x CP models, the mesh, the training loop) is in the lesson's
+# libraries, so that lesson 11 composes it from lesson10_solution_lib.
 dtc_add_lesson(10 DIR 10_context_parallel SOURCES context_parallel.cpp sequence_parallel.cpp
-               GIVEN context_attention_given.cpp
-               DRIVER context_parallel_given.cpp sequence_parallel_given.cpp program.cpp
+               GIVEN context_attention_given.cpp context_parallel_given.cpp sequence_parallel_given.cpp
+               DRIVER program.cpp
                TESTS tests/lesson10/attention_test.cpp tests/lesson10/training_test.cpp
                      tests/lesson10/memory_test.cpp tests/lesson10/sequence_parallel_test.cpp
                      tests/lesson10/timeline_test.cpp

@@ -1,14 +1,15 @@
-# Lesson 11: N-D parallelism. Composes lesson 08's tensor-parallel blocks and lesson 09's pipeline
-# (their reference solutions) on one dtc::Mesh; links dtc::dist (gloo; NCCL on CUDA builds).
+# Lesson 11: N-D parallelism. Composes lesson 08's tensor-parallel blocks, lesson 09's pipeline and
+# lesson 10's context-parallel attention (their reference solutions) on one dtc::Mesh; links
+# dtc::dist (gloo; NCCL on CUDA builds).
 dtc_add_lesson(11 DIR 11_nd_parallel SOURCES nd.cpp GIVEN nd_given.cpp DRIVER program.cpp
                TESTS tests/lesson11/nd_test.cpp tests/lesson11/program_test.cpp
-               LIBS dtc::dist lesson08_solution_lib lesson09_solution_lib TORCH)
+               LIBS dtc::dist lesson08_solution_lib lesson09_solution_lib lesson10_solution_lib TORCH)
 
 # End-to-end: the real program on real processes through this path's torchrun, against the
 # losses and parameter digest of lesson 02's single-process run of the same model (tied, the
-# default; untied where asked). dp 2 x tp 2 x pp 2 on 8 processes (the primary path: 8 LibTorch
-# processes on 2 cores are the slowest start of the suite), and interleaved pp 2 x v 2 x dp 2 on
-# 4 processes on both paths.
+# default; untied where asked). dp 2 x tp 2 x pp 2 and tp 2 x pp 2 x cp 2 (ring, zig-zag) on 8
+# processes (the primary path: 8 LibTorch processes on 2 cores are the slowest start of the suite),
+# and interleaved pp 2 x v 2 x dp 2 on 4 processes on both paths.
 set(l11_model --steps 3 --layers 4 --hidden 32 --heads 2 --seq 16)
 string(JOIN " " l11_model_args ${l11_model})
 if(DTC_TORCHRUN)
@@ -16,6 +17,10 @@ if(DTC_TORCHRUN)
     --program @PROGRAM@ --json-equals dp=2 --json-equals tp=2 --json-equals pp=2
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
     -- ${l11_model} --mix 2x2x2x1 --json)
+  dtc_add_e2e(11 NAME torchrun_tp2_pp2_cp2 TIMEOUT 180 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 8
+    --program @PROGRAM@ --json-equals cp=2 --json-equals zigzag=true
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
+    -- ${l11_model} --mix 1x2x2x2 --zigzag --json)
   dtc_add_e2e(11 NAME torchrun_interleaved_dp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
     --program @PROGRAM@ --json-equals pp=2 --json-equals virtual_stages=2
     "--json-equals=schedule=\"interleaved\"" --losses-like $<TARGET_FILE:lesson02_solution>

@@ -1,20 +1,22 @@
-// Lesson 11 contract: N-D parallelism, the strategies of lessons 08 and 09 composed on one mesh,
-// and what only their composition needs.
+// Lesson 11 contract: N-D parallelism, the strategies of lessons 08, 09 and 10 composed on one
+// mesh, and what only their composition needs.
 //
 // A run is a mix, the planner's grammar (dtc/mix.h, lesson 01's --compare): DPxTPxPPxCP, each
 // rank at one point of a dtc::Mesh (dtc/mesh.h) in torchtitan's order, pp slowest, tp fastest:
 //
-//   rank = tp_rank + tp (dp_rank + dp pp_rank)
+//   rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank))
 //
 // Every rank builds the course's GPT, swaps each block's attention and MLP for lesson 08's
-// tensor-parallel ones over its tp group, and keeps the model chunks lesson 09 cuts for its
-// pipeline stage (one, or v interleaved). Lesson 09's executor runs the schedule over the pp
-// group, with the blocks' TP collectives inside; the dp replicas each take their rows of the
-// batch. What is left is what neither lesson needed alone, and it is yours (nd.cpp):
+// tensor-parallel ones over its tp group (and, with cp, lesson 10's context-parallel attention
+// over its cp group), and keeps the model chunks lesson 09 cuts for its pipeline stage (one, or
+// v interleaved). Lesson 09's executor runs the schedule over the pp group, with the blocks' TP
+// and CP collectives inside; the dp replicas each take their rows of the batch, the cp ranks
+// their tokens of each row. What is left is what no lesson needed alone, and it is yours
+// (nd.cpp):
 //
 //   1. gradient_reduction(): over which ranks the gradients of one parameter are summed after
 //      the pipeline's backward, and what the sum is divided by, so that the loss is normalised
-//      once over the global batch whatever dp, tp and pp are;
+//      once over the global batch whatever dp, cp, tp and pp are;
 //   2. sync_tied_embedding(): the tied embedding, held twice (wte on the first stage, its copy
 //      as the head on the last), its two gradients summed (Megatron's embedding group);
 //   3. norm_dims() and global_grad_norm(): the global gradient norm, 2-norm and inf-norm,
@@ -38,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "context_parallel.h"
 #include "dtc/data.h"
 #include "dtc/dist.h"
 #include "dtc/mesh.h"
@@ -79,16 +82,17 @@ struct NdGroups {
   c10::intrusive_ptr<Comm> pp;      ///< the pipeline this rank is a stage of; its rank = stage
   c10::intrusive_ptr<Comm> tp;      ///< the tp group (a group of one when tp is 1)
   c10::intrusive_ptr<Comm> dp;      ///< the dp replicas of this rank (the step's loss)
+  c10::intrusive_ptr<Comm> cp;      ///< the cp group: the ranks that split each sequence
   c10::intrusive_ptr<Comm> reduce;  ///< over gradient_reduction(mesh).dims
   c10::intrusive_ptr<Comm> norm;    ///< over norm_dims(mesh)
-  /// The first and the last stage of this rank's pipeline (the same dp and tp coordinates):
+  /// The first and the last stage of this rank's pipeline (the same dp, cp and tp coordinates):
   /// Megatron's embedding group. Null on the other stages, and when pp is 1 (then one rank
   /// holds both copies).
   c10::intrusive_ptr<Comm> embedding;
 };
 
-/// The mesh of @p mix on @p world ranks: pp, dp_replicate, tp (cp is refused for now, see
-/// check_nd()). @throws UsageError("--mix") when the degrees do not multiply to @p world.
+/// The mesh of @p mix on @p world ranks: pp, dp_replicate, cp, tp.
+/// @throws UsageError("--mix") when the degrees do not multiply to @p world.
 Mesh make_mesh(const MixSpec& mix, int world);
 
 /// This rank's groups (the learner's gradient_reduction() and norm_dims() choose two of them).
@@ -111,10 +115,10 @@ struct Reduction {
 ///   the global batch's mean loss (or, for a tp shard, its slice).
 ///
 /// Lesson 09's executor leaves on each rank the gradient of its pipeline's mean loss over the
-/// rows its dp replica took. The group is the ranks that hold the same piece of the same
-/// parameter and saw different rows; every other rank either holds another piece (tp), another
-/// parameter (pp), or must not count again. Divide once, by the number of equal parts the batch
-/// was cut into for that group.
+/// tokens it saw: its dp replica's rows, and of each row its cp rank's tokens. The group is the
+/// ranks that hold the same piece of the same parameter and saw other tokens; every other rank
+/// holds another piece (tp) or another parameter (pp). Divide once, by the number of equal parts
+/// the batch's tokens were cut into for that group.
 Reduction gradient_reduction(const Mesh& mesh);
 
 /// @brief The tied embedding: after the step's reduction, make the first stage's wte.weight
@@ -158,14 +162,17 @@ struct NdOptions : RunConfig {
   int64_t steps = 20;                                     ///< --steps
   double clip = 0;                                        ///< --clip: the max norm; 0 off
   double norm_type = 2;                                   ///< --norm-type 2 or inf
+  l10::Attention attention = l10::Attention::kRing;       ///< --attention, with cp above 1
+  bool zigzag = false;  ///< --zigzag: lesson 10's balanced split of each sequence
   torch::Device device = torch::kCPU;
   bool digest = false;  ///< train_nd fills NdResult::digest
 };
 
 /// What the mix needs of the model and the batch, checked on every rank before any networking.
 /// @throws UsageError naming --mix (dtc::check_mix's rules, and what this lesson does not compose
-///   yet: cp above 1, ZeRO, HSDP, selective recomputation), --schedule (zb-h1 or gpipe with
-///   virtual stages, zb-h1 with recomputation) or --clip (negative).
+///   yet: ZeRO, HSDP, selective recomputation), --schedule (zb-h1 or gpipe with virtual stages,
+///   zb-h1 with recomputation), --clip (negative), or what lesson 10's validate_cp names for cp
+///   (--seq, --heads, --cp, --zigzag) on the heads a tp rank holds.
 void check_nd(const NdOptions& options, int world);
 
 /// The micro-batches each pipeline cuts its rows into: batch / (dp x MICRO).
@@ -173,7 +180,8 @@ int64_t micro_batches(const NdOptions& options);
 
 /// This rank's model, from the baseline's initial weights (dtc::init_weights with the seed):
 /// the untied GPT, whose lm_head.weight is then set to wte.weight when options.tied, its blocks
-/// split over @p groups.tp, cut into this rank's chunks.
+/// split over @p groups.tp, their attention over @p groups.cp (lesson 10's), cut into this rank's
+/// chunks; the first stage's chunk gets its cp rank's token positions.
 RankModel build_rank_model(const NdOptions& options, const NdGroups& groups);
 
 /// What one step measured.
@@ -184,9 +192,9 @@ struct StepOut {
 };
 
 /// One step's gradients, without the optimizer: zero them, run the schedule on this replica's
-/// rows of batch @p step, the reduction (started during the cool-down, lesson 09's
-/// ReplicaAverage with gradient_reduction()'s divisor), the tied embedding's sync, and with
-/// options.clip > 0 the clipping.
+/// rows of batch @p step (this cp rank's tokens of each), the reduction (started during the
+/// cool-down, lesson 09's ReplicaAverage with gradient_reduction()'s divisor), the tied
+/// embedding's sync, and with options.clip > 0 the clipping.
 StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& options, int64_t step);
 
 /// What a run gives back.

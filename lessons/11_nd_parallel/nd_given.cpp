@@ -1,6 +1,7 @@
 // Lesson 11 (given): the mesh of a mix, this rank's groups and model (lesson 08's tensor-parallel
-// blocks in lesson 09's stages), and the step that runs them with your reduction, tied embedding
-// and clipping. Your part is in nd.cpp; both implement nd.h.
+// blocks, lesson 10's context-parallel attention, in lesson 09's stages), and the step that runs
+// them with your reduction, tied embedding and clipping. Your part is in nd.cpp; both implement
+// nd.h.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "dtc/digest.h"
 #include "dtc/errors.h"
 #include "nd.h"
+#include "sequence_parallel_given.h"
 #include "tensor_parallel.h"
 
 namespace dtc::l11 {
@@ -27,6 +29,7 @@ bool tp_sharded(const std::string& name) {
 Mesh make_mesh(const MixSpec& mix, int world) {
   return Mesh::build(world, {{"pp", static_cast<int>(mix.pp), "--mix"},
                              {"dp_replicate", static_cast<int>(mix.dp), "--mix"},
+                             {"cp", static_cast<int>(mix.cp), "--mix"},
                              {"tp", static_cast<int>(mix.tp), "--mix"}});
 }
 
@@ -36,7 +39,7 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
   const Reduction reduction = gradient_reduction(mesh);
   const std::vector<std::string> norm = norm_dims(mesh);
   // One communicator per distinct set (the learner's two may be the same set, or pp's or tp's).
-  std::vector<std::vector<std::string>> sets{{"pp"}, {"tp"}, {"dp_replicate"}};
+  std::vector<std::vector<std::string>> sets{{"pp"}, {"tp"}, {"dp_replicate"}, {"cp"}};
   for (const auto& set : {reduction.dims, norm}) {
     const std::string key = Mesh::key(set);
     bool seen = false;
@@ -50,20 +53,19 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
   g.pp = groups.get({"pp"});
   g.tp = groups.get({"tp"});
   g.dp = groups.get({"dp_replicate"});
+  g.cp = groups.get({"cp"});
   g.reduce = groups.get(reduction.dims);
   g.norm = groups.get(norm);
-  // The embedding groups: for every (dp, tp) coordinate, its pipeline's first and last stage,
-  // created by every rank in the same order (a rank outside one gets null).
+  // The embedding groups: for every (dp, cp, tp) coordinate, its pipeline's first and last
+  // stage, created by every rank in the same order (a rank outside one gets null).
   const int pp = mesh.size("pp");
   if (pp > 1) {
-    for (int d = 0; d < mesh.size("dp_replicate"); ++d) {
-      for (int t = 0; t < mesh.size("tp"); ++t) {
-        const int first = mesh.rank_of({{"pp", 0}, {"dp_replicate", d}, {"tp", t}});
-        const int last = mesh.rank_of({{"pp", pp - 1}, {"dp_replicate", d}, {"tp", t}});
-        auto comm = new_subgroup(store, fmt::format("embedding/{}-{}", first, last), {first, last},
-                                 rank, backend, timeout, master_addr);
-        if (comm) g.embedding = comm;
-      }
+    for (int first = 0; first < mesh.world(); ++first) {
+      if (mesh.coord(first, "pp") != 0) continue;
+      const int last = first + (pp - 1) * (mesh.world() / pp);  // pp is the slowest dimension
+      auto comm = new_subgroup(store, fmt::format("embedding/{}-{}", first, last), {first, last},
+                               rank, backend, timeout, master_addr);
+      if (comm) g.embedding = comm;
     }
   }
   return g;
@@ -73,11 +75,6 @@ void check_nd(const NdOptions& o, int world) {
   const MixSpec& mix = o.mix;
   check_mix(mix, MixShape{o.model.layers, o.model.heads, o.model.ctx, world, o.batch}, "--mix");
   const std::string text = mix.text();
-  if (mix.cp > 1) {
-    throw UsageError(
-        "--mix", fmt::format("'{}' asks cp {}: this lesson composes dp, tp and pp", text, mix.cp),
-        "use CP 1 (lesson 10 runs context parallelism, alone and with tp)");
-  }
   if (mix.zero_stage > 0 || mix.shard > 0) {
     throw UsageError("--mix",
                      fmt::format("'{}' asks ZeRO or HSDP: this lesson composes dp, tp "
@@ -90,6 +87,10 @@ void check_nd(const NdOptions& o, int world) {
                      "use none or full: the pipeline recomputes whole stages (lesson 09)");
   }
   l08::validate_tp(o.model, static_cast<int>(mix.tp));
+  if (mix.cp > 1) {  // lesson 10's rules, on the heads one tp rank holds
+    l10::validate_cp(o.model.ctx, o.model.heads / mix.tp, static_cast<int>(mix.cp), o.attention,
+                     o.zigzag);
+  }
   const int pp = static_cast<int>(mix.pp);
   const int v = static_cast<int>(mix.virtual_stages);
   const int64_t m = micro_batches(o);
@@ -141,8 +142,36 @@ RankModel build_rank_model(const NdOptions& o, const NdGroups& groups) {
       block.swap_mlp(l08::TpMlp(block.mlp, *groups.tp));
     }
   }
+  Comm& cp = *groups.cp;
+  if (cp.getSize() > 1 && model.tp == 1) {
+    // Lesson 10's attention core over the cp group (CpGpt's): q, k, v of this rank's tokens.
+    full->set_attention_core(
+        [kind = o.attention, comm = &cp, zigzag = o.zigzag](
+            const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+          const int64_t B = q.size(0), H = q.size(1), tl = q.size(2), D = q.size(3);
+          return l10::context_attention(kind, q, k, v, *comm, zigzag)
+              .transpose(1, 2)
+              .contiguous()
+              .view({B, tl, H * D});
+        });
+  } else if (cp.getSize() > 1) {
+    // Lesson 10's TpCpGpt parts: the same TP modules, the core over the tp rank's heads.
+    const l10::TpCpParts parts{groups.tp.get(), &cp, o.attention, o.zigzag,
+                               /*sequence_parallel=*/false};
+    for (size_t i = 0; i < full->h->size(); ++i) {
+      auto& block = *full->h->ptr<BlockImpl>(i);
+      block.swap_attention(l10::TpCpAttention(block.part<l08::TpAttentionImpl>("attn"), parts));
+      block.swap_mlp(l10::TpCpMlp(block.part<l08::TpMlpImpl>("mlp"), parts));
+    }
+  }
   model.chunks = l09::make_chunks(full, groups.pp->getSize(),
                                   static_cast<int>(o.mix.virtual_stages), groups.pp->getRank());
+  for (auto& chunk : model.chunks) {
+    if (chunk.layers.embed && cp.getSize() > 1) {
+      chunk.positions =
+          l10::local_positions(o.model.ctx, cp.getRank(), cp.getSize(), o.zigzag).to(o.device);
+    }
+  }
   return model;
 }
 
@@ -155,6 +184,11 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
   Batch batch = ByteDataset::builtin().batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
   batch.inputs = batch.inputs.narrow(0, first_row, rows);
   batch.targets = batch.targets.narrow(0, first_row, rows);
+  const int cp = groups.cp->getSize();
+  if (cp > 1) {  // this cp rank's tokens of each row (lesson 10)
+    batch.inputs = l10::shard_sequence(batch.inputs, groups.cp->getRank(), cp, o.zigzag);
+    batch.targets = l10::shard_sequence(batch.targets, groups.cp->getRank(), cp, o.zigzag);
+  }
   for (auto p : l09::parameters_of(model.chunks)) p.mutable_grad().reset();
 
   const Reduction reduction = gradient_reduction(mesh);
@@ -172,14 +206,16 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
   StepOut out;
   if (o.clip > 0) out.grad_norm = clip_grad_norm(model, *groups.norm, o.clip, o.norm_type);
 
-  // The loss: the head's pipeline mean over its replica's rows (every tp rank of it holds the
-  // same), summed over the stages (only the last one writes), then the replicas' mean.
+  // The loss: the head's pipeline mean over its tokens (every tp rank of it holds the same),
+  // summed over the stages (only the last one writes), then the mean over the replicas and the
+  // cp ranks (each saw as many tokens).
   auto loss = torch::full({1}, model.chunks.back().layers.head ? stats.loss : 0.0f,
                           torch::dtype(torch::kFloat).device(o.device));
   std::vector<at::Tensor> v{loss};
   groups.pp->allreduce(v)->wait();
   groups.dp->allreduce(v)->wait();
-  out.loss = loss.cpu().item<float>() / static_cast<float>(dp);
+  groups.cp->allreduce(v)->wait();
+  out.loss = loss.cpu().item<float>() / static_cast<float>(dp * cp);
   return out;
 }
 
@@ -203,22 +239,25 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
     if (log) log->end_step(step, out.loss);
   }
   // This rank's parameters under the full model's names, the tied head's copy left out.
-  const int dp_rank = groups.mesh.coord(groups.rank, "dp_replicate");
+  // The digest: dp replica 0 and cp rank 0 only (the others hold the same parameters).
+  const bool first_replica = groups.mesh.coord(groups.rank, "dp_replicate") == 0 &&
+                             groups.mesh.coord(groups.rank, "cp") == 0;
   std::vector<NamedPiece> pieces;
   for (const auto& chunk : model.chunks) {
     for (const auto& [name, value] : l09::stage_pieces(chunk)) {
       if (model.tied && name == "lm_head.weight") continue;
       result.weights.emplace_back(name, value.detach().clone());
-      // The digest: replica 0 only; a tp slice from every tp rank, a whole parameter from one.
+      // The digest: a tp slice from every tp rank, a whole parameter from tp rank 0.
       const bool slice = model.tp > 1 && tp_sharded(name);
-      if (dp_rank == 0 && (slice || model.tp_rank == 0)) pieces.emplace_back(name, value);
+      if (first_replica && (slice || model.tp_rank == 0)) pieces.emplace_back(name, value);
     }
   }
   if (o.digest) {
     std::vector<std::string> names;
     for (const auto& item : Gpt(o.model)->named_parameters()) names.push_back(item.key());
     result.digest = param_digest(
-        names, pieces, std::vector<Comm*>{groups.tp.get(), groups.dp.get(), groups.pp.get()});
+        names, pieces,
+        std::vector<Comm*>{groups.tp.get(), groups.cp.get(), groups.dp.get(), groups.pp.get()});
   }
   return result;
 }

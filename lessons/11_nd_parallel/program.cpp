@@ -26,6 +26,8 @@ struct Flags {
   std::string schedule = "1f1b";
   double clip = 0;
   std::string norm_type = "2";
+  std::string attention = "ring";
+  bool zigzag = false;
 };
 
 int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& err) {
@@ -46,6 +48,10 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
                                                                 : l09::parse_schedule(f.schedule);
   o.clip = f.clip;
   o.norm_type = f.norm_type == "inf" ? std::numeric_limits<double>::infinity() : 2.0;
+  o.attention = f.attention == "ulysses"     ? l10::Attention::kUlysses
+                : f.attention == "allgather" ? l10::Attention::kAllGather
+                                             : l10::Attention::kRing;
+  o.zigzag = f.zigzag;
   o.device = job.device;
   o.digest = true;
   check_nd(o, world);
@@ -98,6 +104,8 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     j["clip"] = o.clip;
     j["norm_type"] = f.norm_type;
     j["grad_norms"] = result.grad_norms;
+    j["attention"] = l10::attention_name(o.attention);
+    j["zigzag"] = o.zigzag;
     print_json_line(out, j);
     return kExitOk;
   }
@@ -134,7 +142,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   TrainCli cli(
       "lesson11",
       "Lesson 11: N-D parallelism. Trains the course's GPT on a mesh of dp replicas x tp ranks\n"
-      "x pp stages, written as the planner writes a mix; run it under torchrun, e.g.\n"
+      "x pp stages x cp ranks, written as the planner writes a mix; run it under torchrun, e.g.\n"
       "  torchrun --standalone --nproc_per_node=8 --no_python build/bin/lesson11 --mix 2x2x2x1");
   cli.add_timeout_flag();
   Flags f;
@@ -158,6 +166,13 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--norm-type", f.norm_type, "the clipping norm: 2 or inf")
       ->check(one_of({"2", "inf"}, "a gradient norm"))
       ->capture_default_str();
+  app.add_option("--attention", f.attention,
+                 "with CP above 1: ring, ulysses or allgather (lesson 10's attentions)")
+      ->check(one_of({"ring", "ulysses", "allgather"}, "a context-parallel attention"))
+      ->capture_default_str();
+  app.add_flag(
+      "--zigzag", f.zigzag,
+      "with CP above 1: lesson 10's zig-zag split of each sequence (balanced causal work)");
   return cli.run(argc, argv, err, [&] { return run(cli.options(), f, out, err); });
 }
 

@@ -9,7 +9,8 @@
 //
 // The meshes: dp x tp x pp on 8 ranks, tied and untied; interleaved (pp 2 x v 2) x dp 2;
 // tp x pp under ZB-H1; pp 3 (uneven stages) and pp 4, where 2 stages hide an index error; pp 1
-// (both copies of the tied embedding on one rank); full recomputation with dp.
+// (both copies of the tied embedding on one rank); full recomputation with dp; dp x cp x tp
+// (lesson 10's ring) and cp x tp x pp with the zig-zag split.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -44,6 +45,7 @@ struct MeshCase {
   const char* mix;
   l09::ScheduleKind schedule;
   bool tied;
+  bool zigzag = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const MeshCase& c) { return os << c.name; }
@@ -59,6 +61,7 @@ NdOptions options_of(const MeshCase& c) {
   o.seed = 3;
   o.mix = parse_mix(c.mix, "--mix");
   o.schedule = c.schedule;
+  o.zigzag = c.zigzag;
   return o;
 }
 
@@ -199,6 +202,8 @@ const MeshCase kMeshes[] = {
     {"pp4_tied", "1x1x4x1", l09::ScheduleKind::k1f1b, true},
     {"dp2_tp2_pp1_tied", "2x2x1x1", l09::ScheduleKind::k1f1b, true},
     {"dp2_pp2_full_recompute_untied", "2x1x2x1:0:full", l09::ScheduleKind::k1f1b, false},
+    {"dp2_cp2_tp2_tied", "2x2x1x2", l09::ScheduleKind::k1f1b, true},
+    {"cp2_tp2_pp2_zigzag_tied", "1x2x2x2", l09::ScheduleKind::k1f1b, true, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11OneStep, ::testing::ValuesIn(kMeshes),
@@ -261,8 +266,8 @@ TEST(L11ClipAbove, AMaxNormAboveTheNormLeavesTheGradients) {
 }
 
 const ClipCase kClips[] = {
-    {kMeshes[0], 2}, {kMeshes[0], kInf}, {kMeshes[2], 2},    {kMeshes[3], kInf},
-    {kMeshes[4], 2}, {kMeshes[6], 2},    {kMeshes[6], kInf},
+    {kMeshes[0], 2}, {kMeshes[0], kInf}, {kMeshes[2], 2}, {kMeshes[3], kInf}, {kMeshes[4], 2},
+    {kMeshes[6], 2}, {kMeshes[6], kInf}, {kMeshes[8], 2}, {kMeshes[9], kInf},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Clip, ::testing::ValuesIn(kClips), [](const auto& info) {
@@ -301,19 +306,20 @@ TEST_P(L11Train, ParametersAfterThreeClippedStepsAreTheSingleDevices) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Train,
                          ::testing::Values(kMeshes[0], kMeshes[1], kMeshes[2], kMeshes[3],
-                                           kMeshes[5]),
+                                           kMeshes[5], kMeshes[8], kMeshes[9]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
 // The groups
 // ---------------------------------------------------------------------------------------------
 
-// Whatever the learner's groups, the reduction's group on every mesh holds only ranks with the
-// same pp and tp coordinates (the same piece of the same parameters), and the norm's group
-// holds one rank of every (pp, tp) pair and no two of one dp coordinate... checked by the
-// members, from the mesh.
+// The groups the learner chose, checked by their members on the mesh: the reduction's group is
+// every rank with this rank's pp and tp coordinates (the same piece of the same parameters, seen
+// on other tokens: dp x cp of them) and no other; the norm's group holds every (pp, tp) pair once,
+// all of one dp replica and cp rank.
 TEST(L11Groups, EachCollectiveRunsOnTheRanksThatNeedIt) {
-  for (const char* text : {"2x2x2x1", "4x1x2x1", "1x2x4x1", "2x1x1x1", "8x1x1x1"}) {
+  for (const char* text :
+       {"2x2x2x1", "4x1x2x1", "1x2x4x1", "2x1x1x1", "8x1x1x1", "2x2x1x2", "1x2x2x2", "1x1x1x4"}) {
     const MixSpec mix = parse_mix(text, "--mix");
     const Mesh mesh = l11::make_mesh(mix, static_cast<int>(mix.world()));
     const l11::Reduction r = l11::gradient_reduction(mesh);
@@ -321,18 +327,20 @@ TEST(L11Groups, EachCollectiveRunsOnTheRanksThatNeedIt) {
     for (int rank = 0; rank < mesh.world(); ++rank) {
       SCOPED_TRACE(fmt::format("{}, rank {}", text, rank));
       const auto reduce = mesh.group(rank, r.dims);
-      EXPECT_EQ(static_cast<int64_t>(reduce.size()), mix.dp)
-          << "the reduction's group: every replica of this rank's piece, and no other rank";
+      EXPECT_EQ(static_cast<int64_t>(reduce.size()), mix.dp * mix.cp)
+          << "the reduction's group: every rank that holds this rank's piece, and no other";
       for (int other : reduce) {
         EXPECT_EQ(mesh.coord(other, "pp"), mesh.coord(rank, "pp"));
         EXPECT_EQ(mesh.coord(other, "tp"), mesh.coord(rank, "tp"));
       }
-      EXPECT_EQ(r.divisor, mix.dp) << "the sum over the replicas, divided once by their count";
+      EXPECT_EQ(r.divisor, mix.dp * mix.cp)
+          << "the sum over the group, divided once by the parts the tokens were cut into";
       const auto norm = mesh.group(rank, n);
       EXPECT_EQ(static_cast<int64_t>(norm.size()), mix.pp * mix.tp)
           << "the norm's group: every stage and tp rank once, one replica";
       for (int other : norm) {
         EXPECT_EQ(mesh.coord(other, "dp_replicate"), mesh.coord(rank, "dp_replicate"));
+        EXPECT_EQ(mesh.coord(other, "cp"), mesh.coord(rank, "cp"));
       }
     }
   }

@@ -41,7 +41,7 @@ TEST(L11ChecksGiven, EveryImpossibleMeshNamesItsFlag) {
       {"2x2x2x1", 4, l09::ScheduleKind::k1f1b, "--mix"},    // not the world size
       {"1x4x1x1", 4, l09::ScheduleKind::k1f1b, "--mix"},    // tp 4 does not divide 2 heads
       {"1x1x8x1", 8, l09::ScheduleKind::k1f1b, "--mix"},    // more stages than layers
-      {"1x1x1x2", 2, l09::ScheduleKind::k1f1b, "--mix"},    // cp: not composed here
+      {"1x1x1x3", 3, l09::ScheduleKind::k1f1b, "--mix"},    // cp 3 does not divide 16
       {"2x1x1x1:1", 2, l09::ScheduleKind::k1f1b, "--mix"},  // ZeRO: not composed here
       {"1x1x2x1:0:selective", 2, l09::ScheduleKind::k1f1b, "--mix"},
       {"1x1x2x1:0:none:1:3", 2, l09::ScheduleKind::k1f1b, "--mix"},  // 4 layers, 2 x 3 chunks
@@ -59,6 +59,22 @@ TEST(L11ChecksGiven, EveryImpossibleMeshNamesItsFlag) {
       EXPECT_EQ(e.subject(), c.flag) << c.mix << ": " << e.what();
     }
   }
+  // Lesson 10's rules under cp, on the heads one tp rank holds: Ulysses needs them divisible by cp
+  // (2 heads / tp 2 = 1 head a rank, cp 2), and zig-zag does not apply to Ulysses.
+  NdOptions u = small("1x2x1x2");
+  u.attention = l10::Attention::kUlysses;
+  try {
+    check_nd(u, 4);
+    ADD_FAILURE() << "Ulysses over cp 2 with one head a tp rank was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.subject(), "--heads") << e.what();
+  }
+  u = small("1x1x1x2");
+  u.attention = l10::Attention::kUlysses;
+  u.zigzag = true;
+  EXPECT_THROW(check_nd(u, 2), UsageError);
+  u.zigzag = false;
+  EXPECT_NO_THROW(check_nd(u, 2));  // 2 heads over cp 2
   NdOptions o = small("2x2x2x1");
   o.clip = -1;
   EXPECT_THROW(check_nd(o, 8), UsageError);
