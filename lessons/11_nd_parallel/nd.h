@@ -71,7 +71,8 @@ struct RankModel {
 /// Whether the parameter called @p name (the full model's name, "h.3.mlp.c_fc.weight") is split
 /// over the tp ranks when tp > 1, each holding a slice (lesson 08: c_attn's weight and bias,
 /// c_fc's weight and bias, both c_proj weights), or held whole by every tp rank (the
-/// embeddings, the LayerNorms, the row-parallel c_proj biases, ln_f, the head).
+/// embeddings, the LayerNorms, the row-parallel c_proj biases, ln_f, the head). The answer
+/// depends on the name alone: with tp 1 the one "slice" is the whole.
 bool tp_sharded(const std::string& name);
 
 /// This rank's communicators over the mesh, built once per job by make_groups(), every rank
@@ -130,9 +131,11 @@ Reduction gradient_reduction(const Mesh& mesh);
 /// models (model.tied false) are left as they are.
 void sync_tied_embedding(RankModel& model, Comm* embedding);
 
-/// @brief The mesh dimensions of the group a global gradient norm is reduced over: together,
-///   the group's ranks hold every parameter of the model (or its slices) at least once, and no
-///   two of them hold the same gradients after the reduction unless they must.
+/// @brief The mesh dimensions of the group a global gradient norm is reduced over: together, its
+///   ranks hold every parameter of the model (every tp slice of a split one), and none of them
+///   holds a copy that only the reduction made (another replica's, another cp rank's). The copies
+///   the model itself holds (a tp-whole parameter on every tp rank, the tied head) are in the
+///   group: global_grad_norm() leaves them out of the count.
 std::vector<std::string> norm_dims(const Mesh& mesh);
 
 /// @brief The global gradient norm of the whole model, as torch::nn::utils::clip_grad_norm_
