@@ -46,6 +46,7 @@ struct MeshCase {
   l09::ScheduleKind schedule;
   bool tied;
   bool zigzag = false;
+  l10::Attention attention = l10::Attention::kRing;
 };
 
 std::ostream& operator<<(std::ostream& os, const MeshCase& c) { return os << c.name; }
@@ -62,6 +63,7 @@ NdOptions options_of(const MeshCase& c) {
   o.mix = parse_mix(c.mix, "--mix");
   o.schedule = c.schedule;
   o.zigzag = c.zigzag;
+  o.attention = c.attention;
   return o;
 }
 
@@ -90,7 +92,8 @@ OneDevice one_device_step(const NdOptions& o, double clip, double norm_type) {
 // The single device after @p steps steps of AdamW (with clip_grad_norm_ when @p clip > 0).
 std::map<std::string, torch::Tensor> one_device_train(const NdOptions& o, int64_t steps,
                                                       double clip, double norm_type,
-                                                      nlohmann::json* digest = nullptr) {
+                                                      nlohmann::json* digest = nullptr,
+                                                      std::vector<float>* losses = nullptr) {
   Gpt model(o.model);
   init_weights(model, o.seed);
   torch::optim::AdamW opt(model->parameters(), adamw_options(o));
@@ -98,9 +101,10 @@ std::map<std::string, torch::Tensor> one_device_train(const NdOptions& o, int64_
     const Batch b = ByteDataset::builtin().batch(o.seed, step, o.batch, o.model.ctx);
     opt.zero_grad();
     const auto logits = model->forward(b.inputs);
-    torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                         b.targets.reshape({-1}))
-        .backward();
+    const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                           b.targets.reshape({-1}));
+    loss.backward();
+    if (losses != nullptr) losses->push_back(loss.item<float>());
     if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip, norm_type);
     opt.step();
   }
@@ -175,9 +179,11 @@ TEST_P(L11OneStep, GradientsAreTheSingleDevicesOnEveryRank) {
   }
 }
 
-// The loss nd_step reports is the global batch's (the reduction and the loss meet at the
-// same normalisation), on every rank.
-TEST_P(L11OneStep, TheLossIsTheGlobalBatchsMean) {
+// The loss nd_step reports (given code) is the global batch's, on every rank: the meshes' data
+// split, positions and attention are right before any gradient is compared.
+class L11LossGiven : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(L11LossGiven, TheLossIsTheGlobalBatchsMean) {
   const NdOptions o = options_of(GetParam());
   Gpt one(o.model);
   init_weights(one, o.seed);
@@ -204,9 +210,13 @@ const MeshCase kMeshes[] = {
     {"dp2_pp2_full_recompute_untied", "2x1x2x1:0:full", l09::ScheduleKind::k1f1b, false},
     {"dp2_cp2_tp2_tied", "2x2x1x2", l09::ScheduleKind::k1f1b, true},
     {"cp2_tp2_pp2_zigzag_tied", "1x2x2x2", l09::ScheduleKind::k1f1b, true, true},
+    {"dp2_pp2_cp2_ulysses_untied", "2x1x2x2", l09::ScheduleKind::k1f1b, false, false,
+     l10::Attention::kUlysses},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11OneStep, ::testing::ValuesIn(kMeshes),
+                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Meshes, L11LossGiven, ::testing::ValuesIn(kMeshes),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
@@ -265,9 +275,22 @@ TEST(L11ClipAbove, AMaxNormAboveTheNormLeavesTheGradients) {
   });
 }
 
+// The inf-norm is the largest magnitude, whatever its sign: every gradient of stage s set to
+// -(s + 1) (closed form: the norm is pp, the last stage's), on tp 2 x pp 2.
+TEST(L11ClipInf, TheInfNormIsTheLargestMagnitudeOfNegativeGradients) {
+  const NdOptions o = options_of(MeshCase{"tp2_pp2", "1x2x2x1", l09::ScheduleKind::k1f1b, true});
+  on_mesh(o, [&](const NdGroups& g) {
+    RankModel model = l11::build_rank_model(o, g);
+    const double value = -(1.0 + g.pp->getRank());
+    for (auto p : l09::parameters_of(model.chunks)) p.mutable_grad() = torch::full_like(p, value);
+    EXPECT_DOUBLE_EQ(l11::global_grad_norm(model, *g.norm, kInf), 2.0) << "rank " << g.rank;
+  });
+}
+
 const ClipCase kClips[] = {
-    {kMeshes[0], 2}, {kMeshes[0], kInf}, {kMeshes[2], 2}, {kMeshes[3], kInf}, {kMeshes[4], 2},
-    {kMeshes[6], 2}, {kMeshes[6], kInf}, {kMeshes[8], 2}, {kMeshes[9], kInf},
+    {kMeshes[0], 2},    {kMeshes[0], kInf}, {kMeshes[2], 2},    {kMeshes[3], kInf},
+    {kMeshes[4], 2},    {kMeshes[6], 2},    {kMeshes[6], kInf}, {kMeshes[8], 2},
+    {kMeshes[9], kInf}, {kMeshes[1], kInf}, {kMeshes[2], kInf}, {kMeshes[10], 2},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Clip, ::testing::ValuesIn(kClips), [](const auto& info) {
@@ -288,7 +311,8 @@ TEST_P(L11Train, ParametersAfterThreeClippedStepsAreTheSingleDevices) {
   o.clip = one_device_step(o, 1e9, 2).norm / 2;
   o.digest = true;
   nlohmann::json want_digest;
-  const auto want = one_device_train(o, o.steps, o.clip, 2, &want_digest);
+  std::vector<float> want_losses;
+  const auto want = one_device_train(o, o.steps, o.clip, 2, &want_digest, &want_losses);
   on_mesh(o, [&](const NdGroups& g) {
     const l11::NdResult result = l11::train_nd(o, g);
     ASSERT_FALSE(result.weights.empty());
@@ -298,6 +322,7 @@ TEST_P(L11Train, ParametersAfterThreeClippedStepsAreTheSingleDevices) {
       EXPECT_ADAMW_PARAMS_CLOSE(value, tp_piece(name, want.at(name), tp_rank, g.tp->getSize()),
                                 o.steps, o.lr);
     }
+    EXPECT_TENSOR_CLOSE(torch::tensor(result.losses), torch::tensor(want_losses), kFp32Steps);
     ASSERT_EQ(result.grad_norms.size(), 3u);
     EXPECT_NEAR(result.grad_norms[0], 2 * o.clip, 1e-5 * o.clip);
     test::expect_digest_close(result.digest, want_digest);
@@ -306,7 +331,7 @@ TEST_P(L11Train, ParametersAfterThreeClippedStepsAreTheSingleDevices) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Train,
                          ::testing::Values(kMeshes[0], kMeshes[1], kMeshes[2], kMeshes[3],
-                                           kMeshes[5], kMeshes[8], kMeshes[9]),
+                                           kMeshes[5], kMeshes[8], kMeshes[9], kMeshes[10]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
