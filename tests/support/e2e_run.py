@@ -42,6 +42,7 @@ import os
 import re
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -180,12 +181,17 @@ def check_trace(trace_dir: pathlib.Path, ranks: int, names, check, groups=()):
             stack.append((-neg_end, name))
         check(not crossed, f"rank {r}: the compute spans nest {'; '.join(crossed[:3])}")
         # nesting was restored by moving a start (nest_shift_us): by about a microsecond (two
-        # hooks in a row), or by a time slice for a hook whose thread was descheduled; more than
-        # one such span on a rank is spans in the wrong place, not bad luck
+        # hooks in a row), or by a time slice for a hook whose thread was descheduled. On a
+        # loaded machine (ctest -j beside 4 ranks on 2 cores) that happens a few times a run:
+        # a CI run saw two B0 spans moved 153 and 121 us. Spans in the wrong place move in
+        # every step, many of them: more than a tenth of the rank's compute spans is that.
         far = [f"{e['name']} by {e['args']['nest_shift_us']:.0f} us" for e in mine
                if abs(e.get("args", {}).get("nest_shift_us", 0)) > 100]
-        check(len(far) <= 1, f"rank {r}: {len(far)} compute span(s) moved more than 100 us to "
-                             f"nest {'; '.join(far[:3])}")
+        n_compute = sum(1 for e in mine if e.get("cat") != "comm")
+        allowed = max(1, n_compute // 10)
+        check(len(far) <= allowed, f"rank {r}: {len(far)} of {n_compute} compute span(s) moved "
+                                   f"more than 100 us to nest (at most {allowed}) "
+                                   f"{'; '.join(far[:3])}")
     if ranks > 1:
         checked = cross_rank_order(trace, ranks, check)
         for name in groups:  # groups the run must have traced, and the clock check covered
@@ -338,8 +344,12 @@ def main() -> int:
                     [g for g in a.trace_groups.split(",") if g])
     if failures:
         print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
+        if trace_dir is not None:
+            print(f"the trace is kept for a look: {trace_dir}")
         print(f"FAILED: {len(failures)} check(s)")
         return 1
+    if trace_dir is not None:
+        shutil.rmtree(trace_dir, ignore_errors=True)
     return 0
 
 
