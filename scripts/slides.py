@@ -50,15 +50,53 @@ def render(deck: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     return html
 
 
-def check(html: pathlib.Path):
-    r = subprocess.run(chromium() + ["--virtual-time-budget=5000", "--dump-dom",
-                                     html.as_uri() + "?check"],
+# One page that holds every deck in an 800x600 frame (a headless window's own size): each deck's
+# check (slides/check.html) posts its slides to this page, which writes down each as it comes.
+# The listener comes before the frames (a small deck answers before the page has loaded); a deck
+# that did not answer is checked again on its own. One browser start for the lot: a start costs
+# about 3 s of CPU, the most of a deck's check.
+CHECK_ALL = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>slides check</title>
+<script>
+var got = {{}};
+window.addEventListener('message', function (e) {{
+  got[e.data.deck] = e.data.slides;
+  var pre = document.getElementById('dtc-check-all') || document.createElement('pre');
+  pre.id = 'dtc-check-all';
+  pre.textContent = JSON.stringify(got);
+  document.body.appendChild(pre);
+}});
+</script></head>
+<body>{frames}</body></html>
+"""
+
+
+def unescape(text: str) -> str:
+    return (text.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
+            .replace("&amp;", "&"))
+
+
+def check_all(htmls: list[pathlib.Path], out: pathlib.Path) -> dict:
+    """Every deck's check in one browser: {deck's file name: its slides}, or {} if it failed."""
+    frames = "".join(f'<iframe src="{h.name}?check" width="800" height="600" '
+                     f'style="border:0;display:block"></iframe>' for h in htmls)
+    page = out / "check-all.html"
+    page.write_text(CHECK_ALL.format(frames=frames))
+    r = subprocess.run(chromium() + ["--virtual-time-budget=20000", "--dump-dom", page.as_uri()],
                        capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_S)
-    m = re.search(r'<pre id="dtc-check">(.*?)</pre>', r.stdout, re.S)
-    if not m:
-        return [f"{html.name}: the check did not run (chromium exit {r.returncode})"], 0
-    slides = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&")
-                        .replace("&lt;", "<").replace("&gt;", ">"))
+    page.unlink(missing_ok=True)
+    m = re.search(r'<pre id="dtc-check-all">(.*?)</pre>', r.stdout, re.S)
+    return json.loads(unescape(m.group(1))) if m else {}
+
+
+def check(html: pathlib.Path, slides=None):
+    if slides is None:  # this deck alone, in a browser of its own
+        r = subprocess.run(chromium() + ["--virtual-time-budget=5000", "--dump-dom",
+                                         html.as_uri() + "?check"],
+                           capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_S)
+        m = re.search(r'<pre id="dtc-check">(.*?)</pre>', r.stdout, re.S)
+        if not m:
+            return [f"{html.name}: the check did not run (chromium exit {r.returncode})"], 0
+        slides = json.loads(unescape(m.group(1)))
     problems = []
     for s in slides:
         where = f"{html.name} slide {s['slide']} ({s['title'].strip()[:50]!r})"
@@ -103,12 +141,14 @@ def main() -> int:
                     str(out / "charts")], check=True)
     problems = []
     decks = sorted((ROOT / "slides").glob("[0-9][0-9]_*.md"))
-    for deck in decks:
-        html = render(deck, out)
+    htmls = [render(deck, out) for deck in decks]
+    together = check_all(htmls, out) if args.check else {}
+    for deck, html in zip(decks, htmls):
         if args.pdf:
             pdf(html)
         if args.check:
-            found, count = check(html)
+            # a deck the page of them all did not hear from is checked again on its own
+            found, count = check(html, together.get(html.name))
             problems += found
             print(f"{html.name}: {count} slides checked, {len(found)} problem(s)")
             if args.screenshots and count:
@@ -117,6 +157,10 @@ def main() -> int:
                     screenshot(html, k, out / "shots" / f"{deck.stem}-{k:02d}.png")
     for p in problems:
         print(f"slides: {p}", file=sys.stderr)
+    if args.check:
+        alone = [h.name for h in htmls if h.name not in together]
+        print(f"slides: {len(htmls) - len(alone)} deck(s) checked in one browser"
+              + (f", {len(alone)} on their own ({', '.join(alone)})" if alone else ""))
     print(f"slides: {len(decks)} deck(s) in {out}" + (" (+PDF)" if args.pdf else ""))
     return 1 if problems else 0
 
