@@ -30,6 +30,7 @@
 #include "dtc/ranks.h"
 #include "dtc_test.h"
 #include "nd.h"
+#include "plain_baseline.h"
 
 namespace dtc {
 namespace {
@@ -89,28 +90,17 @@ OneDevice one_device_step(const NdOptions& o, double clip, double norm_type) {
   return out;
 }
 
-// The single device after @p steps steps of AdamW (with clip_grad_norm_ when @p clip > 0).
+// The single device after @p steps steps of AdamW (with clip_grad_norm_ when @p clip > 0):
+// the course's plain baseline, its parameters by name.
 std::map<std::string, torch::Tensor> one_device_train(const NdOptions& o, int64_t steps,
                                                       double clip, double norm_type,
                                                       nlohmann::json* digest = nullptr,
                                                       std::vector<float>* losses = nullptr) {
-  Gpt model(o.model);
-  init_weights(model, o.seed);
-  torch::optim::AdamW opt(model->parameters(), adamw_options(o));
-  for (int64_t step = 0; step < steps; ++step) {
-    const Batch b = ByteDataset::builtin().batch(o.seed, step, o.batch, o.model.ctx);
-    opt.zero_grad();
-    const auto logits = model->forward(b.inputs);
-    const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                           b.targets.reshape({-1}));
-    loss.backward();
-    if (losses != nullptr) losses->push_back(loss.item<float>());
-    if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip, norm_type);
-    opt.step();
-  }
-  if (digest != nullptr) *digest = param_digest(*model);
+  const ::dtc::test::BaselineRun run = ::dtc::test::plain_baseline(o, steps, clip, norm_type);
+  if (digest != nullptr) *digest = run.digest;
+  if (losses != nullptr) *losses = run.losses;
   std::map<std::string, torch::Tensor> params;
-  for (const auto& item : model->named_parameters()) params[item.key()] = item.value().detach();
+  for (size_t i = 0; i < run.names.size(); ++i) params[run.names[i]] = run.params[i];
   return params;
 }
 

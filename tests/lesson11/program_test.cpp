@@ -12,6 +12,7 @@
 #include "dtc/errors.h"
 #include "dtc_test.h"
 #include "nd.h"
+#include "plain_baseline.h"
 #include "program.h"
 #include "program_run.h"
 
@@ -112,27 +113,12 @@ TEST(L11Program, JsonOfAOneRankRunHasTheSingleDevicesDigest) {
                           "param_digest", "micro_batches", "tied"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
-  GptConfig c;
-  c.layers = 2;
-  c.hidden = 32;
-  c.heads = 2;
-  c.ctx = 16;
-  Gpt model(c);
-  init_weights(model, 1);
   RunConfig run;
-  run.model = c;
-  torch::optim::AdamW opt(model->parameters(), adamw_options(run));
-  for (int64_t step = 0; step < 2; ++step) {
-    const Batch b = ByteDataset::builtin().batch(1, step, run.batch, c.ctx);
-    opt.zero_grad();
-    const auto logits = model->forward(b.inputs);
-    torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                         b.targets.reshape({-1}))
-        .backward();
-    torch::nn::utils::clip_grad_norm_(model->parameters(), 0.5, 2);
-    opt.step();
-  }
-  const auto want = param_digest(*model);
+  run.model.layers = 2;
+  run.model.hidden = 32;
+  run.model.heads = 2;
+  run.model.ctx = 16;
+  const auto want = ::dtc::test::plain_baseline(run, 2, 0.5, 2).digest;
   const auto& got = j.at("param_digest");
   ::dtc::test::expect_digest_close(got, want);
 }

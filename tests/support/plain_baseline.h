@@ -11,10 +11,12 @@
 
 #include <cstdint>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "dtc/data.h"
+#include "dtc/digest.h"
 #include "dtc/model.h"
 
 namespace dtc::test {
@@ -23,14 +25,23 @@ namespace dtc::test {
 struct BaselineRun {
   std::vector<float> losses;          ///< one per step, before its update
   std::vector<torch::Tensor> params;  ///< final parameters, in named_parameters() order
+  std::vector<std::string> names;     ///< their names (the full model's, "h.0.attn.c_attn.weight")
+  std::vector<double> grad_norms;     ///< clip_grad_norm_'s norm of each step (when clipping)
+  nlohmann::json digest;              ///< param_digest of the final parameters
 };
 
 /// Trains @p c's GPT, initialised from c.seed (dtc::init_weights), on the whole global batch of
 /// c.batch rows per step (dtc::ByteDataset::builtin(), lesson 02's sampler) for @p steps steps
 /// with torch::optim::AdamW (dtc::adamw_options(c)): one process, one device (the CPU). With
 /// c.precision bf16, a bf16 model and AdamW over fp32 master weights (dtc::MasterAdamW);
-/// BaselineRun::params are then the master weights.
-inline BaselineRun plain_baseline(const RunConfig& c, int64_t steps) {
+/// BaselineRun::params are then the master weights. With @p clip > 0, every step's gradients
+/// go through torch::nn::utils::clip_grad_norm_(parameters, clip, @p norm_type) first (fp32; in
+/// bf16 MasterAdamW's own 2-norm clipping of the fp32 gradients).
+inline BaselineRun plain_baseline(const RunConfig& c, int64_t steps, double clip = 0,
+                                  double norm_type = 2) {
+  if (clip > 0 && c.precision != Precision::kFp32 && norm_type != 2) {
+    throw std::invalid_argument("plain_baseline: clipping in bf16 is MasterAdamW's 2-norm only");
+  }
   const ByteDataset data = ByteDataset::builtin();
   Gpt model(c.model);
   init_weights(model, c.seed);
@@ -43,10 +54,18 @@ inline BaselineRun plain_baseline(const RunConfig& c, int64_t steps) {
     auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                                      b.targets.reshape({-1}));
     loss.backward();
-    opt.step();
+    if (clip > 0 && c.precision == Precision::kFp32) {
+      run.grad_norms.push_back(
+          torch::nn::utils::clip_grad_norm_(model->parameters(), clip, norm_type));
+      opt.step();
+    } else {
+      opt.step(clip);
+    }
     run.losses.push_back(loss.item<float>());
   }
   for (const auto& p : opt.master()) run.params.push_back(p.detach().clone());
+  for (const auto& item : model->named_parameters()) run.names.push_back(item.key());
+  run.digest = param_digest(*model);
   return run;
 }
 
