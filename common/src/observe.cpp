@@ -157,6 +157,23 @@ int64_t RecordingComm::bytes(const std::string& op) const {
   return n;
 }
 
+double RecordingComm::wire_bytes() const {
+  double n = 0;
+  for (const auto& e : events()) n += dtc::wire_bytes(e.op, e.bytes, getSize());
+  return n;
+}
+
+double wire_bytes(const std::string& op, int64_t bytes, int64_t n) {
+  const double b = static_cast<double>(bytes);
+  const double k = static_cast<double>(n);
+  if (n <= 1 && op != "send") return 0;
+  if (op == "allreduce") return 2 * (k - 1) / k * b;
+  if (op == "reduce_scatter" || op == "alltoall") return (k - 1) / k * b;
+  if (op == "allgather") return (k - 1) * b;
+  if (op == "broadcast" || op == "reduce" || op == "send") return b;
+  return 0;  // recv, barrier, the marks of a group
+}
+
 void RecordingComm::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   events_.clear();

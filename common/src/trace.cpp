@@ -675,23 +675,6 @@ TracingComm::TracingComm(c10::intrusive_ptr<Comm> inner, std::shared_ptr<Tracer>
   }
 }
 
-namespace {
-
-// The bytes this rank puts on the wire for @p op over @p n ranks, from "bytes" (this rank's
-// input, a receive's the bytes received), in NCCL's ring algorithms: nccl-tests' bus factors
-// against the whole array (allreduce 2(n-1)/n, reduce-scatter and all-to-all (n-1)/n of the
-// input, an all-gather n - 1 inputs, broadcast, reduce and send 1, a receive nothing).
-int64_t wire_bytes(const std::string& op, int64_t bytes, int64_t n) {
-  if (n <= 1 && op != "send") return 0;
-  if (op == "allreduce") return 2 * (n - 1) * bytes / n;
-  if (op == "reduce_scatter" || op == "alltoall") return (n - 1) * bytes / n;
-  if (op == "allgather") return (n - 1) * bytes;
-  if (op == "broadcast" || op == "reduce" || op == "send") return bytes;
-  return 0;  // recv, barrier
-}
-
-}  // namespace
-
 c10::intrusive_ptr<c10d::Work> TracingComm::call(
     const char* op, int64_t bytes, int peer, int tag,
     const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
@@ -699,7 +682,7 @@ c10::intrusive_ptr<c10d::Work> TracingComm::call(
   auto work = issue();
   nlohmann::json args = {{"group", group_},
                          {"bytes", bytes},
-                         {"wire_bytes", wire_bytes(op, bytes, inner_->getSize())}};
+                         {"wire_bytes", std::llround(wire_bytes(op, bytes, inner_->getSize()))}};
   if (!ranks_.empty()) args["ranks"] = ranks_;
   if (peer >= 0) {
     args["peer"] = peer;

@@ -36,6 +36,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,6 +47,7 @@
 #include "dtc/mesh.h"
 #include "dtc/mix.h"
 #include "dtc/model.h"
+#include "dtc/observe.h"
 #include "dtc/program.h"
 #include "pipeline.h"
 
@@ -90,6 +92,10 @@ struct NdGroups {
   /// Megatron's embedding group. Null on the other stages, and when pp is 1 (then one rank
   /// holds both copies).
   c10::intrusive_ptr<Comm> embedding;
+  /// Every communicator above is one of these, which records each call on its way through:
+  /// under the traffic's name ("dp" for dp and reduce, as the planner costs the gradient
+  /// reduction over dp x cp; "tp", "pp", "cp", "embedding", "norm").
+  std::vector<std::pair<std::string, c10::intrusive_ptr<RecordingComm>>> recorders;
 };
 
 /// The mesh of @p mix on @p world ranks: pp, dp_replicate, cp, tp.
@@ -143,9 +149,10 @@ std::vector<std::string> norm_dims(const Mesh& mesh);
 ///   every parameter's gradient, each parameter counted exactly once.
 ///
 /// Runs after gradient_reduction() and sync_tied_embedding(). Every rank of @p norm (the group of
-/// norm_dims()) calls it and gets the same value. Find each gradient's full-model name with
-/// l09::stage_pieces(); tp_sharded() says whether this rank holds a slice or the whole; with a
-/// tied model, the head's lm_head.weight is the copy of wte.weight.
+/// norm_dims()) calls it and gets the same value, from one collective over @p norm (the program
+/// counts its bytes: one allreduce of a number, however many parameters). Find each gradient's
+/// full-model name with l09::stage_pieces(); tp_sharded() says whether this rank holds a slice
+/// or the whole; with a tied model, the head's lm_head.weight is the copy of wte.weight.
 /// @throws std::invalid_argument for a @p norm_type other than 2 or inf
 double global_grad_norm(const RankModel& model, Comm& norm, double norm_type);
 
@@ -200,6 +207,33 @@ struct StepOut {
 /// embedding's sync, and with options.clip > 0 the clipping.
 StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& options, int64_t step);
 
+/// What one rank put on the wire in one step for one kind of traffic (dtc::wire_bytes: the ring
+/// algorithms' bytes, what a link's bandwidth is set against).
+struct WireBytes {
+  double measured = 0;   ///< NdGroups::recorders' calls, summed, per step (the mean of the steps)
+  double predicted = 0;  ///< predict_wire_bytes()
+  std::string formula;   ///< the closed form, in words
+};
+
+/// @brief What this rank sends per step, by the closed forms of the pieces it runs, with
+///   m micro-batches of b sequences (MICRO) of s/cp tokens, h hidden, e bytes an element (the
+///   parameters' dtype; 4 between stages, which send fp32), L_r the blocks this rank holds:
+///   - tp: lesson 08's 4 allreduces per block and micro-batch of b (s/cp) h elements (6 with
+///     full recomputation), 2(tp-1)/tp of each;
+///   - pp: one send of the b (s/cp) h activations per micro-batch out of each chunk that is not
+///     the model's last, one of their gradient out of each that is not its first (the whole
+///     tensor from every tp rank: no scatter/gather), and the loss's allreduce of 4 bytes;
+///   - cp: lesson 10's attention_volume() per block and micro-batch over the h/tp of a tp rank
+///     (its forward once more with full recomputation), and the loss's allreduce;
+///   - dp: the gradient reduction, an allreduce over gradient_reduction()'s dp x cp ranks of
+///     every gradient this rank holds, and the loss's allreduce over dp;
+///   - embedding: the tied embedding's V h gradient allreduced over its 2 stages;
+///   - norm: with --clip, one allreduce of the norm (a double) over the pp x tp ranks.
+/// The group sizes are the mix's degrees (dp x cp for the reduction), whatever groups the
+/// learner's dims chose.
+std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& options,
+                                                    const RankModel& model, const NdGroups& groups);
+
 /// What a run gives back.
 struct NdResult {
   std::vector<float> losses;       ///< every step's loss
@@ -208,9 +242,13 @@ struct NdResult {
   /// this rank's parameters after the last step, under the full model's names (tp shards as
   /// held; the tied head's copy left out)
   std::vector<std::pair<std::string, torch::Tensor>> weights;
+  /// the bytes this rank sent per step, by kind of traffic (predict_wire_bytes()'s keys), measured
+  /// over the training steps (not the start's check or the digest) beside the closed forms
+  std::map<std::string, WireBytes> wire_bytes;
 };
 
-/// options.steps steps of nd_step() and AdamW on this rank's parameters.
+/// options.steps steps of nd_step() and AdamW on this rank's parameters. Reads and clears
+/// @p groups' recorders after each step (through their pointers: the groups stay as they are).
 NdResult train_nd(const NdOptions& options, const NdGroups& groups, StepLog* log = nullptr);
 
 }  // namespace dtc::l11

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "context_parallel_given.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
 #include "nd.h"
@@ -50,12 +51,18 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
   NdGroups g;
   g.mesh = mesh;
   g.rank = rank;
-  g.pp = groups.get({"pp"});
-  g.tp = groups.get({"tp"});
-  g.dp = groups.get({"dp_replicate"});
-  g.cp = groups.get({"cp"});
-  g.reduce = groups.get(reduction.dims);
-  g.norm = groups.get(norm);
+  // Each communicator through a recorder of its own (two of them may wrap one communicator).
+  const auto record = [&g](const char* traffic, c10::intrusive_ptr<Comm> comm) {
+    auto recorder = c10::make_intrusive<RecordingComm>(std::move(comm));
+    g.recorders.emplace_back(traffic, recorder);
+    return c10::intrusive_ptr<Comm>(recorder);
+  };
+  g.pp = record("pp", groups.get({"pp"}));
+  g.tp = record("tp", groups.get({"tp"}));
+  g.dp = record("dp", groups.get({"dp_replicate"}));
+  g.cp = record("cp", groups.get({"cp"}));
+  g.reduce = record("dp", groups.get(reduction.dims));
+  g.norm = record("norm", groups.get(norm));
   // The embedding groups: for every (dp, cp, tp) coordinate, its pipeline's first and last
   // stage, created by every rank in the same order (a rank outside one gets null).
   const int pp = mesh.size("pp");
@@ -65,7 +72,7 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
       const int last = first + (pp - 1) * (mesh.world() / pp);  // pp is the slowest dimension
       auto comm = new_subgroup(store, fmt::format("embedding/{}-{}", first, last), {first, last},
                                rank, backend, timeout, master_addr);
-      if (comm) g.embedding = comm;
+      if (comm) g.embedding = record("embedding", comm);
     }
   }
   return g;
@@ -219,6 +226,69 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
   return out;
 }
 
+std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const RankModel& model,
+                                                    const NdGroups& groups) {
+  const auto ring = [](int64_t n) {  // an allreduce's factor: 2(n-1)/n
+    return n > 1 ? 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) : 0.0;
+  };
+  // The degrees of the mix, not of the groups the learner's dims chose: a reduction over the
+  // wrong ranks then differs from its closed form.
+  const int64_t tp = o.mix.tp, cp = o.mix.cp, pp = o.mix.pp, dp = o.mix.dp;
+  const double m = static_cast<double>(micro_batches(o));
+  const double b = static_cast<double>(o.mix.micro_batch);
+  const double tokens = static_cast<double>(o.model.ctx / cp);
+  const double h = static_cast<double>(o.model.hidden);
+  const auto params = l09::parameters_of(model.chunks);
+  const double e = params.empty() ? 4.0 : static_cast<double>(params.front().element_size());
+  // blocks: those this rank holds; rewalked: those whose backward runs twice, as ZB-H1 splits
+  // the backward of a stage past the first into I and W and W walks the graph again (lesson 09),
+  // the tp and cp backward collectives included
+  double blocks = 0, rewalked = 0, sends = 0, held = 0;
+  for (const auto& chunk : model.chunks) {
+    blocks += static_cast<double>(chunk.layers.count());
+    if (o.schedule == l09::ScheduleKind::kZbH1 && !chunk.layers.embed) {
+      rewalked += static_cast<double>(chunk.layers.count());
+    }
+    sends += (chunk.layers.head ? 0 : 1) + (chunk.layers.embed ? 0 : 1);
+  }
+  for (const auto& p : params) held += static_cast<double>(p.numel());
+  const bool full = o.mix.recompute == "full";
+  const double loss = 4;  // the step's loss, one fp32 number
+  std::map<std::string, WireBytes> w;
+  w["tp"].predicted = m * (blocks * (full ? 6 : 4) + rewalked * 2) * ring(tp) * b * tokens * h * e;
+  w["tp"].formula = fmt::format("m (L_r {}{}) x 2(tp-1)/tp b (s/cp) h e", full ? 6 : 4,
+                                rewalked > 0 ? " + 2 x the blocks W walks again" : "");
+  w["pp"].predicted = pp > 1 ? m * sends * b * tokens * h * 4 + ring(pp) * loss : 0.0;
+  w["pp"].formula = "m (sends out of the rank's chunks) b (s/cp) h 4 + the loss";
+  double cp_bytes = 0;
+  if (cp > 1) {
+    const l10::AttentionVolume v = l10::attention_volume(
+        o.attention, o.mix.micro_batch, o.model.ctx, o.model.hidden / tp, static_cast<int>(cp));
+    const double backward = v.backward * e + v.backward_fp32 * 4;
+    cp_bytes = m * (blocks * ((full ? 2 : 1) * v.forward * e + backward) + rewalked * backward) +
+               ring(cp) * loss;
+    w["cp"].formula = fmt::format("m L_r ({}forward {} + backward {}){} + the loss, h = h/tp",
+                                  full ? "2 x " : "", v.forward_formula, v.backward_formula,
+                                  rewalked > 0 ? " + the backward W walks again" : "");
+  }
+  w["cp"].predicted = cp_bytes;
+  w["dp"].predicted = ring(dp * cp) * held * e + ring(dp) * loss;
+  w["dp"].formula = "2(n-1)/n (the rank's parameters) e, n = dp x cp, + the loss";
+  double embedding = 0;
+  if (model.tied && pp > 1) {
+    for (const auto& chunk : model.chunks) {
+      if (chunk.layers.embed || chunk.layers.head) {
+        embedding = ring(2) * static_cast<double>(o.model.vocab) * h * e;
+      }
+    }
+  }
+  w["embedding"].predicted = embedding;
+  w["embedding"].formula = "2(2-1)/2 V h e on the first and the last stage";
+  w["norm"].predicted = o.clip > 0 ? ring(pp * tp) * 8 : 0.0;
+  w["norm"].formula = "2(n-1)/n x 8: one allreduce of the norm (a double) over the pp x tp ranks";
+  return w;
+}
+
 NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   RankModel model = build_rank_model(o, groups);
   const auto params = l09::parameters_of(model.chunks);
@@ -230,10 +300,16 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   std::vector<at::Tensor> one{torch::ones({1}, torch::dtype(torch::kFloat).device(o.device))};
   groups.pp->allreduce(one)->wait();
   NdResult result;
+  result.wire_bytes = predict_wire_bytes(o, model, groups);
+  for (auto& [traffic, recorder] : groups.recorders) recorder->clear();
   for (int64_t step = 0; step < o.steps; ++step) {
     if (log) log->begin_step();
     const StepOut out = nd_step(model, groups, o, step);
     optimizer.step();
+    for (auto& [traffic, recorder] : groups.recorders) {  // the step's, then forget them
+      result.wire_bytes[traffic].measured += recorder->wire_bytes() / static_cast<double>(o.steps);
+      recorder->clear();
+    }
     result.losses.push_back(out.loss);
     if (o.clip > 0) result.grad_norms.push_back(out.grad_norm);
     if (log) log->end_step(step, out.loss);

@@ -106,6 +106,10 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     j["grad_norms"] = result.grad_norms;
     j["attention"] = l10::attention_name(o.attention);
     j["zigzag"] = o.zigzag;
+    for (const auto& [traffic, w] : result.wire_bytes) {  // rank 0's, per step
+      j["comm_bytes"][traffic] = {
+          {"measured", w.measured}, {"predicted", w.predicted}, {"formula", w.formula}};
+    }
     print_json_line(out, j);
     return kExitOk;
   }
@@ -113,6 +117,12 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
   fmt::print(out, "\n  trained {} steps on {}: loss {:.4f} -> {:.4f}, {:.0f} tokens/s, {:.1f} s\n",
              losses.size(), mesh.describe(), losses.front(), losses.back(), log.tokens_per_s(),
              log.elapsed_s());
+  fmt::print(out, "  rank 0 sent per step (ring algorithms' bytes), measured / the closed form:\n");
+  for (const auto& [traffic, w] : result.wire_bytes) {
+    if (w.measured == 0 && w.predicted == 0) continue;
+    fmt::print(out, "    {:<10} {:>10} / {:>10}   {}\n", traffic, human_bytes(w.measured),
+               human_bytes(w.predicted), w.formula);
+  }
   if (!result.grad_norms.empty()) {
     fmt::print(out, "  global gradient {}-norm: {:.4f} at the first step, {:.4f} at the last\n",
                f.norm_type, result.grad_norms.front(), result.grad_norms.back());

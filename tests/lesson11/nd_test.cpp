@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -182,6 +183,10 @@ const MeshCase kMeshes[] = {
     {"cp2_tp2_pp2_zigzag_tied", "1x2x2x2", l09::ScheduleKind::k1f1b, true, true},
     {"dp2_pp2_cp2_ulysses_untied", "2x1x2x2", l09::ScheduleKind::k1f1b, false, false,
      l10::Attention::kUlysses},
+    // for the traffic's closed forms: full recomputation under tp and cp, all-gather attention
+    {"tp2_pp2_cp2_full_allgather_tied", "1x2x2x2:0:full", l09::ScheduleKind::k1f1b, true, false,
+     l10::Attention::kAllGather},
+    {"pp2_cp2_zbh1_ring_untied", "1x1x2x2", l09::ScheduleKind::kZbH1, false},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11OneStep, ::testing::ValuesIn(kMeshes),
@@ -301,6 +306,48 @@ TEST_P(L11Train, ParametersAfterThreeClippedStepsAreTheSingleDevices) {
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Train,
                          ::testing::Values(kMeshes[0], kMeshes[1], kMeshes[2], kMeshes[3],
                                            kMeshes[5], kMeshes[8], kMeshes[9], kMeshes[10]),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
+// The traffic: what each rank sends, over each kind of group, is its closed form
+// ---------------------------------------------------------------------------------------------
+
+class L11Wire : public ::testing::TestWithParam<MeshCase> {};
+
+// Two steps with clipping on every rank: the bytes its groups' recorders saw on the wire per
+// step (the given RecordingComms, outside the learner's code) are predict_wire_bytes()' closed
+// forms, whose group sizes are the mix's degrees: a gradient reduction over other ranks than dp
+// x cp, a tied embedding summed twice or with the wrong tensor, a norm reduced parameter by
+// parameter or over another group: each sends other bytes.
+TEST_P(L11Wire, EachRanksBytesPerStepAreTheClosedForms) {
+  NdOptions o = options_of(GetParam());
+  o.steps = 2;
+  o.clip = 1.0;
+  on_mesh(o, [&](const NdGroups& g) {
+    const l11::NdResult result = l11::train_nd(o, g);
+    for (const char* traffic : {"tp", "pp", "cp", "dp", "embedding", "norm"}) {
+      SCOPED_TRACE(fmt::format("rank {} ({}): {} traffic", g.rank, g.mesh.describe(), traffic));
+      ASSERT_EQ(result.wire_bytes.count(traffic), 1u);
+      const l11::WireBytes& w = result.wire_bytes.at(traffic);
+      EXPECT_NEAR(w.measured, w.predicted, 1e-9 * std::max(1.0, w.predicted)) << w.formula;
+    }
+    // Each degree above 1 sends something: the closed forms are not zero where they must not be.
+    const auto bytes = [&](const char* t) { return result.wire_bytes.at(t).predicted; };
+    const MixSpec& mix = o.mix;
+    EXPECT_EQ(bytes("tp") > 0, mix.tp > 1);
+    EXPECT_EQ(bytes("pp") > 0, mix.pp > 1);
+    EXPECT_EQ(bytes("cp") > 0, mix.cp > 1);
+    EXPECT_EQ(bytes("dp") > 0, mix.dp * mix.cp > 1);
+    EXPECT_EQ(bytes("norm") > 0, mix.pp * mix.tp > 1);
+    // the first and the last stage of a pipeline (the given embedding group's two ranks)
+    EXPECT_EQ(bytes("embedding") > 0, o.model.tied && g.embedding);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, L11Wire,
+                         ::testing::Values(kMeshes[0], kMeshes[2], kMeshes[3], kMeshes[4],
+                                           kMeshes[7], kMeshes[8], kMeshes[9], kMeshes[10],
+                                           kMeshes[11], kMeshes[12]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ TEST(L11Program, JsonOfAOneRankRunHasTheSingleDevicesDigest) {
   EXPECT_EQ(j.at("losses").size(), 2u);
   EXPECT_EQ(j.at("grad_norms").size(), 2u);
   for (const char* key : {"dp", "tp", "pp", "cp", "virtual_stages", "schedule", "launcher",
-                          "param_digest", "micro_batches", "tied"}) {
+                          "param_digest", "micro_batches", "tied", "comm_bytes"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   RunConfig run;

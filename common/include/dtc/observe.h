@@ -144,6 +144,9 @@ class RecordingComm : public ForwardingComm {
   std::vector<CommEvent> events(const std::string& op) const;
   /// The total bytes of one operation's calls.
   int64_t bytes(const std::string& op) const;
+  /// What this rank put on the wire over all its calls: dtc::wire_bytes() of each, in this
+  /// communicator's size.
+  double wire_bytes() const;
   /// Forgets every event.
   void clear();
 
@@ -172,6 +175,13 @@ class RecordingComm : public ForwardingComm {
   mutable std::mutex mu_;
   std::vector<CommEvent> events_;
 };
+
+/// The bytes this rank puts on the wire for one call of @p op over @p n ranks, from its
+/// CommEvent::bytes, in NCCL's ring algorithms (nccl-tests' bus factors against the whole
+/// array): an allreduce 2(n-1)/n of it, a reduce-scatter and an all-to-all (n-1)/n of the
+/// input, an all-gather n - 1 inputs, a broadcast, a reduce and a send the bytes, a receive
+/// nothing. A group of one sends nothing (a send still sends).
+double wire_bytes(const std::string& op, int64_t bytes, int64_t n);
 
 /// The bytes of @p tensors (numel x element size, summed).
 int64_t tensor_bytes(const std::vector<at::Tensor>& tensors);
