@@ -189,7 +189,7 @@ function(dtc_add_lesson num)
     target_link_libraries(${mtarget}_lib PUBLIC ${L_LIBS})
     # The mutated file at -O0, as an exercise is: it only has to fail the tests that name it
     # (half the compile time of -O1; what a file computes does not depend on its optimisation).
-    set(mutant_libs ${mutant_libs} ${mtarget}_lib)
+    list(APPEND mutant_libs ${mtarget}_lib)
     add_executable(${mtarget}_tests $<TARGET_OBJECTS:${name}_testobj> ${driver_objs})
     target_link_libraries(${mtarget}_tests PRIVATE ${mtarget}_lib dtc_test_support ${test_main})
     set_target_properties(${mtarget}_tests PROPERTIES

@@ -232,7 +232,7 @@ struct WireBytes {
 /// The group sizes are the mix's degrees (dp x cp for the reduction), whatever groups the
 /// learner's dims chose.
 std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& options,
-                                                    const RankModel& model, const NdGroups& groups);
+                                                    const RankModel& model);
 
 /// What a run gives back.
 struct NdResult {

@@ -226,8 +226,7 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
   return out;
 }
 
-std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const RankModel& model,
-                                                    const NdGroups& groups) {
+std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const RankModel& model) {
   const auto ring = [](int64_t n) {  // an allreduce's factor: 2(n-1)/n
     return n > 1 ? 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) : 0.0;
   };
@@ -274,15 +273,11 @@ std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const Ra
   w["cp"].predicted = cp_bytes;
   w["dp"].predicted = ring(dp * cp) * held * e + ring(dp) * loss;
   w["dp"].formula = "2(n-1)/n (the rank's parameters) e, n = dp x cp, + the loss";
-  double embedding = 0;
-  if (model.tied && pp > 1) {
-    for (const auto& chunk : model.chunks) {
-      if (chunk.layers.embed || chunk.layers.head) {
-        embedding = ring(2) * static_cast<double>(o.model.vocab) * h * e;
-      }
-    }
-  }
-  w["embedding"].predicted = embedding;
+  const bool ends = std::any_of(model.chunks.begin(), model.chunks.end(), [](const auto& c) {
+    return c.layers.embed || c.layers.head;  // the first or the last stage of the pipeline
+  });
+  w["embedding"].predicted =
+      model.tied && pp > 1 && ends ? ring(2) * static_cast<double>(o.model.vocab) * h * e : 0.0;
   w["embedding"].formula = "2(2-1)/2 V h e on the first and the last stage";
   w["norm"].predicted = o.clip > 0 ? ring(pp * tp) * 8 : 0.0;
   w["norm"].formula = "2(n-1)/n x 8: one allreduce of the norm (a double) over the pp x tp ranks";
@@ -300,7 +295,7 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   std::vector<at::Tensor> one{torch::ones({1}, torch::dtype(torch::kFloat).device(o.device))};
   groups.pp->allreduce(one)->wait();
   NdResult result;
-  result.wire_bytes = predict_wire_bytes(o, model, groups);
+  result.wire_bytes = predict_wire_bytes(o, model);
   for (auto& [traffic, recorder] : groups.recorders) recorder->clear();
   for (int64_t step = 0; step < o.steps; ++step) {
     if (log) log->begin_step();
