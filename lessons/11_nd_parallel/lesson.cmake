@@ -9,7 +9,8 @@ dtc_add_lesson(11 DIR 11_nd_parallel SOURCES nd.cpp GIVEN nd_given.cpp DRIVER pr
 # losses and parameter digest of lesson 02's single-process run of the same model (tied, the
 # default; untied where asked). dp 2 x tp 2 x pp 2 and tp 2 x pp 2 x cp 2 (ring, zig-zag) on 8
 # processes (the primary path: 8 LibTorch processes on 2 cores are the slowest start of the suite),
-# and interleaved pp 2 x v 2 x dp 2 on 4 processes on both paths.
+# and interleaved pp 2 x v 2 x dp 2 under ZeRO-1 (the optimizer sharded over dp) on 4 processes on
+# both paths.
 set(l11_model --steps 3 --layers 4 --hidden 32 --heads 2 --seq 16)
 string(JOIN " " l11_model_args ${l11_model})
 if(DTC_TORCHRUN)
@@ -23,7 +24,8 @@ if(DTC_TORCHRUN)
     -- ${l11_model} --mix 1x2x2x2 --zigzag --json)
   dtc_add_e2e(11 NAME torchrun_interleaved_dp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
     --program @PROGRAM@ --json-equals pp=2 --json-equals virtual_stages=2
-    "--json-equals=schedule=\"interleaved\"" --losses-like $<TARGET_FILE:lesson02_solution>
+    "--json-equals=schedule=\"interleaved\"" --json-equals zero_stage=1
+    --losses-like $<TARGET_FILE:lesson02_solution>
     "--losses-like-args=${l11_model_args} --untied"
-    -- ${l11_model} --untied --mix 2x1x2x1:0:none:1:2 --json)
+    -- ${l11_model} --untied --mix 2x1x2x1:1:none:1:2 --json)
 endif()

@@ -6,6 +6,11 @@
 //
 //   rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank))
 //
+// With ZeRO-1 (`--mix 2x2x2x1:1`, Megatron's distributed optimizer: lesson 07's stage 1) the
+// dp dimension is dp_shard instead of dp_replicate: the gradients are reduce-scattered over
+// dp x cp, each rank keeps AdamW's moments of its shard of every parameter, and the updated
+// shards are all-gathered (given: ShardedReduce and ShardedAdamW).
+//
 // Every rank builds the course's GPT, swaps each block's attention and MLP for lesson 08's
 // tensor-parallel ones over its tp group (and, with cp, lesson 10's context-parallel attention
 // over its cp group), and keeps the model chunks lesson 09 cuts for its pipeline stage (one, or
@@ -37,6 +42,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,6 +88,7 @@ bool tp_sharded(const std::string& name);
 struct NdGroups {
   Mesh mesh;
   int rank = 0;
+  int zero_stage = 0;               ///< the mix's: 0, or 1 (ZeRO-1 over `reduce`)
   c10::intrusive_ptr<Comm> pp;      ///< the pipeline this rank is a stage of; its rank = stage
   c10::intrusive_ptr<Comm> tp;      ///< the tp group (a group of one when tp is 1)
   c10::intrusive_ptr<Comm> dp;      ///< the dp replicas of this rank (the step's loss)
@@ -102,9 +109,10 @@ struct NdGroups {
 /// @throws UsageError("--mix") when the degrees do not multiply to @p world.
 Mesh make_mesh(const MixSpec& mix, int world);
 
-/// This rank's groups (the learner's gradient_reduction() and norm_dims() choose two of them).
+/// This rank's groups (the learner's gradient_reduction() and norm_dims() choose two of them;
+/// @p zero_stage is the mix's, which norm_dims() is given).
 NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
-                     BackendKind backend, std::chrono::milliseconds timeout,
+                     int zero_stage, BackendKind backend, std::chrono::milliseconds timeout,
                      const std::string& master_addr = "127.0.0.1");
 
 // ---------------------------------------------------------------------------------------------
@@ -125,7 +133,9 @@ struct Reduction {
 /// tokens it saw: its dp replica's rows, and of each row its cp rank's tokens. The group is the
 /// ranks that hold the same piece of the same parameter and saw other tokens; every other rank
 /// holds another piece (tp) or another parameter (pp). Divide once, by the number of equal parts
-/// the batch's tokens were cut into for that group.
+/// the batch's tokens were cut into for that group. The dp dimension is dp_replicate, or
+/// dp_shard under ZeRO (the other one then has size 1); the given code sums over the group with
+/// an allreduce, or under ZeRO-1 a reduce-scatter.
 Reduction gradient_reduction(const Mesh& mesh);
 
 /// @brief The tied embedding: after the step's reduction, make the first stage's wte.weight
@@ -141,8 +151,10 @@ void sync_tied_embedding(RankModel& model, Comm* embedding);
 ///   ranks hold every parameter of the model (every tp slice of a split one), and none of them
 ///   holds a copy that only the reduction made (another replica's, another cp rank's). The copies
 ///   the model itself holds (a tp-whole parameter on every tp rank, the tied head) are in the
-///   group: global_grad_norm() leaves them out of the count.
-std::vector<std::string> norm_dims(const Mesh& mesh);
+/// group: global_grad_norm() leaves them out of the count. With @p zero_stage 1 the reduction is a
+/// reduce-scatter: after it, each rank of the reduction's group holds only its shard of every
+/// gradient (zeros elsewhere, ShardedReduce), and no two of them the same.
+std::vector<std::string> norm_dims(const Mesh& mesh, int zero_stage);
 
 /// @brief The global gradient norm of the whole model, as torch::nn::utils::clip_grad_norm_
 ///   computes it on one device: the 2-norm (@p norm_type 2) or the largest magnitude (inf), of
@@ -180,9 +192,9 @@ struct NdOptions : RunConfig {
 
 /// What the mix needs of the model and the batch, checked on every rank before any networking.
 /// @throws UsageError naming --mix (dtc::check_mix's rules, and what this lesson does not compose
-///   yet: ZeRO, HSDP, selective recomputation), --schedule (zb-h1 or gpipe with virtual stages,
-///   zb-h1 with recomputation), --clip (negative), or what lesson 10's validate_cp names for cp
-///   (--seq, --heads, --cp, --zigzag) on the heads a tp rank holds.
+///   yet: ZeRO 2 and 3, HSDP, selective recomputation), --schedule (zb-h1 or gpipe with virtual
+///   stages, zb-h1 with recomputation), --clip (negative), or what lesson 10's validate_cp names
+///   for cp (--seq, --heads, --cp, --zigzag) on the heads a tp rank holds.
 void check_nd(const NdOptions& options, int world);
 
 /// The micro-batches each pipeline cuts its rows into: batch / (dp x MICRO).
@@ -193,6 +205,61 @@ int64_t micro_batches(const NdOptions& options);
 /// split over @p groups.tp, their attention over @p groups.cp (lesson 10's), cut into this rank's
 /// chunks; the first stage's chunk gets its cp rank's token positions.
 RankModel build_rank_model(const NdOptions& options, const NdGroups& groups);
+
+/// ZeRO-1's shards (given): every parameter a rank holds, flattened and padded to a multiple of
+/// n (the reduction group's size), is cut into n equal chunks, and rank r of the group owns chunk
+/// r, as FSDP2 shards each parameter on its own (not one flat buffer, where the tied embedding's
+/// two copies would land in different shards: Megatron-LM#844).
+struct ShardRange {
+  int64_t chunk = 0;  ///< ceil(numel / n): the padded chunk
+  int64_t begin = 0;  ///< r chunk, the first owned element of the flattened parameter
+  int64_t size = 0;   ///< owned elements: chunk, less past the end (0 for a rank past it)
+};
+ShardRange shard_range(int64_t numel, int n, int r);
+
+/// ZeRO-1's gradient reduction (given), lesson 09's ReplicaAverage with a reduce-scatter: each
+/// chunk's starts when its last backward is done (overlapping the cool-down), over @p group, in
+/// fp32 (lesson 07's reduce-scatter from an all-to-all, which every gloo has). finish() writes
+/// into each gradient the group's sum over its own shard, divided by @p divisor, and zeros
+/// elsewhere.
+class ShardedReduce {
+ public:
+  ShardedReduce(std::vector<l09::Stage>& chunks, Comm* group, int64_t micro_batches,
+                double divisor);
+  ~ShardedReduce();
+  ShardedReduce(const ShardedReduce&) = delete;
+  ShardedReduce& operator=(const ShardedReduce&) = delete;
+  /// @throws std::runtime_error when a chunk's weight gradients were never all in
+  void finish();
+
+ private:
+  void start(size_t c);
+  std::vector<l09::Stage>& chunks_;
+  Comm* group_;
+  double divisor_;
+  std::vector<torch::Tensor> received_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
+
+/// ZeRO-1's optimizer (given): torch::optim::AdamW over this rank's shards of @p params (fp32
+/// copies, the only ones with moments), then one all-gather over @p group per step puts every
+/// updated shard back into every rank's parameters. AdamW is elementwise: the shards' steps
+/// are the whole tensors' step.
+class ShardedAdamW {
+ public:
+  ShardedAdamW(std::vector<torch::Tensor> params, Comm* group,
+               const torch::optim::AdamWOptions& options);
+  /// AdamW on the owned shards from the gradients' owned elements, then the all-gather.
+  void step();
+  /// The elements of AdamW's two moments this rank keeps (2 x its owned elements).
+  int64_t state_elements();
+
+ private:
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> shards_;  // one per parameter (empty where none is owned)
+  Comm* group_;
+  std::unique_ptr<torch::optim::AdamW> adamw_;
+};
 
 /// What one step measured.
 struct StepOut {
@@ -226,9 +293,12 @@ struct WireBytes {
 ///   - cp: lesson 10's attention_volume() per block and micro-batch over the h/tp of a tp rank
 ///     (its forward once more with full recomputation), and the loss's allreduce;
 ///   - dp: the gradient reduction, an allreduce over gradient_reduction()'s dp x cp ranks of
-///     every gradient this rank holds, and the loss's allreduce over dp;
+///     every gradient this rank holds (ZeRO-1: a reduce-scatter of them in fp32, padded to
+///     multiples of n, and an all-gather of the updated shards in e), and the loss's allreduce
+///     over dp;
 ///   - embedding: the tied embedding's V h gradient allreduced over its 2 stages;
-///   - norm: with --clip, one allreduce of the norm (a double) over the pp x tp ranks.
+///   - norm: with --clip, one allreduce of the norm (a double) over the pp x tp ranks (ZeRO-1:
+///     every rank).
 /// The group sizes are the mix's degrees (dp x cp for the reduction), whatever groups the
 /// learner's dims chose.
 std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& options,
@@ -242,6 +312,8 @@ struct NdResult {
   /// this rank's parameters after the last step, under the full model's names (tp shards as
   /// held; the tied head's copy left out)
   std::vector<std::pair<std::string, torch::Tensor>> weights;
+  /// the elements of AdamW's two moments this rank keeps after the run (ZeRO-1: of its shards)
+  int64_t optimizer_elements = 0;
   /// the bytes this rank sent per step, by kind of traffic (predict_wire_bytes()'s keys), measured
   /// over the training steps (not the start's check or the digest) beside the closed forms
   std::map<std::string, WireBytes> wire_bytes;

@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "context_parallel_given.h"
+#include "dtc/compat.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
 #include "nd.h"
@@ -27,20 +29,27 @@ bool tp_sharded(const std::string& name) {
          (has(".c_proj.") && has(".weight") && (has(".attn.") || has(".mlp.")));
 }
 
+namespace {
+// The data-parallel dimensions: dp_replicate, or dp_shard under ZeRO (the other of size 1).
+const std::vector<std::string> kDp{"dp_replicate", "dp_shard"};
+}  // namespace
+
 Mesh make_mesh(const MixSpec& mix, int world) {
+  // Under ZeRO the dp ranks each keep a shard of the optimizer (torchtitan's dp_shard).
+  const char* dp = mix.zero_stage > 0 ? "dp_shard" : "dp_replicate";
   return Mesh::build(world, {{"pp", static_cast<int>(mix.pp), "--mix"},
-                             {"dp_replicate", static_cast<int>(mix.dp), "--mix"},
+                             {dp, static_cast<int>(mix.dp), "--mix"},
                              {"cp", static_cast<int>(mix.cp), "--mix"},
                              {"tp", static_cast<int>(mix.tp), "--mix"}});
 }
 
 NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
-                     BackendKind backend, std::chrono::milliseconds timeout,
+                     int zero_stage, BackendKind backend, std::chrono::milliseconds timeout,
                      const std::string& master_addr) {
   const Reduction reduction = gradient_reduction(mesh);
-  const std::vector<std::string> norm = norm_dims(mesh);
+  const std::vector<std::string> norm = norm_dims(mesh, zero_stage);
   // One communicator per distinct set (the learner's two may be the same set, or pp's or tp's).
-  std::vector<std::vector<std::string>> sets{{"pp"}, {"tp"}, {"dp_replicate"}, {"cp"}};
+  std::vector<std::vector<std::string>> sets{{"pp"}, {"tp"}, kDp, {"cp"}};
   for (const auto& set : {reduction.dims, norm}) {
     const std::string key = Mesh::key(set);
     bool seen = false;
@@ -51,6 +60,7 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
   NdGroups g;
   g.mesh = mesh;
   g.rank = rank;
+  g.zero_stage = zero_stage;
   // Each communicator through a recorder of its own (two of them may wrap one communicator).
   const auto record = [&g](const char* traffic, c10::intrusive_ptr<Comm> comm) {
     auto recorder = c10::make_intrusive<RecordingComm>(std::move(comm));
@@ -59,7 +69,7 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
   };
   g.pp = record("pp", groups.get({"pp"}));
   g.tp = record("tp", groups.get({"tp"}));
-  g.dp = record("dp", groups.get({"dp_replicate"}));
+  g.dp = record("dp", groups.get(kDp));
   g.cp = record("cp", groups.get({"cp"}));
   g.reduce = record("dp", groups.get(reduction.dims));
   g.norm = record("norm", groups.get(norm));
@@ -82,12 +92,14 @@ void check_nd(const NdOptions& o, int world) {
   const MixSpec& mix = o.mix;
   check_mix(mix, MixShape{o.model.layers, o.model.heads, o.model.ctx, world, o.batch}, "--mix");
   const std::string text = mix.text();
-  if (mix.zero_stage > 0 || mix.shard > 0) {
-    throw UsageError("--mix",
-                     fmt::format("'{}' asks ZeRO or HSDP: this lesson composes dp, tp "
-                                 "and pp with whole replicas",
-                                 text),
-                     "use ZERO 0 (lesson 07 runs ZeRO 1-3 alone)");
+  if (mix.zero_stage > 1 || mix.shard > 0) {
+    throw UsageError(
+        "--mix",
+        fmt::format("'{}' asks {}: this lesson composes ZeRO-1 (Megatron's "
+                    "distributed optimizer) with tp, pp and cp, not yet ZeRO 2 "
+                    "or 3",
+                    text, mix.shard > 0 ? "HSDP" : fmt::format("ZeRO-{}", mix.zero_stage)),
+        "use ZERO 0 or 1 (lesson 07 runs ZeRO 1-3 and HSDP alone)");
   }
   if (mix.recompute == "selective") {
     throw UsageError("--mix", fmt::format("'{}' asks selective recomputation", text),
@@ -184,9 +196,9 @@ RankModel build_rank_model(const NdOptions& o, const NdGroups& groups) {
 
 StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, int64_t step) {
   const Mesh& mesh = groups.mesh;
-  const int dp = mesh.size("dp_replicate");
+  const int dp = mesh.size(kDp);
   const int64_t rows = o.batch / dp;
-  const int64_t first_row = mesh.coord(groups.rank, "dp_replicate") * rows;
+  const int64_t first_row = mesh.coord(groups.rank, kDp) * rows;
   const int64_t m = micro_batches(o);
   Batch batch = ByteDataset::builtin().batch(o.seed, step, o.batch, o.model.ctx).to(o.device);
   batch.inputs = batch.inputs.narrow(0, first_row, rows);
@@ -202,13 +214,20 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
   const auto ops = l09::make_schedule(o.schedule, groups.pp->getSize(), m, groups.pp->getRank(),
                                       static_cast<int>(o.mix.virtual_stages));
   // Each chunk's reduction starts when its last backward pass is done (lesson 09), with the
-  // divisor gradient_reduction() chose.
-  l09::ReplicaAverage reduce(model.chunks, groups.reduce.get(), m,
-                             static_cast<double>(reduction.divisor));
+  // divisor gradient_reduction() chose: an allreduce, or ZeRO-1's reduce-scatter.
+  const auto divisor = static_cast<double>(reduction.divisor);
+  std::optional<l09::ReplicaAverage> average;
+  std::optional<ShardedReduce> scatter;
+  if (groups.zero_stage > 0) {
+    scatter.emplace(model.chunks, groups.reduce.get(), m, divisor);
+  } else {
+    average.emplace(model.chunks, groups.reduce.get(), m, divisor);
+  }
   const l09::StepStats stats =
       l09::run_schedule(model.chunks, *groups.pp, ops, batch, m,
                         /*deallocate_outputs=*/false, o.mix.recompute == "full");
-  reduce.finish();
+  if (scatter) scatter->finish();
+  if (average) average->finish();
   sync_tied_embedding(model, groups.embedding.get());
   StepOut out;
   if (o.clip > 0) out.grad_norm = clip_grad_norm(model, *groups.norm, o.clip, o.norm_type);
@@ -271,25 +290,207 @@ std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const Ra
                                   rewalked > 0 ? " + the backward W walks again" : "");
   }
   w["cp"].predicted = cp_bytes;
-  w["dp"].predicted = ring(dp * cp) * held * e + ring(dp) * loss;
-  w["dp"].formula = "2(n-1)/n (the rank's parameters) e, n = dp x cp, + the loss";
+  if (o.mix.zero_stage > 0) {
+    // ZeRO-1: a reduce-scatter of the gradients (fp32) and an all-gather of the shards (e), each
+    // (n-1)/n of the parameters padded to multiples of n
+    const int64_t n = dp * cp;
+    double padded = 0;
+    for (const auto& p : params)
+      padded += static_cast<double>(shard_range(p.numel(), static_cast<int>(n), 0).chunk * n);
+    w["dp"].predicted = ring(n) / 2 * padded * (4 + e) + ring(dp) * loss;
+    w["dp"].formula =
+        "(n-1)/n (the rank's parameters, padded to multiples of n) (4 + e), n = dp x cp, + the "
+        "loss";
+  } else {
+    w["dp"].predicted = ring(dp * cp) * held * e + ring(dp) * loss;
+    w["dp"].formula = "2(n-1)/n (the rank's parameters) e, n = dp x cp, + the loss";
+  }
   const bool ends = std::any_of(model.chunks.begin(), model.chunks.end(), [](const auto& c) {
     return c.layers.embed || c.layers.head;  // the first or the last stage of the pipeline
   });
   w["embedding"].predicted =
       model.tied && pp > 1 && ends ? ring(2) * static_cast<double>(o.model.vocab) * h * e : 0.0;
   w["embedding"].formula = "2(2-1)/2 V h e on the first and the last stage";
-  w["norm"].predicted = o.clip > 0 ? ring(pp * tp) * 8 : 0.0;
-  w["norm"].formula = "2(n-1)/n x 8: one allreduce of the norm (a double) over the pp x tp ranks";
+  const int64_t norm_ranks = o.mix.zero_stage > 0 ? o.mix.world() : pp * tp;
+  w["norm"].predicted = o.clip > 0 ? ring(norm_ranks) * 8 : 0.0;
+  w["norm"].formula = fmt::format(
+      "2(n-1)/n x 8: one allreduce of the norm (a double) over {}",
+      o.mix.zero_stage > 0 ? "every rank (ZeRO-1: each holds other shards)" : "the pp x tp ranks");
   return w;
+}
+
+ShardRange shard_range(int64_t numel, int n, int r) {
+  ShardRange s;
+  s.chunk = (numel + n - 1) / n;
+  s.begin = std::min<int64_t>(static_cast<int64_t>(r) * s.chunk, numel);
+  s.size = std::min(s.chunk, numel - s.begin);
+  return s;
+}
+
+ShardedReduce::ShardedReduce(std::vector<l09::Stage>& chunks, Comm* group, int64_t micro_batches,
+                             double divisor)
+    : chunks_(chunks),
+      group_(group),
+      divisor_(divisor),
+      received_(chunks.size()),
+      works_(chunks.size()) {
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    std::function<void()> start;
+    if (group_ != nullptr && group_->getSize() > 1) start = [this, c] { this->start(c); };
+    chunks[c].begin_step(micro_batches, std::move(start));
+  }
+}
+
+ShardedReduce::~ShardedReduce() {
+  for (auto& c : chunks_) {
+    std::lock_guard<std::mutex> lock(c.watch->mu);
+    c.watch->on_weights_done = nullptr;
+  }
+}
+
+void ShardedReduce::start(size_t c) {
+  const int n = group_->getSize();
+  const auto params = chunks_[c].parameters();
+  int64_t total = 0;
+  for (const auto& p : params) total += shard_range(p.numel(), n, 0).chunk;
+  // Row j: chunk j of every parameter, what rank j of the group owns (fp32 on the wire).
+  const auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+  auto send = torch::zeros({n, total}, torch::dtype(torch::kFloat).device(device));
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    const int64_t k = shard_range(p.numel(), n, 0).chunk;
+    if (p.grad().defined()) {
+      auto padded = torch::zeros({n * k}, send.options());
+      padded.narrow(0, 0, p.numel()).copy_(p.grad().reshape(-1));
+      send.narrow(1, offset, k).copy_(padded.view({n, k}));
+    }
+    offset += k;
+  }
+  // Lesson 07's reduce-scatter: row j to rank j, then this rank adds up the n rows it received.
+  received_[c] = torch::empty_like(send);
+  at::Tensor out = received_[c].view({-1});
+  at::Tensor in = send.view({-1});
+  std::vector<int64_t> equal;  // empty: n equal splits
+  works_[c] = group_->alltoall_base(out, in, equal, equal);
+}
+
+void ShardedReduce::finish() {
+  torch::NoGradGuard no_grad;
+  if (group_ == nullptr || group_->getSize() == 1) {  // a group of one: every shard is whole
+    for (auto& chunk : chunks_) {
+      for (auto& p : chunk.parameters()) {
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        p.mutable_grad().div_(divisor_);
+      }
+    }
+    return;
+  }
+  const int n = group_->getSize();
+  const int r = group_->getRank();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (!works_[c]) {
+      throw std::runtime_error(fmt::format(
+          "chunk {}: the weight gradients of the step's micro-batches were never all computed, "
+          "so its gradients could not be reduce-scattered (does run_schedule run every "
+          "backward?)",
+          c));
+    }
+    works_[c]->wait();
+    const torch::Tensor mine = received_[c].sum(0).div_(divisor_);  // this rank's shards, summed
+    received_[c] = torch::Tensor();
+    int64_t offset = 0;
+    for (auto& p : chunks_[c].parameters()) {
+      const ShardRange s = shard_range(p.numel(), n, r);
+      auto grad = torch::zeros_like(p);
+      if (s.size > 0) {
+        grad.view({-1}).narrow(0, s.begin, s.size).copy_(mine.narrow(0, offset, s.size));
+      }
+      p.mutable_grad() = grad;
+      offset += s.chunk;
+    }
+  }
+}
+
+ShardedAdamW::ShardedAdamW(std::vector<torch::Tensor> params, Comm* group,
+                           const torch::optim::AdamWOptions& options)
+    : params_(std::move(params)), group_(group) {
+  const int n = group_ != nullptr ? group_->getSize() : 1;
+  const int r = group_ != nullptr ? group_->getRank() : 0;
+  std::vector<torch::Tensor> owned;
+  for (const auto& p : params_) {
+    const ShardRange s = shard_range(p.numel(), n, r);
+    torch::Tensor shard;
+    if (s.size > 0) {
+      shard = p.detach().reshape({-1}).narrow(0, s.begin, s.size).clone();
+      owned.push_back(shard);
+    }
+    shards_.push_back(shard);
+  }
+  if (!owned.empty()) adamw_ = std::make_unique<torch::optim::AdamW>(owned, options);
+}
+
+void ShardedAdamW::step() {
+  torch::NoGradGuard no_grad;
+  const int n = group_ != nullptr ? group_->getSize() : 1;
+  const int r = group_ != nullptr ? group_->getRank() : 0;
+  int64_t total = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ShardRange s = shard_range(params_[i].numel(), n, r);
+    total += s.chunk;
+    if (!shards_[i].defined()) continue;
+    const torch::Tensor& g = params_[i].grad();
+    shards_[i].mutable_grad() =
+        g.defined() ? g.reshape({-1}).narrow(0, s.begin, s.size).clone() : torch::Tensor();
+  }
+  if (adamw_) adamw_->step();
+  // Every rank's updated shards into every rank's parameters: one all-gather of the padded shards.
+  const auto options = params_.empty() ? torch::TensorOptions() : params_.front().options();
+  auto mine = torch::zeros({total}, options);
+  int64_t offset = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ShardRange s = shard_range(params_[i].numel(), n, r);
+    if (s.size > 0) mine.narrow(0, offset, s.size).copy_(shards_[i]);
+    offset += s.chunk;
+  }
+  auto all = mine.view({1, total});
+  if (n > 1) {
+    all = torch::empty({n, total}, options);
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int j = 0; j < n; ++j) outputs[0].push_back(all[j]);
+    std::vector<at::Tensor> inputs{mine};
+    group_->allgather(outputs, inputs)->wait();
+  }
+  offset = 0;
+  for (auto& p : params_) {
+    const int64_t k = shard_range(p.numel(), n, 0).chunk;
+    p.view({-1}).copy_(all.narrow(1, offset, k).reshape({-1}).narrow(0, 0, p.numel()));
+    offset += k;
+  }
+}
+
+int64_t ShardedAdamW::state_elements() {
+  int64_t n = 0;
+  if (!adamw_) return 0;
+  for (const auto& shard : shards_) {
+    if (!shard.defined()) continue;
+    auto* state = static_cast<torch::optim::AdamWParamState*>(optimizer_state(*adamw_, shard));
+    if (state != nullptr) n += state->exp_avg().numel() + state->exp_avg_sq().numel();
+  }
+  return n;
 }
 
 NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   RankModel model = build_rank_model(o, groups);
   const auto params = l09::parameters_of(model.chunks);
   // AdamW per rank over its own parameters (shards, stages, the tied copy): elementwise, so the
-  // ranks' optimizers together are the single device's one.
-  TracedAdamW optimizer(params, adamw_options(o));
+  // ranks' optimizers together are the single device's one. ZeRO-1: over its shards of them.
+  std::optional<TracedAdamW> adamw;
+  std::optional<ShardedAdamW> sharded;
+  if (groups.zero_stage > 0) {
+    sharded.emplace(params, groups.reduce.get(), adamw_options(o));
+  } else {
+    adamw.emplace(params, adamw_options(o));
+  }
   // On NCCL a group of sends and receives runs on the communicator of the whole group, which
   // its first collective creates (lesson 09).
   std::vector<at::Tensor> one{torch::ones({1}, torch::dtype(torch::kFloat).device(o.device))};
@@ -300,7 +501,11 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   for (int64_t step = 0; step < o.steps; ++step) {
     if (log) log->begin_step();
     const StepOut out = nd_step(model, groups, o, step);
-    optimizer.step();
+    if (sharded) {
+      sharded->step();
+    } else {
+      adamw->step();
+    }
     for (auto& [traffic, recorder] : groups.recorders) {  // the step's, then forget them
       result.wire_bytes[traffic].measured += recorder->wire_bytes() / static_cast<double>(o.steps);
       recorder->clear();
@@ -309,10 +514,20 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
     if (o.clip > 0) result.grad_norms.push_back(out.grad_norm);
     if (log) log->end_step(step, out.loss);
   }
+  if (sharded) {
+    result.optimizer_elements = sharded->state_elements();
+  } else {
+    for (const auto& p : params) {
+      auto* state = static_cast<torch::optim::AdamWParamState*>(optimizer_state(*adamw, p));
+      if (state != nullptr) {
+        result.optimizer_elements += state->exp_avg().numel() + state->exp_avg_sq().numel();
+      }
+    }
+  }
   // This rank's parameters under the full model's names, the tied head's copy left out.
   // The digest: dp replica 0 and cp rank 0 only (the others hold the same parameters).
-  const bool first_replica = groups.mesh.coord(groups.rank, "dp_replicate") == 0 &&
-                             groups.mesh.coord(groups.rank, "cp") == 0;
+  const bool first_replica =
+      groups.mesh.coord(groups.rank, kDp) == 0 && groups.mesh.coord(groups.rank, "cp") == 0;
   std::vector<NamedPiece> pieces;
   for (const auto& chunk : model.chunks) {
     for (const auto& [name, value] : l09::stage_pieces(chunk)) {

@@ -60,8 +60,8 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
   job.trace_dir = t.trace;
   job.connect();
   const Mesh mesh = make_mesh(o.mix, world);
-  const NdGroups groups =
-      make_groups(job.store, mesh, job.rank(), job.backend, job.timeout, job.env.master_addr);
+  const NdGroups groups = make_groups(job.store, mesh, job.rank(), o.mix.zero_stage, job.backend,
+                                      job.timeout, job.env.master_addr);
   const bool talk = job.rank0() && !t.train.json;
   if (talk) {
     print_banner(
@@ -93,7 +93,10 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     add_job_json(j, job, o, o.mix.recompute == "full" ? Recompute::kFull : Recompute::kNone,
                  result.digest);
     j["mix"] = o.mix.text();
-    j["dp"] = mesh.size("dp_replicate");
+    j["dp"] = mesh.size(std::vector<std::string>{"dp_replicate", "dp_shard"});
+    j["zero_stage"] = o.mix.zero_stage;
+    // AdamW's two moments on rank 0 (the given optimizer's state; ZeRO-1: its shards only)
+    j["optimizer_state_bytes"] = result.optimizer_elements * 4;
     j["tp"] = mesh.size("tp");
     j["pp"] = mesh.size("pp");
     j["cp"] = mesh.size("cp");
@@ -123,6 +126,10 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     fmt::print(out, "    {:<10} {:>10} / {:>10}   {}\n", traffic, human_bytes(w.measured),
                human_bytes(w.predicted), w.formula);
   }
+  fmt::print(out, "  rank 0 keeps AdamW's moments of {} elements: {}{}\n",
+             result.optimizer_elements,
+             human_bytes(static_cast<double>(result.optimizer_elements) * 4),
+             o.mix.zero_stage > 0 ? " (ZeRO-1: its shard of each parameter)" : "");
   if (!result.grad_norms.empty()) {
     fmt::print(out, "  global gradient {}-norm: {:.4f} at the first step, {:.4f} at the last\n",
                f.norm_type, result.grad_norms.front(), result.grad_norms.back());
@@ -159,8 +166,8 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   CLI::App& app = cli.app();
   app.add_option("--mix", f.mix,
                  "DPxTPxPPxCP[:ZERO[:RECOMPUTE[:MICRO[:VIRTUAL]]]], lesson 01's grammar (its "
-                 "plan.mix); the degrees multiply to the world size. Default: every rank a dp "
-                 "replica");
+                 "plan.mix); the degrees multiply to the world size; ZERO 0 or 1 (Megatron's "
+                 "distributed optimizer). Default: every rank a dp replica");
   app.add_option("--virtual-stages", f.virtual_stages,
                  "model chunks per pipeline stage (interleaved 1F1B); overrides the mix's VIRTUAL")
       ->check(positive_count("--virtual-stages 2"));

@@ -16,7 +16,8 @@ namespace dtc::l11 {
 Reduction gradient_reduction(const Mesh& mesh) {
   // BEGIN SOLUTION: return the group (mesh dims) and divisor after which every rank holds the
   //   single device's gradient of the global batch's mean loss, or its tp slice (README section 3)
-  const std::vector<std::string> dims{"dp_replicate", "cp"};
+  // dp_replicate, or dp_shard under ZeRO: the other has size 1 and adds no rank
+  const std::vector<std::string> dims{"dp_replicate", "dp_shard", "cp"};
   return Reduction{dims, mesh.size(dims)};
   // END SOLUTION
 }
@@ -48,10 +49,14 @@ void sync_tied_embedding(RankModel& model, Comm* embedding) {
   // END SOLUTION
 }
 
-std::vector<std::string> norm_dims(const Mesh& mesh) {
+std::vector<std::string> norm_dims(const Mesh& mesh, int zero_stage) {
   (void)mesh;
+  (void)zero_stage;
   // BEGIN SOLUTION: return the dims of a group whose ranks together hold every parameter (or its
   //   slices), and no two of them the same reduced gradient unless they must (README section 5)
+  // ZeRO-1's reduce-scatter leaves every rank of dp x cp its own shard: the whole world (as
+  // Megatron's distributed optimizer reduces its norm)
+  if (zero_stage > 0) return {"pp", "dp_shard", "cp", "tp"};
   return {"pp", "tp"};
   // END SOLUTION
 }

@@ -10,7 +10,8 @@
 // The meshes: dp x tp x pp on 8 ranks, tied and untied; interleaved (pp 2 x v 2) x dp 2;
 // tp x pp under ZB-H1; pp 3 (uneven stages) and pp 4, where 2 stages hide an index error; pp 1
 // (both copies of the tied embedding on one rank); full recomputation with dp; dp x cp x tp
-// (lesson 10's ring) and cp x tp x pp with the zig-zag split.
+// (lesson 10's ring) and cp x tp x pp with the zig-zag split; ZeRO-1 over dp x cp on four of
+// them, where each rank's gradients are its shard (zeros elsewhere) and its AdamW moments too.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -125,15 +126,30 @@ void on_mesh(const NdOptions& o, const std::function<void(const NdGroups&)>& bod
       world,
       [&](RankContext& ctx) {
         const Mesh mesh = l11::make_mesh(o.mix, world);
-        const NdGroups groups = l11::make_groups(ctx.store, mesh, ctx.rank, BackendKind::kGloo,
-                                                 std::chrono::milliseconds(10000));
+        const NdGroups groups =
+            l11::make_groups(ctx.store, mesh, ctx.rank, o.mix.zero_stage, BackendKind::kGloo,
+                             std::chrono::milliseconds(10000));
         body(groups);
       },
       std::chrono::milliseconds(60000));
 }
 
+// Under ZeRO-1, what rank r of the n = dp x cp ranks holds of @p piece after the reduce-scatter:
+// its chunk r of the flattened elements (each cut into n equal chunks of ceil(numel / n)), zeros
+// elsewhere. Written out here, not read from the given shard_range().
+torch::Tensor zero1_shard(const torch::Tensor& piece, const Mesh& mesh, int rank) {
+  const std::vector<std::string> dims{"dp_replicate", "dp_shard", "cp"};
+  const int64_t n = mesh.size(dims), r = mesh.coord(rank, dims);
+  const int64_t chunk = (piece.numel() + n - 1) / n;
+  auto out = torch::zeros_like(piece);
+  const int64_t begin = std::min(r * chunk, piece.numel());
+  const int64_t size = std::min(chunk, piece.numel() - begin);
+  out.view({-1}).narrow(0, begin, size).copy_(piece.reshape({-1}).narrow(0, begin, size));
+  return out;
+}
+
 // Every gradient of every rank (the tied head's copy included: it must hold wte's) against the
-// single device's.
+// single device's (under ZeRO-1, the rank's shard of it).
 void expect_gradients(const RankModel& model, const NdGroups& g, const OneDevice& want,
                       std::mutex& mu, std::map<int, int>& compared) {
   for (const auto& chunk : model.chunks) {
@@ -141,8 +157,9 @@ void expect_gradients(const RankModel& model, const NdGroups& g, const OneDevice
       const std::string full = model.tied && name == "lm_head.weight" ? "wte.weight" : name;
       SCOPED_TRACE(fmt::format("rank {} ({}): {}'s gradient", g.rank, g.mesh.describe(), name));
       ASSERT_TRUE(param.grad().defined());
-      EXPECT_TENSOR_CLOSE(param.grad(),
-                          tp_piece(full, want.grads.at(full), model.tp_rank, model.tp), kFp32Steps);
+      torch::Tensor expected = tp_piece(full, want.grads.at(full), model.tp_rank, model.tp);
+      if (g.zero_stage > 0) expected = zero1_shard(expected, g.mesh, g.rank);
+      EXPECT_TENSOR_CLOSE(param.grad(), expected, kFp32Steps);
       std::lock_guard<std::mutex> lock(mu);
       ++compared[g.rank];
     }
@@ -187,6 +204,11 @@ const MeshCase kMeshes[] = {
     {"tp2_pp2_cp2_full_allgather_tied", "1x2x2x2:0:full", l09::ScheduleKind::k1f1b, true, false,
      l10::Attention::kAllGather},
     {"pp2_cp2_zbh1_ring_untied", "1x1x2x2", l09::ScheduleKind::kZbH1, false},
+    // ZeRO-1 (Megatron's distributed optimizer) over dp x cp: 13-16
+    {"dp2_tp2_pp2_zero1_tied", "2x2x2x1:1", l09::ScheduleKind::k1f1b, true},
+    {"pp2_v2_dp2_zero1_untied", "2x1x2x1:1:none:1:2", l09::ScheduleKind::kInterleaved, false},
+    {"cp2_tp2_pp2_zero1_zigzag_tied", "1x2x2x2:1", l09::ScheduleKind::k1f1b, true, true},
+    {"dp4_pp1_zero1_tied", "4x1x1x1:1", l09::ScheduleKind::k1f1b, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11OneStep, ::testing::ValuesIn(kMeshes),
@@ -261,9 +283,11 @@ TEST(L11ClipInf, TheInfNormIsTheLargestMagnitudeOfNegativeGradients) {
 }
 
 const ClipCase kClips[] = {
-    {kMeshes[0], 2},    {kMeshes[0], kInf}, {kMeshes[2], 2},    {kMeshes[3], kInf},
-    {kMeshes[4], 2},    {kMeshes[6], 2},    {kMeshes[6], kInf}, {kMeshes[8], 2},
-    {kMeshes[9], kInf}, {kMeshes[1], kInf}, {kMeshes[2], kInf}, {kMeshes[10], 2},
+    {kMeshes[0], 2},    {kMeshes[0], kInf},  {kMeshes[2], 2},    {kMeshes[3], kInf},
+    {kMeshes[4], 2},    {kMeshes[6], 2},     {kMeshes[6], kInf}, {kMeshes[8], 2},
+    {kMeshes[9], kInf}, {kMeshes[1], kInf},  {kMeshes[2], kInf}, {kMeshes[10], 2},
+    {kMeshes[13], 2},   {kMeshes[14], kInf}, {kMeshes[15], 2},   {kMeshes[15], kInf},
+    {kMeshes[16], 2},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Clip, ::testing::ValuesIn(kClips), [](const auto& info) {
@@ -305,7 +329,8 @@ TEST_P(L11Train, ParametersAfterThreeClippedStepsAreTheSingleDevices) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Train,
                          ::testing::Values(kMeshes[0], kMeshes[1], kMeshes[2], kMeshes[3],
-                                           kMeshes[5], kMeshes[8], kMeshes[9], kMeshes[10]),
+                                           kMeshes[5], kMeshes[8], kMeshes[9], kMeshes[10],
+                                           kMeshes[13], kMeshes[14], kMeshes[15]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
@@ -338,7 +363,7 @@ TEST_P(L11Wire, EachRanksBytesPerStepAreTheClosedForms) {
     EXPECT_EQ(bytes("pp") > 0, mix.pp > 1);
     EXPECT_EQ(bytes("cp") > 0, mix.cp > 1);
     EXPECT_EQ(bytes("dp") > 0, mix.dp * mix.cp > 1);
-    EXPECT_EQ(bytes("norm") > 0, mix.pp * mix.tp > 1);
+    EXPECT_EQ(bytes("norm") > 0, (mix.zero_stage > 0 ? mix.world() : mix.pp * mix.tp) > 1);
     // the first and the last stage of a pipeline (the given embedding group's two ranks)
     EXPECT_EQ(bytes("embedding") > 0, o.model.tied && g.embedding);
   });
@@ -347,8 +372,48 @@ TEST_P(L11Wire, EachRanksBytesPerStepAreTheClosedForms) {
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Wire,
                          ::testing::Values(kMeshes[0], kMeshes[2], kMeshes[3], kMeshes[4],
                                            kMeshes[7], kMeshes[8], kMeshes[9], kMeshes[10],
-                                           kMeshes[11], kMeshes[12]),
+                                           kMeshes[11], kMeshes[12], kMeshes[13], kMeshes[15]),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO-1: the optimizer's state is the rank's shard
+// ---------------------------------------------------------------------------------------------
+
+// After a step, the moments AdamW keeps on each rank (read from the given optimizer's state) are
+// 2 x its chunk of every parameter it holds, ceil(numel / n) elements or fewer at the end, n =
+// dp x cp; without ZeRO, 2 x every element it holds. And the shards tile each parameter: the
+// ranks of one (pp, tp) coordinate hold 2 x its elements between them, no more.
+TEST(L11Zero, EachRankKeepsTheMomentsOfItsShardOnly) {
+  for (const char* mix : {"2x2x2x1:1", "2x2x2x1", "1x1x2x2:1"}) {
+    NdOptions o = options_of(MeshCase{mix, mix, l09::ScheduleKind::k1f1b, true});
+    o.steps = 1;
+    std::mutex mu;
+    std::map<std::pair<int, int>, int64_t> per_piece;  // (pp, tp) -> moments summed over dp x cp
+    std::map<std::pair<int, int>, int64_t> held;       // (pp, tp) -> elements one rank holds
+    on_mesh(o, [&](const NdGroups& g) {
+      const l11::NdResult result = l11::train_nd(o, g);
+      const RankModel model = l11::build_rank_model(o, g);
+      const std::vector<std::string> dims{"dp_replicate", "dp_shard", "cp"};
+      const int64_t n = g.mesh.size(dims), r = g.mesh.coord(g.rank, dims);
+      int64_t want = 0, whole = 0;
+      for (const auto& p : l09::parameters_of(model.chunks)) {
+        const int64_t chunk = (p.numel() + n - 1) / n;
+        const int64_t mine = std::max<int64_t>(0, std::min(chunk, p.numel() - r * chunk));
+        want += 2 * (o.mix.zero_stage > 0 ? mine : p.numel());
+        whole += p.numel();
+      }
+      EXPECT_EQ(result.optimizer_elements, want) << mix << ", rank " << g.rank;
+      std::lock_guard<std::mutex> lock(mu);
+      const auto key = std::make_pair(g.mesh.coord(g.rank, "pp"), g.mesh.coord(g.rank, "tp"));
+      per_piece[key] += result.optimizer_elements;
+      held[key] = whole;
+    });
+    for (const auto& [key, moments] : per_piece) {
+      const int64_t copies = o.mix.zero_stage > 0 ? 1 : o.mix.dp * o.mix.cp;
+      EXPECT_EQ(moments, 2 * held.at(key) * copies) << mix << ", stage " << key.first;
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // The groups
@@ -357,14 +422,16 @@ INSTANTIATE_TEST_SUITE_P(Meshes, L11Wire,
 // The groups the learner chose, checked by their members on the mesh: the reduction's group is
 // every rank with this rank's pp and tp coordinates (the same piece of the same parameters, seen
 // on other tokens: dp x cp of them) and no other; the norm's group holds every (pp, tp) pair once,
-// all of one dp replica and cp rank.
+// all of one dp replica and cp rank; under ZeRO-1, where each rank of dp x cp holds another shard,
+// every rank of the world.
 TEST(L11Groups, EachCollectiveRunsOnTheRanksThatNeedIt) {
   for (const char* text :
-       {"2x2x2x1", "4x1x2x1", "1x2x4x1", "2x1x1x1", "8x1x1x1", "2x2x1x2", "1x2x2x2", "1x1x1x4"}) {
+       {"2x2x2x1", "4x1x2x1", "1x2x4x1", "2x1x1x1", "8x1x1x1", "2x2x1x2", "1x2x2x2", "1x1x1x4",
+        "2x2x2x1:1", "1x2x2x2:1", "1x1x1x4:1", "8x1x1x1:1", "2x1x4x1:1"}) {
     const MixSpec mix = parse_mix(text, "--mix");
     const Mesh mesh = l11::make_mesh(mix, static_cast<int>(mix.world()));
     const l11::Reduction r = l11::gradient_reduction(mesh);
-    const std::vector<std::string> n = l11::norm_dims(mesh);
+    const std::vector<std::string> n = l11::norm_dims(mesh, mix.zero_stage);
     for (int rank = 0; rank < mesh.world(); ++rank) {
       SCOPED_TRACE(fmt::format("{}, rank {}", text, rank));
       const auto reduce = mesh.group(rank, r.dims);
@@ -377,6 +444,11 @@ TEST(L11Groups, EachCollectiveRunsOnTheRanksThatNeedIt) {
       EXPECT_EQ(r.divisor, mix.dp * mix.cp)
           << "the sum over the group, divided once by the parts the tokens were cut into";
       const auto norm = mesh.group(rank, n);
+      if (mix.zero_stage > 0) {
+        EXPECT_EQ(static_cast<int64_t>(norm.size()), mix.world())
+            << "the norm's group under ZeRO-1: every rank (each dp x cp rank holds another shard)";
+        continue;
+      }
       EXPECT_EQ(static_cast<int64_t>(norm.size()), mix.pp * mix.tp)
           << "the norm's group: every stage and tp rank once, one replica";
       for (int other : norm) {

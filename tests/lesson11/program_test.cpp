@@ -39,11 +39,13 @@ TEST(L11ChecksGiven, EveryImpossibleMeshNamesItsFlag) {
     std::string flag;
   };
   const std::vector<Case> cases = {
-      {"2x2x2x1", 4, l09::ScheduleKind::k1f1b, "--mix"},    // not the world size
-      {"1x4x1x1", 4, l09::ScheduleKind::k1f1b, "--mix"},    // tp 4 does not divide 2 heads
-      {"1x1x8x1", 8, l09::ScheduleKind::k1f1b, "--mix"},    // more stages than layers
-      {"1x1x1x3", 3, l09::ScheduleKind::k1f1b, "--mix"},    // cp 3 does not divide 16
-      {"2x1x1x1:1", 2, l09::ScheduleKind::k1f1b, "--mix"},  // ZeRO: not composed here
+      {"2x2x2x1", 4, l09::ScheduleKind::k1f1b, "--mix"},        // not the world size
+      {"1x4x1x1", 4, l09::ScheduleKind::k1f1b, "--mix"},        // tp 4 does not divide 2 heads
+      {"1x1x8x1", 8, l09::ScheduleKind::k1f1b, "--mix"},        // more stages than layers
+      {"1x1x1x3", 3, l09::ScheduleKind::k1f1b, "--mix"},        // cp 3 does not divide 16
+      {"2x1x1x1:2", 2, l09::ScheduleKind::k1f1b, "--mix"},      // ZeRO-2: not composed here
+      {"2x1x1x1:3", 2, l09::ScheduleKind::k1f1b, "--mix"},      // nor ZeRO-3
+      {"4x1x1x1:hsdp2", 4, l09::ScheduleKind::k1f1b, "--mix"},  // nor HSDP
       {"1x1x2x1:0:selective", 2, l09::ScheduleKind::k1f1b, "--mix"},
       {"1x1x2x1:0:none:1:3", 2, l09::ScheduleKind::k1f1b, "--mix"},  // 4 layers, 2 x 3 chunks
       {"1x1x2x1:0:none:1:2", 2, l09::ScheduleKind::kZbH1, "--schedule"},
@@ -109,8 +111,9 @@ TEST(L11Program, JsonOfAOneRankRunHasTheSingleDevicesDigest) {
   EXPECT_EQ(j.at("world"), 1);
   EXPECT_EQ(j.at("losses").size(), 2u);
   EXPECT_EQ(j.at("grad_norms").size(), 2u);
-  for (const char* key : {"dp", "tp", "pp", "cp", "virtual_stages", "schedule", "launcher",
-                          "param_digest", "micro_batches", "tied", "comm_bytes"}) {
+  for (const char* key :
+       {"dp", "tp", "pp", "cp", "virtual_stages", "schedule", "launcher", "param_digest",
+        "micro_batches", "tied", "comm_bytes", "zero_stage", "optimizer_state_bytes"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   RunConfig run;
