@@ -35,6 +35,8 @@ const std::vector<ModelConfig>& presets() {
       {"gpt2-xl", Arch::kGpt, 1600, 48, 25, 25, 6400, 50257, 1024},
       // GPT-3 175B: Brown et al. 2020 (arXiv:2005.14165) Table 2.1; GPT-2's tokenizer.
       {"gpt3-175b", Arch::kGpt, 12288, 96, 96, 96, 49152, 50257, 2048},
+      // The course's own GPT (dtc::GptConfig's defaults, lesson 02's model): 834,304 parameters.
+      {"course-gpt", Arch::kGpt, 128, 4, 4, 4, 512, 256, 64},
   };
   return all;
 }

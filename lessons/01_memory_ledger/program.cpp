@@ -87,6 +87,7 @@ struct Options {
   double peak_tflops = 989.0;  // H100 SXM, dense BF16
   double mfu = 0.4;
   double gpu_mem_gb = 80.0;
+  double mem_mib = 0;  // --mem-mib: the same in MiB (a CPU rank's budget)
   bool json = false;
   // --plan: a mix for the model on a cluster
   bool plan = false;
@@ -372,9 +373,9 @@ std::string mix_line(const Mix& m) {
 
 std::string cost_line(const Evaluation& e) {
   return fmt::format(
-      "{:.2f} GB of {:.1f} GB per GPU ({}); step: compute {:.3g} s x (1 + bubble {:.3f}) + "
+      "{} of {} per GPU ({}); step: compute {:.3g} s x (1 + bubble {:.3f}) + "
       "communication {:.3g} s = {:.3g} s",
-      e.ledger.total_bytes() / kGB, e.capacity_bytes / kGB,
+      memory_text(e.ledger.total_bytes(), 2), memory_text(e.capacity_bytes, 1),
       !e.fits ? "does NOT fit"
               : (!e.batch_ok ? "fits, but the batch does not feed it: a micro-batch a replica, "
                                "as many as pipeline stages"
@@ -387,12 +388,19 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
   const Cluster& c = req.cluster;
   const TrainingSetup& s = req.setup;
   const double params = static_cast<double>(count_params(req.model));
-  fmt::print(out, "Plan: {} ({:.1f} B parameters) on {} GPUs of {}\n", req.model.name, params / 1e9,
+  // Memory in MiB on a cluster of a few MiB a rank (course-cpu), else in GB.
+  const bool mib = c.gpu_mem_gb < 0.1;
+  const double unit = mib ? 1024.0 * 1024.0 : kGB;
+  const char* u = mib ? "MiB" : "GB";
+  const std::string capacity = mib ? fmt::format("{:g} MiB", c.gpu_mem_gb * kGB / unit)
+                                   : fmt::format("{:g} GB", c.gpu_mem_gb);
+  fmt::print(out, "Plan: {} ({} parameters) on {} GPUs of {}\n", req.model.name,
+             params >= 1e8 ? fmt::format("{:.1f} B", params / 1e9) : fmt::format("{:.3g}", params),
              req.gpus, c.name);
   fmt::print(out,
-             "  cluster: {} GPUs per node, {:g} GB each; per GPU per direction: intra-node "
+             "  cluster: {} GPUs per node, {} each; per GPU per direction: intra-node "
              "{:g} GB/s, inter-node {:g} GB/s; {:g} TFLOP/s\n",
-             c.gpus_per_node, c.gpu_mem_gb, c.intra_gbps, c.inter_gbps, c.peak_tflops);
+             c.gpus_per_node, capacity, c.intra_gbps, c.inter_gbps, c.peak_tflops);
   fmt::print(out,
              "  one step: {} sequences x {} tokens = {:.3g} tokens, micro-batch {} in the table "
              "(the plan tries 1 to {}); {} precision + {}; {:.0f}% MFU\n\n",
@@ -408,11 +416,12 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
              "m = micro-batches per replica, L layers, s b h = one micro-batch's activations)\n\n",
              n, compute_s, weight_wire_bytes(s), gradient_wire_bytes(s), params);
   fmt::print(out, "  {:<12} {:>3}  {:<35} {:>11} {:>9} {:>9} {:>8}  {}\n", "strategy", "n",
-             "shards (per GPU)", "sent GB/GPU", "intra s", "inter s", "mem GB", "fits");
+             "shards (per GPU)", fmt::format("sent {}/GPU", u), "intra s", "inter s",
+             fmt::format("mem {}", u), "fits");
   for (const auto& r : rows) {
     fmt::print(out, "  {:<12} {:>3}  {:<35} {:>11.1f} {:>9.3g} {:>9.3g} {:>8.1f}  {}\n",
-               strategy_name(r.strategy), r.degree, shards_text(r.shards), r.bytes_per_gpu / kGB,
-               r.intra_s, r.inter_s, r.memory_bytes / kGB, r.fits ? "yes" : "no");
+               strategy_name(r.strategy), r.degree, shards_text(r.shards), r.bytes_per_gpu / unit,
+               r.intra_s, r.inter_s, r.memory_bytes / unit, r.fits ? "yes" : "no");
   }
   fmt::print(out, "\n  {:<12} {:<42} {:<67} {}\n", "strategy", "splits", "collectives",
              "bytes sent per GPU per step");
@@ -436,15 +445,15 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
   const Ledger& l = e.ledger;
   fmt::print(out,
              "  per GPU: params {:.2f} + grads {:.2f} + optimizer {:.2f} + activations {:.2f} = "
-             "{:.2f} GB of {:.1f} GB usable ({:.0f}% of {:g} GB)\n",
-             l.state.params / kGB, l.state.grads / kGB, l.state.optimizer / kGB,
-             l.activation_bytes / kGB, l.total_bytes() / kGB, e.capacity_bytes / kGB,
-             kUsableMemory * 100, c.gpu_mem_gb);
+             "{:.2f} {} of {:.1f} {} usable ({:.0f}% of {})\n",
+             l.state.params / unit, l.state.grads / unit, l.state.optimizer / unit,
+             l.activation_bytes / unit, l.total_bytes() / unit, u, e.capacity_bytes / unit, u,
+             kUsableMemory * 100, capacity);
   if (!e.traffic.empty()) {
     fmt::print(out, "  traffic per step:\n");
     for (const auto& t : e.traffic) {
-      fmt::print(out, "    {:<12} n={:<5} {:>10.4g} GB per GPU on {:<10} {:>9.3g} s\n",
-                 strategy_name(t.strategy), t.degree, t.bytes_per_gpu / kGB,
+      fmt::print(out, "    {:<12} n={:<5} {:>10.4g} {} per GPU on {:<10} {:>9.3g} s\n",
+                 strategy_name(t.strategy), t.degree, t.bytes_per_gpu / unit, u,
                  t.crosses_nodes ? "inter-node" : "intra-node", t.seconds);
     }
   }
@@ -711,7 +720,13 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--peak-tflops", o.peak_tflops, "peak TFLOP/s per GPU (H100 BF16 dense: 989)")
       ->capture_default_str();
   app.add_option("--mfu", o.mfu, "model FLOPs utilisation, 0-1")->capture_default_str();
-  app.add_option("--gpu-mem", o.gpu_mem_gb, "memory per GPU in GB")->capture_default_str();
+  auto* gpu_mem =
+      app.add_option("--gpu-mem", o.gpu_mem_gb, "memory per GPU in GB")->capture_default_str();
+  app.add_option("--mem-mib", o.mem_mib,
+                 "memory per GPU (or CPU rank) in MiB, instead of --gpu-mem: e.g. 8 on the "
+                 "course's CPU ranks")
+      ->check(CLI::PositiveNumber)
+      ->excludes(gpu_mem);
   app.add_flag("--json", o.json, "print one JSON object instead of the table");
 
   auto* plan = app.add_flag("--plan", o.plan,
@@ -721,7 +736,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "with --plan: also cost this mix, DPxTPxPPxCP[:ZERO[:RECOMPUTE]] "
                  "(e.g. 128x8x16x1:1:none)")
       ->needs(plan);
-  app.add_option("--cluster", o.cluster, "with --plan: dgx-h100, h200x8, dgx-a100, pcie-ethernet")
+  app.add_option("--cluster", o.cluster,
+                 "with --plan: dgx-h100, h200x8, dgx-a100, pcie-ethernet, or course-cpu (the "
+                 "course's 8 CPU ranks, 8 MiB each: lesson 11 runs the plan)")
       ->capture_default_str()
       ->needs(plan);
   app.add_option("--gpus-per-node", o.gpus_per_node, "with --plan: override the preset's")
@@ -744,7 +761,8 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       app, argc, argv,
       [&] {
         o.set_gpus_per_node = app.count("--gpus-per-node") > 0;
-        o.set_gpu_mem = app.count("--gpu-mem") > 0;
+        if (app.count("--mem-mib") > 0) o.gpu_mem_gb = o.mem_mib * 1024 * 1024 / 1e9;
+        o.set_gpu_mem = app.count("--gpu-mem") > 0 || app.count("--mem-mib") > 0;
         o.set_peak = app.count("--peak-tflops") > 0;
         o.set_intra = app.count("--intra-bw") > 0;
         o.set_inter = app.count("--inter-bw") > 0;

@@ -35,9 +35,13 @@ struct Cluster {
   double peak_tflops = 989;     ///< dense BF16 TFLOP/s per GPU
 };
 
-/// The clusters the course knows by name: dgx-h100, h200x8, dgx-a100, pcie-ethernet (sources
-/// in strategy.cpp).
+/// The clusters the course knows by name: dgx-h100, h200x8, dgx-a100, pcie-ethernet, and
+/// course-cpu, the course's own 8 CPU ranks with 8 MiB each (sources in strategy_given.cpp).
 const std::vector<Cluster>& cluster_presets();
+
+/// @p bytes in GB with @p decimals decimals ("65.73 GB"), or in MiB below 0.1 GB ("7.20 MiB"):
+/// the course cluster's budgets are a few MiB.
+std::string memory_text(double bytes, int decimals);
 
 /// The cluster preset called @p name.
 /// @throws dtc::UsageError("--cluster") listing the known names when there is none.

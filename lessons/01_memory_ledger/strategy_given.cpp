@@ -39,8 +39,21 @@ const std::vector<Cluster>& cluster_presets() {
       // A budget node: 8x H100 PCIe 80 GB without NVLink bridges, talking over PCIe 5.0 x16
       // (~64 GB/s each way), and 100 Gb/s Ethernet per GPU (12.5 GB/s); 756 TFLOP/s dense BF16.
       {"pcie-ethernet", 8, 80, 64, 12.5, 756},
+      // The course's own cluster: 8 CPU ranks of one machine (lesson 11 runs the plan on them).
+      // 8 MiB a rank, a budget the course's GPT (course-gpt: 834,304 parameters, 13.3 MB with
+      // fp32 AdamW's 16 bytes each) does not fit whole, so that the plan must split it; gloo
+      // over loopback, 0.5 to 1.3 GB/s of bus bandwidth in lesson 03's bench_collectives on the
+      // course's 2-core machine: 1 GB/s both ways (lesson 04's namespace "nodes" share the same
+      // kernel); 0.1 TFLOP/s: a 1024 x 1024 fp32 matmul on one thread measured 103 GFLOP/s there
+      // (LibTorch 2.x). A rough machine: measure yours (lesson 03's bench, lesson 02's MFU).
+      {"course-cpu", 8, 8.0 * 1024 * 1024 / 1e9, 1, 1, 0.1},
   };
   return all;
+}
+
+std::string memory_text(double bytes, int decimals) {
+  if (bytes >= 0.1 * kGB || bytes == 0) return fmt::format("{:.{}f} GB", bytes / kGB, decimals);
+  return fmt::format("{:.{}f} MiB", bytes / (1024.0 * 1024.0), decimals);
 }
 
 Cluster cluster_preset(const std::string& name) {
@@ -563,8 +576,9 @@ std::string verdict(const PlanRequest& req, const Branch& b, const Plan& pick) {
           "micro-batch a replica, and as many micro-batches as pipeline stages)",
           req.batch());
     }
-    return fmt::format("does not fit: its leanest mix needs {:.2f} GB of {:.1f} GB per GPU",
-                       least / kGB, kUsableMemory * req.cluster.gpu_mem_gb);
+    return fmt::format("does not fit: its leanest mix needs {} of {} per GPU",
+                       memory_text(least, 2),
+                       memory_text(kUsableMemory * req.cluster.gpu_mem_gb * kGB, 1));
   }
   const Evaluation& e = *b.best;
   if (pick.fits && b.family == pick.family) {
@@ -573,13 +587,13 @@ std::string verdict(const PlanRequest& req, const Branch& b, const Plan& pick) {
   const double ratio = e.step_time_s / pick.eval.step_time_s;
   if (ratio < 1.0) {
     return fmt::format(
-        "fits ({}, {:.2f} GB) and is {:.1f}% faster, within the {:.0f}% a later, more complex "
+        "fits ({}, {}) and is {:.1f}% faster, within the {:.0f}% a later, more complex "
         "branch must win by: {}",
-        layout(e.mix), e.ledger.total_bytes() / kGB, (1.0 - ratio) * 100, kSimplerWithin * 100,
-        step(e));
+        layout(e.mix), memory_text(e.ledger.total_bytes(), 2), (1.0 - ratio) * 100,
+        kSimplerWithin * 100, step(e));
   }
-  return fmt::format("fits ({}, {:.2f} GB), but {:.2f}x the pick's step: {}", layout(e.mix),
-                     e.ledger.total_bytes() / kGB, ratio, step(e));
+  return fmt::format("fits ({}, {}), but {:.2f}x the pick's step: {}", layout(e.mix),
+                     memory_text(e.ledger.total_bytes(), 2), ratio, step(e));
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 # dtc::dist (gloo; NCCL on CUDA builds).
 dtc_add_lesson(11 DIR 11_nd_parallel SOURCES nd.cpp GIVEN nd_given.cpp DRIVER program.cpp
                TESTS tests/lesson11/nd_test.cpp tests/lesson11/program_test.cpp
-               LIBS dtc::dist lesson08_solution_lib lesson09_solution_lib lesson10_solution_lib TORCH)
+               LIBS dtc::dist lesson01_solution_lib lesson08_solution_lib lesson09_solution_lib
+               lesson10_solution_lib TORCH)
 
 # End-to-end: the real program on real processes through this path's torchrun, against the
 # losses and parameter digest of lesson 02's single-process run of the same model (tied, the

@@ -451,7 +451,7 @@ TEST(L01ValidationGiven, PresetsAreValid) {
     SCOPED_TRACE(m.name);
     EXPECT_EQ(usage_subject([&] { validate(m); }), "(no error)");
   }
-  EXPECT_EQ(presets().size(), 13u);
+  EXPECT_EQ(presets().size(), 14u);
 }
 
 }  // namespace

@@ -78,6 +78,39 @@ TEST(L01Program, NoArgumentsComparesTheFamily) {
   EXPECT_FALSE(rows[2].at("fits").get<bool>());
 }
 
+// The course's own cluster (8 CPU ranks, 8 MiB each): the plan speaks MiB, fits the course's
+// GPT split (lesson 11 runs the pick), and --mem-mib sets the same budget on another cluster.
+TEST(L01Program, PlanOnTheCoursesCpuCluster) {
+  const std::vector<std::string> args = {"--plan",     "--model",        "course-gpt", "--cluster",
+                                         "course-cpu", "--precision",    "fp32",       "--seq",
+                                         "64",         "--global-batch", "8",          "--gpus",
+                                         "8"};
+  const Result text = run_lesson01(args);
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("8 MiB each"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("0.00 GB"), std::string::npos) << "MiB, not GB rounded to 0:\n"
+                                                         << text.out;
+  std::vector<std::string> json_args = args;
+  json_args.emplace_back("--json");
+  const auto j = last_json_line(run_lesson01(json_args).out);
+  const auto& plan = j.at("plan");
+  EXPECT_TRUE(plan.at("fits").get<bool>());
+  EXPECT_EQ(j.at("params").get<int64_t>(), 834304) << "lesson 02's model";
+  EXPECT_LE(plan.at("per_gpu_bytes").get<double>(), 0.9 * 8 * 1024 * 1024);
+  EXPECT_GT(
+      plan.at("tp").get<int64_t>() * plan.at("pp").get<int64_t>() * plan.at("cp").get<int64_t>(), 1)
+      << "13.3 MB of fp32 AdamW state does not fit 8 MiB whole";
+  const auto mib =
+      last_json_line(run_lesson01({"--plan", "--model", "course-gpt", "--cluster", "dgx-h100",
+                                   "--mem-mib", "8", "--gpus", "8", "--json"})
+                         .out);
+  EXPECT_DOUBLE_EQ(mib.at("cluster").at("gpu_mem_gb").get<double>(), 8.0 * 1024 * 1024 / 1e9);
+  const Result both =
+      run_lesson01({"--plan", "--model", "course-gpt", "--mem-mib", "8", "--gpu-mem", "80"});
+  EXPECT_EQ(both.code, 2);
+  EXPECT_NE(both.err.find("--mem-mib"), std::string::npos) << both.err;
+}
+
 TEST(L01Program, PlanJson) {
   const Result r = run_lesson01(
       {"--plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--json"});

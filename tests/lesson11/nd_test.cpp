@@ -31,8 +31,10 @@
 #include "dtc/errors.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
+#include "ledger.h"
 #include "nd.h"
 #include "plain_baseline.h"
+#include "strategy.h"
 
 namespace dtc {
 namespace {
@@ -458,6 +460,83 @@ TEST(L11Groups, EachCollectiveRunsOnTheRanksThatNeedIt) {
     }
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Lesson 01's planner: what it picks for the course's own GPT on the course's own cluster runs
+// ---------------------------------------------------------------------------------------------
+
+// The ledger's preset course-gpt is the model this lesson trains (GptConfig's defaults): the
+// planner costs the parameters the ranks hold.
+TEST(L11PlannerGiven, TheLedgersCourseGptIsTheModelThatRuns) {
+  const l01::ModelConfig m = l01::preset("course-gpt");
+  const GptConfig g;
+  EXPECT_EQ(m.hidden, g.hidden);
+  EXPECT_EQ(m.layers, g.layers);
+  EXPECT_EQ(m.heads, g.heads);
+  EXPECT_EQ(m.ffn, g.ffn());
+  EXPECT_EQ(m.vocab, g.vocab);
+  EXPECT_EQ(m.ctx, g.ctx);
+  Gpt model(g);
+  int64_t numel = 0;
+  for (const auto& p : model->parameters()) numel += p.numel();
+  EXPECT_EQ(l01::count_params(m), numel);
+}
+
+class L11Planner : public ::testing::TestWithParam<int> {};
+
+// `lesson01 --plan --model course-gpt --cluster course-cpu --precision fp32 --seq 64
+// --global-batch 8 --gpus N`: the mix it picks, as lesson 11's --mix, trains two steps on N
+// thread-ranks to the single device's parameters.
+TEST_P(L11Planner, ThePlansPickTrainsToTheSingleDevicesParameters) {
+  l01::PlanRequest req;
+  req.model = l01::preset("course-gpt");
+  req.setup.precision = l01::Precision::kFp32;
+  req.setup.seq = 64;
+  req.cluster = l01::cluster_preset("course-cpu");
+  req.gpus = GetParam();
+  req.global_batch = 8;
+  l01::validate(req);
+  const l01::Plan plan = l01::plan(req);
+  ASSERT_TRUE(plan.fits);
+  const l01::Mix& m = plan.eval.mix;
+  SCOPED_TRACE(fmt::format("the plan's mix: {}x{}x{}x{}:{}:{}:{}:{}", m.dp, m.tp, m.pp, m.cp,
+                           m.zero_stage, static_cast<int>(m.recompute), m.micro_batch,
+                           m.virtual_stages));
+  EXPECT_GT(m.tp * m.pp * m.cp, 1)
+      << "8 MiB a rank does not hold the whole model with its fp32 AdamW states: it is split";
+  NdOptions o;
+  o.model = GptConfig{};
+  o.batch = req.global_batch;
+  o.seed = 5;
+  o.steps = 2;
+  o.digest = true;
+  o.mix.dp = m.dp;
+  o.mix.tp = m.tp;
+  o.mix.pp = m.pp;
+  o.mix.cp = m.cp;
+  o.mix.zero_stage = m.zero_stage;
+  o.mix.shard = m.shard;
+  o.mix.recompute = m.recompute == l01::Recompute::kNone   ? "none"
+                    : m.recompute == l01::Recompute::kFull ? "full"
+                                                           : "selective";
+  o.mix.micro_batch = m.micro_batch;
+  o.mix.virtual_stages = m.virtual_stages;
+  nlohmann::json want_digest;
+  const auto want = one_device_train(o, o.steps, 0, 2, &want_digest);
+  on_mesh(o, [&](const NdGroups& g) {
+    const l11::NdResult result = l11::train_nd(o, g);
+    ASSERT_FALSE(result.weights.empty());
+    for (const auto& [name, value] : result.weights) {
+      SCOPED_TRACE(fmt::format("rank {} ({}): {}", g.rank, g.mesh.describe(), name));
+      EXPECT_ADAMW_PARAMS_CLOSE(
+          value, tp_piece(name, want.at(name), g.tp->getRank(), g.tp->getSize()), o.steps, o.lr);
+    }
+    test::expect_digest_close(result.digest, want_digest);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpus, L11Planner, ::testing::Values(4, 8),
+                         [](const auto& info) { return fmt::format("gpus{}", info.param); });
 
 }  // namespace
 }  // namespace dtc
