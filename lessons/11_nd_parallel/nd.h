@@ -253,6 +253,10 @@ class ShardedAdamW {
   void step();
   /// The elements of AdamW's two moments this rank keeps (2 x its owned elements).
   int64_t state_elements();
+  /// The bytes of the shards' fp32 copies and of their gradients: what this optimizer holds
+  /// besides the moments (Megatron's distributed optimizer keeps such a main-parameter shard for
+  /// a 16-bit model; an fp32 model could update its parameters' own storage instead).
+  int64_t copy_bytes() const;
 
  private:
   std::vector<torch::Tensor> params_;
@@ -304,6 +308,14 @@ struct WireBytes {
 std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& options,
                                                     const RankModel& model);
 
+/// The bytes of one rank's training state, counted from its tensors after the last step.
+struct StateMemory {
+  int64_t params = 0;       ///< its parameters: its stages' blocks, tp shards, the tied copy
+  int64_t grads = 0;        ///< their gradients (whole, also under ZeRO-1)
+  int64_t optimizer = 0;    ///< AdamW's two moments (ZeRO-1: of its shards)
+  int64_t zero_copies = 0;  ///< ZeRO-1: ShardedAdamW's copies of its shards and their gradients
+};
+
 /// What a run gives back.
 struct NdResult {
   std::vector<float> losses;       ///< every step's loss
@@ -314,6 +326,8 @@ struct NdResult {
   std::vector<std::pair<std::string, torch::Tensor>> weights;
   /// the elements of AdamW's two moments this rank keeps after the run (ZeRO-1: of its shards)
   int64_t optimizer_elements = 0;
+  /// this rank's state after the last step (each parameter's storage counted once)
+  StateMemory memory;
   /// the bytes this rank sent per step, by kind of traffic (predict_wire_bytes()'s keys), measured
   /// over the training steps (not the start's check or the digest) beside the closed forms
   std::map<std::string, WireBytes> wire_bytes;

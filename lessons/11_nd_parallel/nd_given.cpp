@@ -479,6 +479,38 @@ int64_t ShardedAdamW::state_elements() {
   return n;
 }
 
+int64_t ShardedAdamW::copy_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& shard : shards_) {
+    if (!shard.defined()) continue;
+    bytes += shard.numel() * static_cast<int64_t>(shard.element_size());
+    if (shard.grad().defined()) {
+      bytes += shard.grad().numel() * static_cast<int64_t>(shard.grad().element_size());
+    }
+  }
+  return bytes;
+}
+
+namespace {
+
+// The bytes of @p tensors and of their gradients, each tensor once (a tied head that is wte
+// itself on a one-stage pipeline counts once).
+std::pair<int64_t, int64_t> storage_bytes(const std::vector<torch::Tensor>& tensors) {
+  std::set<const void*> seen;
+  std::set<const void*> seen_grads;
+  std::pair<int64_t, int64_t> bytes{0, 0};
+  for (const auto& p : tensors) {
+    if (seen.insert(p.data_ptr()).second) bytes.first += p.numel() * p.element_size();
+    const auto& g = p.grad();
+    if (g.defined() && seen_grads.insert(g.data_ptr()).second) {
+      bytes.second += g.numel() * g.element_size();
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
 NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   RankModel model = build_rank_model(o, groups);
   const auto params = l09::parameters_of(model.chunks);
@@ -514,8 +546,12 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
     if (o.clip > 0) result.grad_norms.push_back(out.grad_norm);
     if (log) log->end_step(step, out.loss);
   }
+  const auto [param_bytes, grad_bytes] = storage_bytes(params);
+  result.memory.params = param_bytes;
+  result.memory.grads = grad_bytes;
   if (sharded) {
     result.optimizer_elements = sharded->state_elements();
+    result.memory.zero_copies = sharded->copy_bytes();
   } else {
     for (const auto& p : params) {
       auto* state = static_cast<torch::optim::AdamWParamState*>(optimizer_state(*adamw, p));
@@ -524,6 +560,7 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
       }
     }
   }
+  result.memory.optimizer = result.optimizer_elements * 4;
   // This rank's parameters under the full model's names, the tied head's copy left out.
   // The digest: dp replica 0 and cp rank 0 only (the others hold the same parameters).
   const bool first_replica =

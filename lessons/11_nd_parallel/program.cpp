@@ -15,6 +15,7 @@
 #include "dtc/cli.h"
 #include "dtc/errors.h"
 #include "dtc/program.h"
+#include "ledger.h"
 
 namespace dtc::l11 {
 namespace {
@@ -29,6 +30,46 @@ struct Flags {
   std::string attention = "ring";
   bool zigzag = false;
 };
+
+// Lesson 01's ledger for this run's model and mix (fp32, AdamW): the device that holds the most,
+// the first pipeline stage, with every parameter split by tp and ZeRO over the dp x cp ranks.
+l01::Ledger predicted_ledger(const NdOptions& o) {
+  const l01::ModelConfig model{"run",          l01::Arch::kGpt, o.model.hidden,
+                               o.model.layers, o.model.heads,   o.model.heads,
+                               o.model.ffn(),  o.model.vocab,   o.model.ctx};
+  l01::TrainingSetup s;
+  s.precision = l01::Precision::kFp32;
+  s.optimizer = l01::Optimizer::kAdam;
+  s.zero_stage = o.mix.zero_stage;
+  s.dp = o.mix.dp * o.mix.cp;
+  s.tp = o.mix.tp;
+  s.pp = o.mix.pp;
+  s.seq = o.model.ctx / o.mix.cp;
+  s.micro_batch = o.mix.micro_batch;
+  return l01::compute_ledger(l01::count_params(model), s, &model);
+}
+
+// Why rank 0's counted state differs from the ledger's, when it does.
+std::string memory_note(const NdOptions& o) {
+  std::string note;
+  if (o.mix.tp > 1) {
+    note +=
+        "  tp replicates the LayerNorms, the row-parallel biases and (here) the embeddings, "
+        "which the\n  ledger divides by tp: the count is above the ledger by (1 - 1/tp) of "
+        "them.\n";
+  }
+  if (o.mix.pp == 1) {
+    note +=
+        "  one stage keeps the head as a second tensor (the tied copy, or lm_head): V h "
+        "that the\n  ledger's tied GPT counts once.\n";
+  }
+  if (o.mix.zero_stage > 0) {
+    note +=
+        "  ZeRO-1 cuts each parameter into dp x cp chunks of ceil(numel / n): rank 0's are "
+        "the\n  full ones, a few elements above the ledger's even 1/n.\n";
+  }
+  return note;
+}
 
 int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& err) {
   // 1. Configuration, checked on every rank before the network is touched.
@@ -97,6 +138,17 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     j["zero_stage"] = o.mix.zero_stage;
     // AdamW's two moments on rank 0 (the given optimizer's state; ZeRO-1: its shards only)
     j["optimizer_state_bytes"] = result.optimizer_elements * 4;
+    const l01::Ledger ledger = predicted_ledger(o);
+    j["memory"] = {{"rank", 0},
+                   {"measured",
+                    {{"params", result.memory.params},
+                     {"grads", result.memory.grads},
+                     {"optimizer", result.memory.optimizer},
+                     {"zero_copies", result.memory.zero_copies}}},
+                   {"predicted",
+                    {{"params", ledger.state.params},
+                     {"grads", ledger.state.grads},
+                     {"optimizer", ledger.state.optimizer}}}};
     j["tp"] = mesh.size("tp");
     j["pp"] = mesh.size("pp");
     j["cp"] = mesh.size("cp");
@@ -130,6 +182,23 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
              result.optimizer_elements,
              human_bytes(static_cast<double>(result.optimizer_elements) * 4),
              o.mix.zero_stage > 0 ? " (ZeRO-1: its shard of each parameter)" : "");
+  const l01::Ledger ledger = predicted_ledger(o);
+  const StateMemory& m = result.memory;
+  fmt::print(out,
+             "  rank 0's state, counted from its tensors / lesson 01's ledger for this mix (its "
+             "first stage):\n"
+             "    params     {:>10} / {:>10}\n    grads      {:>10} / {:>10}\n"
+             "    optimizer  {:>10} / {:>10}   AdamW's two moments\n",
+             human_bytes(static_cast<double>(m.params)), human_bytes(ledger.state.params),
+             human_bytes(static_cast<double>(m.grads)), human_bytes(ledger.state.grads),
+             human_bytes(static_cast<double>(m.optimizer)), human_bytes(ledger.state.optimizer));
+  if (m.zero_copies > 0) {
+    fmt::print(out,
+               "    ZeRO-1's fp32 copies of the shards and their gradients: {} (not in the "
+               "ledger)\n",
+               human_bytes(static_cast<double>(m.zero_copies)));
+  }
+  fmt::print(out, "{}", memory_note(o));
   if (!result.grad_norms.empty()) {
     fmt::print(out, "  global gradient {}-norm: {:.4f} at the first step, {:.4f} at the last\n",
                f.norm_type, result.grad_norms.front(), result.grad_norms.back());

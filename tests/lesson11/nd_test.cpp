@@ -462,6 +462,84 @@ TEST(L11Groups, EachCollectiveRunsOnTheRanksThatNeedIt) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Memory: rank 0's state against lesson 01's ledger for the same mix
+// ---------------------------------------------------------------------------------------------
+
+class L11Memory : public ::testing::TestWithParam<MeshCase> {};
+
+// After one step, rank 0 (the first stage, the ledger's device) holds, to the byte, the ledger's
+// fp32 AdamW state plus what the ledger does not model, counted here from the model's shapes:
+// tp replicates the LayerNorms, the row-parallel biases and the embeddings, which the ledger
+// divides by tp; a one-stage pipeline keeps the head as a second tensor (the tied copy, or
+// lm_head). Under ZeRO-1 its moments are 2 x 4 bytes of its chunk ceil(numel / n) of every piece.
+TEST_P(L11Memory, RankZerosStateIsTheLedgersPlusWhatItDoesNotModel) {
+  NdOptions o = options_of(GetParam());
+  o.steps = 1;
+  const int64_t tp = o.mix.tp, pp = o.mix.pp, n = o.mix.dp * o.mix.cp;
+  // Rank 0's pieces, by numel: the embeddings, ceil(L / pp) blocks, and on one stage the rest.
+  std::vector<int64_t> pieces;
+  std::vector<int64_t> unsplit;  // the same, as the ledger counts them (before its / tp)
+  const int64_t blocks = (o.model.layers + pp - 1) / pp;
+  for (const auto& item : Gpt(o.model)->named_parameters()) {
+    const std::string& name = item.key();
+    const bool split = name.find("c_attn.") != std::string::npos ||
+                       name.find("c_fc.") != std::string::npos ||
+                       name.find("c_proj.weight") != std::string::npos;
+    bool held = name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0;
+    if (name.rfind("h.", 0) == 0) held = std::stoi(name.substr(2)) < blocks;
+    if (name.rfind("ln_f.", 0) == 0) held = pp == 1;
+    if (!held) continue;
+    pieces.push_back(split ? item.value().numel() / tp : item.value().numel());
+    unsplit.push_back(item.value().numel());
+  }
+  if (pp == 1) pieces.push_back(o.model.vocab * o.model.hidden);  // the head: a second tensor
+  int64_t held = 0, ledger_elements = 0, zero_chunks = 0;
+  for (int64_t k : pieces) {
+    held += k;
+    zero_chunks += (k + n - 1) / n;
+  }
+  for (int64_t k : unsplit) ledger_elements += k;
+
+  const l01::ModelConfig model{"run",          l01::Arch::kGpt, o.model.hidden,
+                               o.model.layers, o.model.heads,   o.model.heads,
+                               o.model.ffn(),  o.model.vocab,   o.model.ctx};
+  l01::TrainingSetup setup;
+  setup.precision = l01::Precision::kFp32;
+  setup.optimizer = l01::Optimizer::kAdam;
+  setup.zero_stage = o.mix.zero_stage;
+  setup.dp = n;
+  setup.tp = tp;
+  setup.pp = pp;
+  const l01::Ledger ledger = l01::compute_ledger(l01::count_params(model), setup, &model);
+  // The ledger's documented model: rank 0's blocks and embeddings (pp 1: the whole tied model),
+  // every one split by tp.
+  EXPECT_DOUBLE_EQ(ledger.state.params, 4.0 * static_cast<double>(ledger_elements) / tp);
+
+  on_mesh(o, [&](const NdGroups& g) {
+    const l11::NdResult result = l11::train_nd(o, g);
+    if (g.rank != 0) return;
+    EXPECT_EQ(result.memory.params, 4 * held);
+    EXPECT_EQ(result.memory.grads, 4 * held) << "every gradient whole, under ZeRO-1 too";
+    const double replicated = static_cast<double>(4 * held) - ledger.state.params;
+    EXPECT_GE(replicated, 0) << "the ledger's even split by tp is the least rank 0 can hold";
+    if (tp == 1 && pp > 1) EXPECT_EQ(replicated, 0) << "no tp, no second head: the ledger's";
+    if (o.mix.zero_stage == 0) {
+      EXPECT_EQ(result.memory.optimizer, 8 * held);
+      EXPECT_EQ(result.memory.zero_copies, 0);
+    } else {
+      EXPECT_EQ(result.memory.optimizer, 8 * zero_chunks);
+      EXPECT_EQ(result.memory.zero_copies, 8 * zero_chunks) << "the shards and their gradients";
+      EXPECT_GE(static_cast<double>(result.memory.optimizer), ledger.state.optimizer);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, L11Memory,
+                         ::testing::Values(kMeshes[0], kMeshes[2], kMeshes[4], kMeshes[6],
+                                           kMeshes[8], kMeshes[13], kMeshes[14], kMeshes[16]),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
 // Lesson 01's planner: what it picks for the course's own GPT on the course's own cluster runs
 // ---------------------------------------------------------------------------------------------
 

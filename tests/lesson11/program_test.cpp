@@ -113,9 +113,19 @@ TEST(L11Program, JsonOfAOneRankRunHasTheSingleDevicesDigest) {
   EXPECT_EQ(j.at("grad_norms").size(), 2u);
   for (const char* key :
        {"dp", "tp", "pp", "cp", "virtual_stages", "schedule", "launcher", "param_digest",
-        "micro_batches", "tied", "comm_bytes", "zero_stage", "optimizer_state_bytes"}) {
+        "micro_batches", "tied", "comm_bytes", "zero_stage", "optimizer_state_bytes", "memory"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
+  // The state against lesson 01's ledger: the whole tied model (2 layers: 2 x 12,704 + ln_f 64
+  // + wte 8,192 + wpe 512 = 34,176 parameters, a block being 12 h^2 + 13 h) in fp32,
+  // plus the head's second tensor on this one stage (V h = 8,192), which the ledger counts once.
+  const auto& mem = j.at("memory");
+  EXPECT_DOUBLE_EQ(mem.at("predicted").at("params").get<double>(), 4.0 * 34176);
+  EXPECT_DOUBLE_EQ(mem.at("predicted").at("optimizer").get<double>(), 8.0 * 34176);
+  EXPECT_EQ(mem.at("measured").at("params").get<int64_t>(), 4 * (34176 + 8192));
+  EXPECT_EQ(mem.at("measured").at("grads").get<int64_t>(), 4 * (34176 + 8192));
+  EXPECT_EQ(mem.at("measured").at("optimizer").get<int64_t>(), 8 * (34176 + 8192));
+  EXPECT_EQ(mem.at("measured").at("zero_copies").get<int64_t>(), 0);
   RunConfig run;
   run.model.layers = 2;
   run.model.hidden = 32;
