@@ -21,8 +21,8 @@
 # every TODO of the untouched exercise (scripts/check_bite.py).
 #
 # The light path (LibTorch 1.13) tests what differs between LibTorch generations, and skips what
-# cannot differ (DTC_LIGHT_FULL=ON builds it all): a lesson without LibTorch (lesson 01) is not
-# added at all, and the learner flavour (exercise = solution with its regions replaced by
+# cannot differ (DTC_LIGHT_FULL=ON builds it all): a lesson without LibTorch (lesson 01) is built
+# as its reference only (lesson 11 links its planner and ledger), and the learner flavour (exercise = solution with its regions replaced by
 # DTC_TODO stubs) is built only on request (`cmake --build build-light --target lesson06`), with
 # no ctest entries and no bite check.
 function(dtc_add_lesson num)
@@ -36,9 +36,6 @@ function(dtc_add_lesson num)
   endif()
   set(light_trim OFF)
   if(DTC_FLAVOR STREQUAL "light" AND NOT DTC_LIGHT_FULL AND NOT DTC_SUBMISSION)
-    if(NOT L_TORCH)
-      return()
-    endif()
     set(light_trim ON)
   endif()
   set(ldir "${PROJECT_SOURCE_DIR}/lessons/${L_DIR}")
