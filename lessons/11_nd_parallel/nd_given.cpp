@@ -495,7 +495,7 @@ namespace {
 
 // The bytes of @p tensors and of their gradients, each tensor once (a tied head that is wte
 // itself on a one-stage pipeline counts once).
-std::pair<int64_t, int64_t> storage_bytes(const std::vector<torch::Tensor>& tensors) {
+std::pair<int64_t, int64_t> held_bytes(const std::vector<torch::Tensor>& tensors) {
   std::set<const void*> seen;
   std::set<const void*> seen_grads;
   std::pair<int64_t, int64_t> bytes{0, 0};
@@ -546,7 +546,7 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
     if (o.clip > 0) result.grad_norms.push_back(out.grad_norm);
     if (log) log->end_step(step, out.loss);
   }
-  const auto [param_bytes, grad_bytes] = storage_bytes(params);
+  const auto [param_bytes, grad_bytes] = held_bytes(params);
   result.memory.params = param_bytes;
   result.memory.grads = grad_bytes;
   if (sharded) {

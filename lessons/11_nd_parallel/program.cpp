@@ -129,6 +129,7 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
   // 4. Report, 5. finish.
   job.finish();
   if (!job.rank0()) return kExitOk;
+  const l01::Ledger ledger = predicted_ledger(o);  // rank 0's state, as lesson 01 predicts it
   if (t.train.json) {
     nlohmann::json j = run_json(log, o.steps, job.device);
     add_job_json(j, job, o, o.mix.recompute == "full" ? Recompute::kFull : Recompute::kNone,
@@ -138,7 +139,6 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     j["zero_stage"] = o.mix.zero_stage;
     // AdamW's two moments on rank 0 (the given optimizer's state; ZeRO-1: its shards only)
     j["optimizer_state_bytes"] = result.optimizer_elements * 4;
-    const l01::Ledger ledger = predicted_ledger(o);
     j["memory"] = {{"rank", 0},
                    {"measured",
                     {{"params", result.memory.params},
@@ -182,7 +182,6 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
              result.optimizer_elements,
              human_bytes(static_cast<double>(result.optimizer_elements) * 4),
              o.mix.zero_stage > 0 ? " (ZeRO-1: its shard of each parameter)" : "");
-  const l01::Ledger ledger = predicted_ledger(o);
   const StateMemory& m = result.memory;
   fmt::print(out,
              "  rank 0's state, counted from its tensors / lesson 01's ledger for this mix (its "
