@@ -32,6 +32,10 @@ Checks, each printed as "ok" or "FAIL":
                         "replicas") has collectives or send/recv pairs the clock check covered
 --launcher mpirun      start the N ranks with OpenMPI's mpirun instead of torchrun (the
                         programs read OMPI_COMM_WORLD_*, lesson 04), MASTER_ADDR/PORT passed on
+--launcher two-nodes   start them as two "nodes" of N/2 ranks each, one torchrun per network
+                        namespace (--two-nodes-script, scripts/two-nodes.sh, lesson 04); its exit
+                        status 77 (no namespaces here: not root, or a container without
+                        CAP_SYS_ADMIN) is passed on, which ctest reports as a skip
 --nproc 0 runs the program alone, without torchrun. Each torchrun takes its own free port (c10d
 rendezvous): runs may go in parallel. Exit 0 when every
 check passed, 1 otherwise.
@@ -226,7 +230,9 @@ def main() -> int:
     ap.add_argument("--losses-like")
     ap.add_argument("--losses-like-args", default="")
     ap.add_argument("--digest-rtol", type=float, default=RTOL)
-    ap.add_argument("--launcher", choices=["torchrun", "mpirun"], default="torchrun")
+    ap.add_argument("--launcher", choices=["torchrun", "mpirun", "two-nodes"],
+                    default="torchrun")
+    ap.add_argument("--two-nodes-script", default="")
     ap.add_argument("--trace-check")
     ap.add_argument("--trace-groups", default="")
     ap.add_argument("--existing-trace", help="check this --trace DIR of an earlier run (with "
@@ -280,6 +286,15 @@ def main() -> int:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.nproc),
                "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "OMP_NUM_THREADS",
                a.program, *prog_args]
+    elif a.launcher == "two-nodes":
+        if not a.two_nodes_script or a.nproc < 2 or a.nproc % 2:
+            print("FAIL --launcher two-nodes needs --two-nodes-script and an even --nproc "
+                  f"(got {a.two_nodes_script!r}, {a.nproc})")
+            return 1
+        env.update(NPROC=str(a.nproc // 2), TIMEOUT=str(TIMEOUT_S - 10))
+        if a.torchrun:
+            env["TORCHRUN"] = " ".join([a.torchrun, *shlex.split(a.torchrun_flags)])
+        cmd = [a.two_nodes_script, a.program, *prog_args]
     else:
         # A rendezvous of this run's own: a port picked beforehand can be taken by a run started
         # at the same moment, whose store this torchrun would then join (and wait in).
@@ -294,6 +309,10 @@ def main() -> int:
         print(f"FAIL the run did not end within {TIMEOUT_S} s (a hang)")
         return 1
     out = p.stdout + p.stderr
+    if a.launcher == "two-nodes" and p.returncode == 77:
+        print(p.stderr[-2000:])
+        print("SKIPPED: two network namespaces cannot be made here (see above)")
+        return 77
     check(p.returncode == a.exit, f"exit code {p.returncode} (expected {a.exit})")
     for pattern in a.output:
         check(re.search(pattern, out, re.M) is not None, f"output matches /{pattern}/")
