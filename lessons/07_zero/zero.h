@@ -24,6 +24,7 @@
 #include "dtc/compat.h"
 #include "dtc/data.h"
 #include "dtc/model.h"
+#include "dtc/storage.h"
 
 namespace dtc::l07 {
 
@@ -149,26 +150,14 @@ struct AdamWOptions {
 void adamw_update(torch::Tensor param, const torch::Tensor& grad, torch::Tensor exp_avg,
                   torch::Tensor exp_avg_sq, int64_t step, const AdamWOptions& options);
 
+// Freeing a tensor's memory behind autograd (what FSDP does): dtc/storage.h's free_storage() and
+// refill_storage(), given.
+using ::dtc::free_storage;
+using ::dtc::refill_storage;
+
 // ---------------------------------------------------------------------------------------------
 // The engine
 // ---------------------------------------------------------------------------------------------
-
-// ---------------------------------------------------------------------------------------------
-// Freeing a tensor's memory behind autograd (what FSDP does)
-// ---------------------------------------------------------------------------------------------
-
-/// Releases the memory of @p t's storage and leaves the storage empty (0 bytes): every tensor
-/// that views it, autograd's saved tensors included, keeps its shape, and must not be read until
-/// refill_storage() gives the storage its bytes back. FSDP's `untyped_storage().resize_(0)`,
-/// written with ATen's StorageImpl (the same on LibTorch 1.13 and 2.x). Given.
-void free_storage(const torch::Tensor& t);
-
-/// Hands @p from's memory to @p into's emptied storage (no copy, no allocation, no version
-/// counter bump, so autograd's saved views of @p into read the new bytes); @p from is left
-/// empty. Both must be contiguous, start at offset 0 of their storage and have the same
-/// dtype, device and number of elements, and @p into's storage must be empty (freed). Given.
-/// @throws std::invalid_argument when they do not match, or @p into still holds memory.
-void refill_storage(const torch::Tensor& into, const torch::Tensor& from);
 
 /// Options of a ZeRO run.
 struct ZeroOptions {

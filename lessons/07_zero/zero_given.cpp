@@ -1,8 +1,8 @@
 // Lesson 07's given code: the pieces of zero.h that are not the exercise. The flat layout, the
-// counting collectives' blocking forms, the storage tricks (free_storage, refill_storage), the
-// engine's construction, bookkeeping and AdamW over its pieces, the reduction of a unit's
-// gradient, the inspection helpers, and the sharded checkpoints. Read it as the library your
-// code in zero.cpp calls; nothing here needs changing.
+// counting collectives' blocking forms, the engine's construction, bookkeeping and AdamW over its
+// pieces, the reduction of a unit's gradient, the inspection helpers, and the sharded
+// checkpoints (the storage tricks are dtc/storage.h's). Read it as the library your code in
+// zero.cpp calls; nothing here needs changing.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -64,36 +64,6 @@ torch::Tensor CountingComm::all_gather_finish(Pending& pending) {
 torch::Tensor CountingComm::all_gather(const torch::Tensor& chunk) {
   Pending pending = all_gather_start(chunk);
   return all_gather_finish(pending);
-}
-
-void free_storage(const torch::Tensor& t) {
-  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));  // the old DataPtr frees it
-  impl->set_nbytes(0);
-}
-
-void refill_storage(const torch::Tensor& into, const torch::Tensor& from) {
-  c10::StorageImpl* dst = into.storage().unsafeGetStorageImpl();
-  c10::StorageImpl* src = from.storage().unsafeGetStorageImpl();
-  if (dst->nbytes() != 0) {
-    throw std::invalid_argument(
-        "refill_storage: the target's storage still holds memory: free_storage() it first");
-  }
-  const auto whole = [](const torch::Tensor& t) {
-    return t.is_contiguous() && t.storage_offset() == 0;
-  };
-  if (!whole(into) || !whole(from) || into.numel() != from.numel() ||
-      into.dtype() != from.dtype() || into.device() != from.device() ||
-      src->nbytes() != static_cast<size_t>(from.nbytes())) {
-    throw std::invalid_argument(
-        fmt::format("refill_storage: the tensors must be whole, contiguous and alike (into {} "
-                    "elements, from {}, whose storage holds {} bytes)",
-                    into.numel(), from.numel(), src->nbytes()));
-  }
-  const size_t nbytes = src->nbytes();
-  dst->set_data_ptr_noswap(src->set_data_ptr(at::DataPtr(nullptr, from.device())));
-  dst->set_nbytes(nbytes);
-  src->set_nbytes(0);
 }
 
 ZeroEngine::ZeroEngine(Gpt model, c10::intrusive_ptr<Comm> comm, const ZeroOptions& options,

@@ -11,9 +11,10 @@ dtc_add_lesson(11 DIR 11_nd_parallel SOURCES nd.cpp GIVEN nd_given.cpp DRIVER pr
 # default; untied where asked). dp 2 x tp 2 x pp 2 and tp 2 x pp 2 x cp 2 (ring, zig-zag) on 8
 # processes (the primary path: 8 LibTorch processes on 2 cores are the slowest start of the suite),
 # and interleaved pp 2 x v 2 x dp 2 under ZeRO-1 (the optimizer sharded over dp) on 4 processes on
-# both paths. two_nodes: dp 2 x tp 2 x pp 2 on two "nodes" of 4 (lesson 04's network namespaces,
-# scripts/two-nodes.sh): each pipeline sits on one node and dp crosses between them (skipped
-# where namespaces cannot be made).
+# both paths. hsdp: ZeRO-3 over pairs of the 4 dp ranks, replicated across the pairs, x tp 2
+# (--hsdp). two_nodes: ZeRO-3 x dp 2 x tp 2 x pp 2 on two "nodes" of 4 (lesson 04's network
+# namespaces, scripts/two-nodes.sh): pp is the slowest dimension, so each node holds one stage and
+# only the stages' traffic crosses between them (skipped where namespaces cannot be made).
 set(l11_model --steps 3 --layers 4 --hidden 32 --heads 2 --seq 16)
 string(JOIN " " l11_model_args ${l11_model})
 if(DTC_TORCHRUN)
@@ -24,8 +25,14 @@ if(DTC_TORCHRUN)
   dtc_add_e2e(11 NAME two_nodes TIMEOUT 180 PRIMARY SKIP_RETURN_CODE 77 COMMAND ${DTC_E2E_RUN}
     --nproc 8 --launcher two-nodes --two-nodes-script "${PROJECT_SOURCE_DIR}/scripts/two-nodes.sh"
     --program @PROGRAM@ --json-equals world=8 --json-equals dp=2 --json-equals tp=2 --json-equals pp=2
+    --json-equals zero_stage=3
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
-    -- ${l11_model} --mix 2x2x2x1 --json)
+    -- ${l11_model} --mix 2x2x2x1:3 --json)
+  dtc_add_e2e(11 NAME torchrun_hsdp2_tp2 TIMEOUT 180 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 8
+    --program @PROGRAM@ --json-equals dp=4 --json-equals hsdp=2 --json-equals zero_stage=3
+    --json-equals tp=2
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
+    -- ${l11_model} --mix 4x2x1x1 --hsdp 2 --json)
   dtc_add_e2e(11 NAME torchrun_tp2_pp2_cp2 TIMEOUT 180 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 8
     --program @PROGRAM@ --json-equals cp=2 --json-equals zigzag=true
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"

@@ -6,10 +6,16 @@
 //
 //   rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank))
 //
-// With ZeRO-1 (`--mix 2x2x2x1:1`, Megatron's distributed optimizer: lesson 07's stage 1) the
-// dp dimension is dp_shard instead of dp_replicate: the gradients are reduce-scattered over
-// dp x cp, each rank keeps AdamW's moments of its shard of every parameter, and the updated
-// shards are all-gathered (given: ShardedReduce and ShardedAdamW).
+// With ZeRO (`--mix 2x2x2x1:1`, lesson 07's stages 1-3) the dp dimension is dp_shard instead of
+// dp_replicate: the gradients are reduce-scattered over dp x cp, each rank keeps AdamW's moments
+// of its shard of every parameter, and the updated shards are all-gathered (given: ShardedReduce
+// and ShardedAdamW). Stage 1 is Megatron's distributed optimizer; stage 2 also keeps only its
+// shard of the gradients between steps; stage 3 (FSDP) also its shard of the parameters,
+// gathered whole at the start of a step and kept for all its micro-batches (torchtitan's FSDP
+// under a pipeline: reshard_after_forward off). HSDP (`--mix 4x2x1x1:hsdp2`, FSDP's
+// HYBRID_SHARD) is ZeRO-3 over groups of N dp ranks, dp_shard = N, replicated across the
+// dp / N groups of dp_replicate: reduce-scatter within a group, then an allreduce of the shards
+// across the groups.
 //
 // Every rank builds the course's GPT, swaps each block's attention and MLP for lesson 08's
 // tensor-parallel ones over its tp group (and, with cp, lesson 10's context-parallel attention
@@ -88,13 +94,18 @@ bool tp_sharded(const std::string& name);
 struct NdGroups {
   Mesh mesh;
   int rank = 0;
-  int zero_stage = 0;               ///< the mix's: 0, or 1 (ZeRO-1 over `reduce`)
-  c10::intrusive_ptr<Comm> pp;      ///< the pipeline this rank is a stage of; its rank = stage
-  c10::intrusive_ptr<Comm> tp;      ///< the tp group (a group of one when tp is 1)
-  c10::intrusive_ptr<Comm> dp;      ///< the dp replicas of this rank (the step's loss)
-  c10::intrusive_ptr<Comm> cp;      ///< the cp group: the ranks that split each sequence
-  c10::intrusive_ptr<Comm> reduce;  ///< over gradient_reduction(mesh).dims
-  c10::intrusive_ptr<Comm> norm;    ///< over norm_dims(mesh)
+  int zero_stage = 0;           ///< the mix's: 0, or 1-3 (ZeRO over `reduce`)
+  c10::intrusive_ptr<Comm> pp;  ///< the pipeline this rank is a stage of; its rank = stage
+  c10::intrusive_ptr<Comm> tp;  ///< the tp group (a group of one when tp is 1)
+  c10::intrusive_ptr<Comm> dp;  ///< the dp replicas of this rank (the step's loss)
+  c10::intrusive_ptr<Comm> cp;  ///< the cp group: the ranks that split each sequence
+  /// over gradient_reduction(mesh).dims; under ZeRO, over those of them that shard (dp_shard
+  /// and cp): its reduce-scatter's and all-gather's group
+  c10::intrusive_ptr<Comm> reduce;
+  /// under ZeRO, over the rest of gradient_reduction(mesh).dims (dp_replicate: HSDP's groups of
+  /// replicas, which allreduce their shards); a group of one otherwise
+  c10::intrusive_ptr<Comm> replicate;
+  c10::intrusive_ptr<Comm> norm;  ///< over norm_dims(mesh)
   /// The first and the last stage of this rank's pipeline (the same dp, cp and tp coordinates):
   /// Megatron's embedding group. Null on the other stages, and when pp is 1 (then one rank
   /// holds both copies).
@@ -105,7 +116,8 @@ struct NdGroups {
   std::vector<std::pair<std::string, c10::intrusive_ptr<RecordingComm>>> recorders;
 };
 
-/// The mesh of @p mix on @p world ranks: pp, dp_replicate, cp, tp.
+/// The mesh of @p mix on @p world ranks: pp, dp_replicate, dp_shard, cp, tp (dp is dp_replicate
+/// without ZeRO, dp_shard with it, and dp / N x N under HSDP N).
 /// @throws UsageError("--mix") when the degrees do not multiply to @p world.
 Mesh make_mesh(const MixSpec& mix, int world);
 
@@ -151,9 +163,10 @@ void sync_tied_embedding(RankModel& model, Comm* embedding);
 ///   ranks hold every parameter of the model (every tp slice of a split one), and none of them
 ///   holds a copy that only the reduction made (another replica's, another cp rank's). The copies
 ///   the model itself holds (a tp-whole parameter on every tp rank, the tied head) are in the
-/// group: global_grad_norm() leaves them out of the count. With @p zero_stage 1 the reduction is a
-/// reduce-scatter: after it, each rank of the reduction's group holds only its shard of every
-/// gradient (zeros elsewhere, ShardedReduce), and no two of them the same.
+/// group: global_grad_norm() leaves them out of the count. With @p zero_stage 1-3 the reduction
+/// is a reduce-scatter over dp_shard x cp: after it, each rank of that group holds only its shard
+/// of every gradient (zeros elsewhere, ShardedReduce), and no two of them the same; under HSDP
+/// the shards are then allreduced over dp_replicate, whose ranks hold the same ones.
 std::vector<std::string> norm_dims(const Mesh& mesh, int zero_stage);
 
 /// @brief The global gradient norm of the whole model, as torch::nn::utils::clip_grad_norm_
@@ -192,7 +205,7 @@ struct NdOptions : RunConfig {
 
 /// What the mix needs of the model and the batch, checked on every rank before any networking.
 /// @throws UsageError naming --mix (dtc::check_mix's rules, and what this lesson does not compose
-///   yet: ZeRO 2 and 3, HSDP, selective recomputation), --schedule (zb-h1 or gpipe with virtual
+///   yet: selective recomputation), --schedule (zb-h1 or gpipe with virtual
 ///   stages, zb-h1 with recomputation), --clip (negative), or what lesson 10's validate_cp names
 ///   for cp (--seq, --heads, --cp, --zigzag) on the heads a tp rank holds.
 void check_nd(const NdOptions& options, int world);
@@ -206,8 +219,8 @@ int64_t micro_batches(const NdOptions& options);
 /// chunks; the first stage's chunk gets its cp rank's token positions.
 RankModel build_rank_model(const NdOptions& options, const NdGroups& groups);
 
-/// ZeRO-1's shards (given): every parameter a rank holds, flattened and padded to a multiple of
-/// n (the reduction group's size), is cut into n equal chunks, and rank r of the group owns chunk
+/// ZeRO's shards (given): every parameter a rank holds, flattened and padded to a multiple of
+/// n (the reduce group's size), is cut into n equal chunks, and rank r of the group owns chunk
 /// r, as FSDP2 shards each parameter on its own (not one flat buffer, where the tied embedding's
 /// two copies would land in different shards: Megatron-LM#844).
 struct ShardRange {
@@ -217,15 +230,15 @@ struct ShardRange {
 };
 ShardRange shard_range(int64_t numel, int n, int r);
 
-/// ZeRO-1's gradient reduction (given), lesson 09's ReplicaAverage with a reduce-scatter: each
+/// ZeRO's gradient reduction (given), lesson 09's ReplicaAverage with a reduce-scatter: each
 /// chunk's starts when its last backward is done (overlapping the cool-down), over @p group, in
-/// fp32 (lesson 07's reduce-scatter from an all-to-all, which every gloo has). finish() writes
-/// into each gradient the group's sum over its own shard, divided by @p divisor, and zeros
-/// elsewhere.
+/// fp32 (lesson 07's reduce-scatter from an all-to-all, which every gloo has). finish() sums the
+/// shards over @p replicate when it has more than one rank (HSDP), and writes into each gradient
+/// the sum over its own shard, divided by @p divisor, and zeros elsewhere.
 class ShardedReduce {
  public:
-  ShardedReduce(std::vector<l09::Stage>& chunks, Comm* group, int64_t micro_batches,
-                double divisor);
+  ShardedReduce(std::vector<l09::Stage>& chunks, Comm* group, Comm* replicate,
+                int64_t micro_batches, double divisor);
   ~ShardedReduce();
   ShardedReduce(const ShardedReduce&) = delete;
   ShardedReduce& operator=(const ShardedReduce&) = delete;
@@ -236,32 +249,50 @@ class ShardedReduce {
   void start(size_t c);
   std::vector<l09::Stage>& chunks_;
   Comm* group_;
+  Comm* replicate_;
   double divisor_;
   std::vector<torch::Tensor> received_;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
-/// ZeRO-1's optimizer (given): torch::optim::AdamW over this rank's shards of @p params (fp32
-/// copies, the only ones with moments), then one all-gather over @p group per step puts every
-/// updated shard back into every rank's parameters. AdamW is elementwise: the shards' steps
-/// are the whole tensors' step.
+/// ZeRO's optimizer (given): torch::optim::AdamW over this rank's shards of @p params (fp32
+/// copies, the only ones with moments), and one all-gather over @p group per step that puts every
+/// updated shard into every rank's parameters. AdamW is elementwise: the shards' steps are the
+/// whole tensors' step. What each stage keeps between steps (after step()):
+///   - 1: the whole parameters and gradients, and the shards' copies with their gradients;
+///   - 2: the whole parameters, the shards' copies and their gradients (the whole gradients
+///     released: a step's backward makes them again);
+///   - 3: the shards and their gradients only: the whole parameters' storage is freed
+///     (dtc::free_storage) until gather() refills it at the start of the next step.
 class ShardedAdamW {
  public:
   ShardedAdamW(std::vector<torch::Tensor> params, Comm* group,
-               const torch::optim::AdamWOptions& options);
-  /// AdamW on the owned shards from the gradients' owned elements, then the all-gather.
+               const torch::optim::AdamWOptions& options, int stage = 1);
+  /// AdamW on the owned shards from the gradients' owned elements; then (stages 1 and 2) the
+  /// all-gather, or (stage 3) the whole parameters freed. Stages 2 and 3 release the whole
+  /// gradients.
   void step();
+  /// Stage 3: the all-gather of every rank's shards into the whole parameters (a step's first
+  /// forward needs them). Does nothing when they are already whole (stages 1 and 2, or before the
+  /// first step).
+  void gather();
+  /// Stage 3: frees the whole parameters' storage (0 bytes; their shapes stay).
+  void release();
   /// The elements of AdamW's two moments this rank keeps (2 x its owned elements).
   int64_t state_elements();
-  /// The bytes of the shards' fp32 copies and of their gradients: what this optimizer holds
-  /// besides the moments (Megatron's distributed optimizer keeps such a main-parameter shard for
-  /// a 16-bit model; an fp32 model could update its parameters' own storage instead).
-  int64_t copy_bytes() const;
+  /// The bytes of the shards' fp32 copies (first) and of their gradients (second): stage 3's
+  /// parameters, and what stages 1 and 2 hold besides the whole parameters (Megatron's
+  /// distributed optimizer keeps such a main-parameter shard for a 16-bit model; an fp32 model
+  /// could update its parameters' own storage instead).
+  std::pair<int64_t, int64_t> shard_bytes() const;
 
  private:
+  void all_gather();
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> shards_;  // one per parameter (empty where none is owned)
   Comm* group_;
+  int stage_;
+  bool released_ = false;
   std::unique_ptr<torch::optim::AdamW> adamw_;
 };
 
@@ -297,23 +328,27 @@ struct WireBytes {
 ///   - cp: lesson 10's attention_volume() per block and micro-batch over the h/tp of a tp rank
 ///     (its forward once more with full recomputation), and the loss's allreduce;
 ///   - dp: the gradient reduction, an allreduce over gradient_reduction()'s dp x cp ranks of
-///     every gradient this rank holds (ZeRO-1: a reduce-scatter of them in fp32, padded to
-///     multiples of n, and an all-gather of the updated shards in e), and the loss's allreduce
-///     over dp;
+///     every gradient this rank holds (ZeRO: a reduce-scatter of them in fp32 over the n =
+///     dp_shard x cp ranks, padded to multiples of n, and an all-gather of the updated shards in
+///     e, the same bytes for every stage; HSDP: an allreduce of the fp32 shards over dp / N
+///     besides), and the loss's allreduce over dp;
 ///   - embedding: the tied embedding's V h gradient allreduced over its 2 stages;
-///   - norm: with --clip, one allreduce of the norm (a double) over the pp x tp ranks (ZeRO-1:
-///     every rank).
+///   - norm: with --clip, one allreduce of the norm (a double) over the pp x tp ranks (ZeRO:
+///     pp x dp_shard x cp x tp, every rank without HSDP).
 /// The group sizes are the mix's degrees (dp x cp for the reduction), whatever groups the
 /// learner's dims chose.
 std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& options,
                                                     const RankModel& model);
 
 /// The bytes of one rank's training state, counted from its tensors after the last step.
+/// Each tensor's storage is counted once, at its bytes now (a freed one: 0).
 struct StateMemory {
-  int64_t params = 0;       ///< its parameters: its stages' blocks, tp shards, the tied copy
-  int64_t grads = 0;        ///< their gradients (whole, also under ZeRO-1)
-  int64_t optimizer = 0;    ///< AdamW's two moments (ZeRO-1: of its shards)
-  int64_t zero_copies = 0;  ///< ZeRO-1: ShardedAdamW's copies of its shards and their gradients
+  int64_t params = 0;     ///< its parameters: its stages' blocks, tp shards, the tied copy (ZeRO-3:
+                          ///< its shards of them)
+  int64_t grads = 0;      ///< their gradients (whole; ZeRO-2 and 3: its shards of them)
+  int64_t optimizer = 0;  ///< AdamW's two moments (ZeRO: of its shards)
+  int64_t zero_copies = 0;  ///< what ShardedAdamW holds besides: ZeRO-1 its shards' fp32 copies
+                            ///< and their gradients, ZeRO-2 the copies; 0 for ZeRO-3
 };
 
 /// What a run gives back.

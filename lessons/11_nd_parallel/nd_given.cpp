@@ -17,6 +17,7 @@
 #include "dtc/compat.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
+#include "dtc/storage.h"
 #include "nd.h"
 #include "sequence_parallel_given.h"
 #include "tensor_parallel.h"
@@ -35,10 +36,18 @@ const std::vector<std::string> kDp{"dp_replicate", "dp_shard"};
 }  // namespace
 
 Mesh make_mesh(const MixSpec& mix, int world) {
-  // Under ZeRO the dp ranks each keep a shard of the optimizer (torchtitan's dp_shard).
-  const char* dp = mix.zero_stage > 0 ? "dp_shard" : "dp_replicate";
+  // Under ZeRO the dp ranks each keep a shard (torchtitan's dp_shard); under HSDP N, groups of N
+  // shard and dp / N of them replicate.
+  int replicate = static_cast<int>(mix.dp), shard = 1;
+  if (mix.shard > 0) {
+    shard = static_cast<int>(mix.shard);
+    replicate = static_cast<int>(mix.dp / mix.shard);
+  } else if (mix.zero_stage > 0) {
+    std::swap(replicate, shard);
+  }
   return Mesh::build(world, {{"pp", static_cast<int>(mix.pp), "--mix"},
-                             {dp, static_cast<int>(mix.dp), "--mix"},
+                             {"dp_replicate", replicate, "--mix"},
+                             {"dp_shard", shard, "--mix"},
                              {"cp", static_cast<int>(mix.cp), "--mix"},
                              {"tp", static_cast<int>(mix.tp), "--mix"}});
 }
@@ -48,9 +57,15 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
                      const std::string& master_addr) {
   const Reduction reduction = gradient_reduction(mesh);
   const std::vector<std::string> norm = norm_dims(mesh, zero_stage);
+  // Under ZeRO the reduction's dims split into those that shard (a reduce-scatter over them) and
+  // dp_replicate (HSDP's allreduce of the shards); without, one allreduce over them all.
+  std::vector<std::string> scatter, replicate;
+  for (const auto& dim : reduction.dims) {
+    (zero_stage > 0 && dim == "dp_replicate" ? replicate : scatter).push_back(dim);
+  }
   // One communicator per distinct set (the learner's two may be the same set, or pp's or tp's).
   std::vector<std::vector<std::string>> sets{{"pp"}, {"tp"}, kDp, {"cp"}};
-  for (const auto& set : {reduction.dims, norm}) {
+  for (const auto& set : {scatter, replicate, norm}) {
     const std::string key = Mesh::key(set);
     bool seen = false;
     for (const auto& s : sets) seen = seen || Mesh::key(s) == key;
@@ -71,7 +86,8 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
   g.tp = record("tp", groups.get({"tp"}));
   g.dp = record("dp", groups.get(kDp));
   g.cp = record("cp", groups.get({"cp"}));
-  g.reduce = record("dp", groups.get(reduction.dims));
+  g.reduce = record("dp", groups.get(scatter));
+  g.replicate = record("dp", groups.get(replicate));
   g.norm = record("norm", groups.get(norm));
   // The embedding groups: for every (dp, cp, tp) coordinate, its pipeline's first and last
   // stage, created by every rank in the same order (a rank outside one gets null).
@@ -92,15 +108,6 @@ void check_nd(const NdOptions& o, int world) {
   const MixSpec& mix = o.mix;
   check_mix(mix, MixShape{o.model.layers, o.model.heads, o.model.ctx, world, o.batch}, "--mix");
   const std::string text = mix.text();
-  if (mix.zero_stage > 1 || mix.shard > 0) {
-    throw UsageError(
-        "--mix",
-        fmt::format("'{}' asks {}: this lesson composes ZeRO-1 (Megatron's "
-                    "distributed optimizer) with tp, pp and cp, not yet ZeRO 2 "
-                    "or 3",
-                    text, mix.shard > 0 ? "HSDP" : fmt::format("ZeRO-{}", mix.zero_stage)),
-        "use ZERO 0 or 1 (lesson 07 runs ZeRO 1-3 and HSDP alone)");
-  }
   if (mix.recompute == "selective") {
     throw UsageError("--mix", fmt::format("'{}' asks selective recomputation", text),
                      "use none or full: the pipeline recomputes whole stages (lesson 09)");
@@ -219,7 +226,7 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
   std::optional<l09::ReplicaAverage> average;
   std::optional<ShardedReduce> scatter;
   if (groups.zero_stage > 0) {
-    scatter.emplace(model.chunks, groups.reduce.get(), m, divisor);
+    scatter.emplace(model.chunks, groups.reduce.get(), groups.replicate.get(), m, divisor);
   } else {
     average.emplace(model.chunks, groups.reduce.get(), m, divisor);
   }
@@ -291,16 +298,21 @@ std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const Ra
   }
   w["cp"].predicted = cp_bytes;
   if (o.mix.zero_stage > 0) {
-    // ZeRO-1: a reduce-scatter of the gradients (fp32) and an all-gather of the shards (e), each
-    // (n-1)/n of the parameters padded to multiples of n
-    const int64_t n = dp * cp;
+    // ZeRO: a reduce-scatter of the gradients (fp32) and an all-gather of the shards (e), each
+    // (n-1)/n of the parameters padded to multiples of n; HSDP: an allreduce of the fp32 shards
+    // over the dp / N replicas
+    const int64_t shard = o.mix.shard > 0 ? o.mix.shard : dp;
+    const int64_t n = shard * cp, replicas = dp / shard;
     double padded = 0;
     for (const auto& p : params)
       padded += static_cast<double>(shard_range(p.numel(), static_cast<int>(n), 0).chunk * n);
-    w["dp"].predicted = ring(n) / 2 * padded * (4 + e) + ring(dp) * loss;
-    w["dp"].formula =
-        "(n-1)/n (the rank's parameters, padded to multiples of n) (4 + e), n = dp x cp, + the "
-        "loss";
+    w["dp"].predicted = ring(n) / 2 * padded * (4 + e) +
+                        ring(replicas) * padded / static_cast<double>(n) * 4 + ring(dp) * loss;
+    w["dp"].formula = o.mix.shard > 0
+                          ? "(n-1)/n (the rank's parameters, padded to multiples of n) (4 + e), n "
+                            "= N x cp, + 2(r-1)/r of its fp32 shards, r = dp / N, + the loss"
+                          : "(n-1)/n (the rank's parameters, padded to multiples of n) (4 + e), n "
+                            "= dp x cp, + the loss";
   } else {
     w["dp"].predicted = ring(dp * cp) * held * e + ring(dp) * loss;
     w["dp"].formula = "2(n-1)/n (the rank's parameters) e, n = dp x cp, + the loss";
@@ -311,11 +323,14 @@ std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const Ra
   w["embedding"].predicted =
       model.tied && pp > 1 && ends ? ring(2) * static_cast<double>(o.model.vocab) * h * e : 0.0;
   w["embedding"].formula = "2(2-1)/2 V h e on the first and the last stage";
-  const int64_t norm_ranks = o.mix.zero_stage > 0 ? o.mix.world() : pp * tp;
+  const int64_t replicas = o.mix.shard > 0 ? dp / o.mix.shard : 1;
+  const int64_t norm_ranks = o.mix.zero_stage > 0 ? o.mix.world() / replicas : pp * tp;
   w["norm"].predicted = o.clip > 0 ? ring(norm_ranks) * 8 : 0.0;
-  w["norm"].formula = fmt::format(
-      "2(n-1)/n x 8: one allreduce of the norm (a double) over {}",
-      o.mix.zero_stage > 0 ? "every rank (ZeRO-1: each holds other shards)" : "the pp x tp ranks");
+  w["norm"].formula =
+      fmt::format("2(n-1)/n x 8: one allreduce of the norm (a double) over {}",
+                  o.mix.shard > 0 ? "one HSDP group's pp x N x tp ranks (each holds other shards)"
+                  : o.mix.zero_stage > 0 ? "every rank (ZeRO: each holds other shards)"
+                                         : "the pp x tp ranks");
   return w;
 }
 
@@ -327,10 +342,11 @@ ShardRange shard_range(int64_t numel, int n, int r) {
   return s;
 }
 
-ShardedReduce::ShardedReduce(std::vector<l09::Stage>& chunks, Comm* group, int64_t micro_batches,
-                             double divisor)
+ShardedReduce::ShardedReduce(std::vector<l09::Stage>& chunks, Comm* group, Comm* replicate,
+                             int64_t micro_batches, double divisor)
     : chunks_(chunks),
       group_(group),
+      replicate_(replicate != nullptr && replicate->getSize() > 1 ? replicate : nullptr),
       divisor_(divisor),
       received_(chunks.size()),
       works_(chunks.size()) {
@@ -376,10 +392,17 @@ void ShardedReduce::start(size_t c) {
 
 void ShardedReduce::finish() {
   torch::NoGradGuard no_grad;
+  // HSDP: the replicas' groups hold the same shards of other tokens' gradients: their sum.
+  const auto across_replicas = [this](torch::Tensor t) {
+    if (replicate_ == nullptr) return;
+    std::vector<at::Tensor> v{t};
+    replicate_->allreduce(v)->wait();
+  };
   if (group_ == nullptr || group_->getSize() == 1) {  // a group of one: every shard is whole
     for (auto& chunk : chunks_) {
       for (auto& p : chunk.parameters()) {
         if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        across_replicas(p.mutable_grad());
         p.mutable_grad().div_(divisor_);
       }
     }
@@ -396,8 +419,10 @@ void ShardedReduce::finish() {
           c));
     }
     works_[c]->wait();
-    const torch::Tensor mine = received_[c].sum(0).div_(divisor_);  // this rank's shards, summed
+    torch::Tensor mine = received_[c].sum(0);  // this rank's shards, summed over the group
     received_[c] = torch::Tensor();
+    across_replicas(mine);
+    mine.div_(divisor_);
     int64_t offset = 0;
     for (auto& p : chunks_[c].parameters()) {
       const ShardRange s = shard_range(p.numel(), n, r);
@@ -412,8 +437,8 @@ void ShardedReduce::finish() {
 }
 
 ShardedAdamW::ShardedAdamW(std::vector<torch::Tensor> params, Comm* group,
-                           const torch::optim::AdamWOptions& options)
-    : params_(std::move(params)), group_(group) {
+                           const torch::optim::AdamWOptions& options, int stage)
+    : params_(std::move(params)), group_(group), stage_(stage) {
   const int n = group_ != nullptr ? group_->getSize() : 1;
   const int r = group_ != nullptr ? group_->getRank() : 0;
   std::vector<torch::Tensor> owned;
@@ -433,16 +458,42 @@ void ShardedAdamW::step() {
   torch::NoGradGuard no_grad;
   const int n = group_ != nullptr ? group_->getSize() : 1;
   const int r = group_ != nullptr ? group_->getRank() : 0;
-  int64_t total = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const ShardRange s = shard_range(params_[i].numel(), n, r);
-    total += s.chunk;
     if (!shards_[i].defined()) continue;
     const torch::Tensor& g = params_[i].grad();
     shards_[i].mutable_grad() =
         g.defined() ? g.reshape({-1}).narrow(0, s.begin, s.size).clone() : torch::Tensor();
   }
   if (adamw_) adamw_->step();
+  if (stage_ >= 2) {  // the whole gradients: the next backward makes them again
+    for (auto& p : params_) p.mutable_grad().reset();
+  }
+  if (stage_ >= 3) {
+    release();  // until gather(), at the start of the next step
+  } else {
+    all_gather();
+  }
+}
+
+void ShardedAdamW::gather() {
+  if (!released_) return;
+  all_gather();
+  released_ = false;
+}
+
+void ShardedAdamW::release() {
+  if (released_ || stage_ < 3) return;
+  for (auto& p : params_) free_storage(p);
+  released_ = true;
+}
+
+void ShardedAdamW::all_gather() {
+  torch::NoGradGuard no_grad;
+  const int n = group_ != nullptr ? group_->getSize() : 1;
+  const int r = group_ != nullptr ? group_->getRank() : 0;
+  int64_t total = 0;
+  for (const auto& p : params_) total += shard_range(p.numel(), n, r).chunk;
   // Every rank's updated shards into every rank's parameters: one all-gather of the padded shards.
   const auto options = params_.empty() ? torch::TensorOptions() : params_.front().options();
   auto mine = torch::zeros({total}, options);
@@ -463,7 +514,12 @@ void ShardedAdamW::step() {
   offset = 0;
   for (auto& p : params_) {
     const int64_t k = shard_range(p.numel(), n, 0).chunk;
-    p.view({-1}).copy_(all.narrow(1, offset, k).reshape({-1}).narrow(0, 0, p.numel()));
+    const auto whole = all.narrow(1, offset, k).reshape({-1}).narrow(0, 0, p.numel());
+    if (released_) {  // ZeRO-3: the freed storage gets the gathered bytes
+      refill_storage(p, whole.clone(at::MemoryFormat::Contiguous));
+    } else {
+      p.view({-1}).copy_(whole);
+    }
     offset += k;
   }
 }
@@ -479,31 +535,32 @@ int64_t ShardedAdamW::state_elements() {
   return n;
 }
 
-int64_t ShardedAdamW::copy_bytes() const {
-  int64_t bytes = 0;
+std::pair<int64_t, int64_t> ShardedAdamW::shard_bytes() const {
+  std::pair<int64_t, int64_t> bytes{0, 0};
   for (const auto& shard : shards_) {
     if (!shard.defined()) continue;
-    bytes += shard.numel() * static_cast<int64_t>(shard.element_size());
-    if (shard.grad().defined()) {
-      bytes += shard.grad().numel() * static_cast<int64_t>(shard.grad().element_size());
-    }
+    bytes.first += static_cast<int64_t>(shard.storage().nbytes());
+    if (shard.grad().defined())
+      bytes.second += static_cast<int64_t>(shard.grad().storage().nbytes());
   }
   return bytes;
 }
 
 namespace {
 
-// The bytes of @p tensors and of their gradients, each tensor once (a tied head that is wte
-// itself on a one-stage pipeline counts once).
+// The bytes of @p tensors' storage and of their gradients', each storage once (a tied head that
+// is wte itself on a one-stage pipeline counts once), at what it holds now (freed: 0).
 std::pair<int64_t, int64_t> held_bytes(const std::vector<torch::Tensor>& tensors) {
   std::set<const void*> seen;
   std::set<const void*> seen_grads;
   std::pair<int64_t, int64_t> bytes{0, 0};
   for (const auto& p : tensors) {
-    if (seen.insert(p.data_ptr()).second) bytes.first += p.numel() * p.element_size();
+    if (seen.insert(p.storage().unsafeGetStorageImpl()).second) {
+      bytes.first += static_cast<int64_t>(p.storage().nbytes());
+    }
     const auto& g = p.grad();
-    if (g.defined() && seen_grads.insert(g.data_ptr()).second) {
-      bytes.second += g.numel() * g.element_size();
+    if (g.defined() && seen_grads.insert(g.storage().unsafeGetStorageImpl()).second) {
+      bytes.second += static_cast<int64_t>(g.storage().nbytes());
     }
   }
   return bytes;
@@ -519,7 +576,8 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   std::optional<TracedAdamW> adamw;
   std::optional<ShardedAdamW> sharded;
   if (groups.zero_stage > 0) {
-    sharded.emplace(params, groups.reduce.get(), adamw_options(o));
+    sharded.emplace(params, groups.reduce.get(), adamw_options(o), groups.zero_stage);
+    sharded->release();  // ZeRO-3: each rank holds its shards only, from the start
   } else {
     adamw.emplace(params, adamw_options(o));
   }
@@ -532,6 +590,7 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   for (auto& [traffic, recorder] : groups.recorders) recorder->clear();
   for (int64_t step = 0; step < o.steps; ++step) {
     if (log) log->begin_step();
+    if (sharded) sharded->gather();  // ZeRO-3: the step's whole parameters
     const StepOut out = nd_step(model, groups, o, step);
     if (sharded) {
       sharded->step();
@@ -546,12 +605,18 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
     if (o.clip > 0) result.grad_norms.push_back(out.grad_norm);
     if (log) log->end_step(step, out.loss);
   }
+  // This rank's state at rest, after the last step: ZeRO-2 and 3 have released the whole
+  // gradients, ZeRO-3 the whole parameters.
   const auto [param_bytes, grad_bytes] = held_bytes(params);
   result.memory.params = param_bytes;
   result.memory.grads = grad_bytes;
   if (sharded) {
     result.optimizer_elements = sharded->state_elements();
-    result.memory.zero_copies = sharded->copy_bytes();
+    const auto [copies, copy_grads] = sharded->shard_bytes();
+    const int stage = groups.zero_stage;
+    (stage >= 3 ? result.memory.params : result.memory.zero_copies) += copies;
+    (stage >= 2 ? result.memory.grads : result.memory.zero_copies) += copy_grads;
+    sharded->gather();  // ZeRO-3: the whole parameters, for the weights and the digest below
   } else {
     for (const auto& p : params) {
       auto* state = static_cast<torch::optim::AdamWParamState*>(optimizer_state(*adamw, p));

@@ -41,7 +41,7 @@ l01::Ledger predicted_ledger(const NdOptions& o) {
   s.precision = l01::Precision::kFp32;
   s.optimizer = l01::Optimizer::kAdam;
   s.zero_stage = o.mix.zero_stage;
-  s.dp = o.mix.dp * o.mix.cp;
+  s.dp = (o.mix.shard > 0 ? o.mix.shard : o.mix.dp) * o.mix.cp;  // the ranks ZeRO shards over
   s.tp = o.mix.tp;
   s.pp = o.mix.pp;
   s.seq = o.model.ctx / o.mix.cp;
@@ -64,9 +64,16 @@ std::string memory_note(const NdOptions& o) {
         "that the\n  ledger's tied GPT counts once.\n";
   }
   if (o.mix.zero_stage > 0) {
+    note += fmt::format(
+        "  ZeRO cuts each parameter into {} chunks of ceil(numel / n): rank 0's are the\n"
+        "  full ones, a few elements above the ledger's even 1/n.\n",
+        o.mix.shard > 0 ? "N x cp (HSDP's group)" : "dp x cp");
+  }
+  if (o.mix.zero_stage >= 2) {
     note +=
-        "  ZeRO-1 cuts each parameter into dp x cp chunks of ceil(numel / n): rank 0's are "
-        "the\n  full ones, a few elements above the ledger's even 1/n.\n";
+        "  counted at rest, after the step: within a step, a pipeline's micro-batches accumulate "
+        "into\n  whole gradients (and ZeRO-3 gathers whole parameters for all of them), freed "
+        "after the\n  reduce-scatter and the optimizer.\n";
   }
   return note;
 }
@@ -80,10 +87,18 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
   o.steps = t.train.steps;
   o.mix = parse_mix(f.mix.empty() ? fmt::format("{}x1x1x1", world) : f.mix, "--mix");
   if (f.virtual_stages > 0) o.mix.virtual_stages = f.virtual_stages;
-  if (f.hsdp > 0) {
-    throw UsageError("--hsdp", fmt::format("HSDP over groups of {}", f.hsdp),
-                     "leave --hsdp out: this lesson composes dp, tp and pp with whole replicas "
-                     "(lesson 07 runs ZeRO alone)");
+  if (f.hsdp > 0) {  // the mix's hsdpN: ZeRO-3 within groups of N dp ranks
+    if (f.hsdp < 2 || o.mix.dp % f.hsdp != 0 || o.mix.cp > 1 ||
+        (o.mix.shard > 0 && o.mix.shard != f.hsdp)) {
+      throw UsageError(
+          "--hsdp",
+          fmt::format("groups of {} over the mix's {} dp ranks{}", f.hsdp, o.mix.dp,
+                      o.mix.cp > 1 ? " with cp above 1" : ""),
+          "pass a G of 2 or more that divides the mix's DP, with CP 1 (--mix 4x2x1x1 --hsdp 2), "
+          "or write it in the mix (4x2x1x1:hsdp2)");
+    }
+    o.mix.shard = f.hsdp;
+    o.mix.zero_stage = 3;
   }
   o.schedule = o.mix.virtual_stages > 1 && f.schedule == "1f1b" ? l09::ScheduleKind::kInterleaved
                                                                 : l09::parse_schedule(f.schedule);
@@ -137,6 +152,7 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     j["mix"] = o.mix.text();
     j["dp"] = mesh.size(std::vector<std::string>{"dp_replicate", "dp_shard"});
     j["zero_stage"] = o.mix.zero_stage;
+    j["hsdp"] = o.mix.shard;  // HSDP's group size N (0: none)
     // AdamW's two moments on rank 0 (the given optimizer's state; ZeRO-1: its shards only)
     j["optimizer_state_bytes"] = result.optimizer_elements * 4;
     j["memory"] = {{"rank", 0},
@@ -181,7 +197,7 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
   fmt::print(out, "  rank 0 keeps AdamW's moments of {} elements: {}{}\n",
              result.optimizer_elements,
              human_bytes(static_cast<double>(result.optimizer_elements) * 4),
-             o.mix.zero_stage > 0 ? " (ZeRO-1: its shard of each parameter)" : "");
+             o.mix.zero_stage > 0 ? " (ZeRO: its shard of each parameter)" : "");
   const StateMemory& m = result.memory;
   fmt::print(out,
              "  rank 0's state, counted from its tensors / lesson 01's ledger for this mix (its "
@@ -192,9 +208,8 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
              human_bytes(static_cast<double>(m.grads)), human_bytes(ledger.state.grads),
              human_bytes(static_cast<double>(m.optimizer)), human_bytes(ledger.state.optimizer));
   if (m.zero_copies > 0) {
-    fmt::print(out,
-               "    ZeRO-1's fp32 copies of the shards and their gradients: {} (not in the "
-               "ledger)\n",
+    fmt::print(out, "    ZeRO's fp32 copies of the shards{}: {} (not in the ledger)\n",
+               o.mix.zero_stage == 1 ? " and their gradients" : "",
                human_bytes(static_cast<double>(m.zero_copies)));
   }
   fmt::print(out, "{}", memory_note(o));
@@ -239,7 +254,8 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--virtual-stages", f.virtual_stages,
                  "model chunks per pipeline stage (interleaved 1F1B); overrides the mix's VIRTUAL")
       ->check(positive_count("--virtual-stages 2"));
-  app.add_option("--hsdp", f.hsdp, "shard over groups of G dp ranks (not composed here yet)")
+  app.add_option("--hsdp", f.hsdp,
+                 "ZeRO-3 over groups of G dp ranks, replicated across them (the mix's hsdpG)")
       ->check(positive_count("--hsdp 2"));
   app.add_option("--schedule", f.schedule,
                  "1f1b, zb-h1 or gpipe (interleaved when the mix has VIRTUAL above 1)")

@@ -54,8 +54,9 @@ std::vector<std::string> norm_dims(const Mesh& mesh, int zero_stage) {
   (void)zero_stage;
   // BEGIN SOLUTION: return the dims of a group whose ranks together hold every parameter (or its
   //   slices), and no two of them the same reduced gradient unless they must (README section 5)
-  // ZeRO-1's reduce-scatter leaves every rank of dp x cp its own shard: the whole world (as
-  // Megatron's distributed optimizer reduces its norm)
+  // ZeRO's reduce-scatter leaves every rank of dp_shard x cp its own shard: the whole world (as
+  // Megatron's distributed optimizer reduces its norm), but one HSDP replica group, whose shards
+  // the others hold too
   if (zero_stage > 0) return {"pp", "dp_shard", "cp", "tp"};
   return {"pp", "tp"};
   // END SOLUTION

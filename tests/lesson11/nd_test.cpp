@@ -136,11 +136,12 @@ void on_mesh(const NdOptions& o, const std::function<void(const NdGroups&)>& bod
       std::chrono::milliseconds(60000));
 }
 
-// Under ZeRO-1, what rank r of the n = dp x cp ranks holds of @p piece after the reduce-scatter:
-// its chunk r of the flattened elements (each cut into n equal chunks of ceil(numel / n)), zeros
-// elsewhere. Written out here, not read from the given shard_range().
+// Under ZeRO, what rank r of the n = dp_shard x cp ranks (dp x cp; HSDP's N x cp) holds of
+// @p piece after the reduce-scatter: its chunk r of the flattened elements (each cut into n equal
+// chunks of ceil(numel / n)), zeros elsewhere. Written out here, not read from the given
+// shard_range().
 torch::Tensor zero1_shard(const torch::Tensor& piece, const Mesh& mesh, int rank) {
-  const std::vector<std::string> dims{"dp_replicate", "dp_shard", "cp"};
+  const std::vector<std::string> dims{"dp_shard", "cp"};
   const int64_t n = mesh.size(dims), r = mesh.coord(rank, dims);
   const int64_t chunk = (piece.numel() + n - 1) / n;
   auto out = torch::zeros_like(piece);
@@ -211,6 +212,11 @@ const MeshCase kMeshes[] = {
     {"pp2_v2_dp2_zero1_untied", "2x1x2x1:1:none:1:2", l09::ScheduleKind::kInterleaved, false},
     {"cp2_tp2_pp2_zero1_zigzag_tied", "1x2x2x2:1", l09::ScheduleKind::k1f1b, true, true},
     {"dp4_pp1_zero1_tied", "4x1x1x1:1", l09::ScheduleKind::k1f1b, true},
+    // ZeRO-2, ZeRO-3 (FSDP) and HSDP: 17-20
+    {"dp2_tp2_pp2_zero2_tied", "2x2x2x1:2", l09::ScheduleKind::k1f1b, true},
+    {"dp2_tp2_pp2_zero3_tied", "2x2x2x1:3", l09::ScheduleKind::k1f1b, true},
+    {"hsdp2x2_tp2_tied", "4x2x1x1:hsdp2", l09::ScheduleKind::k1f1b, true},
+    {"hsdp2x2_pp2_v2_untied", "4x1x2x1:hsdp2:none:1:2", l09::ScheduleKind::kInterleaved, false},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11OneStep, ::testing::ValuesIn(kMeshes),
@@ -289,7 +295,8 @@ const ClipCase kClips[] = {
     {kMeshes[4], 2},    {kMeshes[6], 2},     {kMeshes[6], kInf}, {kMeshes[8], 2},
     {kMeshes[9], kInf}, {kMeshes[1], kInf},  {kMeshes[2], kInf}, {kMeshes[10], 2},
     {kMeshes[13], 2},   {kMeshes[14], kInf}, {kMeshes[15], 2},   {kMeshes[15], kInf},
-    {kMeshes[16], 2},
+    {kMeshes[16], 2},   {kMeshes[18], kInf}, {kMeshes[19], 2},   {kMeshes[19], kInf},
+    {kMeshes[20], 2},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Clip, ::testing::ValuesIn(kClips), [](const auto& info) {
@@ -332,7 +339,8 @@ TEST_P(L11Train, ParametersAfterThreeClippedStepsAreTheSingleDevices) {
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Train,
                          ::testing::Values(kMeshes[0], kMeshes[1], kMeshes[2], kMeshes[3],
                                            kMeshes[5], kMeshes[8], kMeshes[9], kMeshes[10],
-                                           kMeshes[13], kMeshes[14], kMeshes[15]),
+                                           kMeshes[13], kMeshes[14], kMeshes[15], kMeshes[17],
+                                           kMeshes[18], kMeshes[19], kMeshes[20]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
@@ -365,7 +373,9 @@ TEST_P(L11Wire, EachRanksBytesPerStepAreTheClosedForms) {
     EXPECT_EQ(bytes("pp") > 0, mix.pp > 1);
     EXPECT_EQ(bytes("cp") > 0, mix.cp > 1);
     EXPECT_EQ(bytes("dp") > 0, mix.dp * mix.cp > 1);
-    EXPECT_EQ(bytes("norm") > 0, (mix.zero_stage > 0 ? mix.world() : mix.pp * mix.tp) > 1);
+    const int64_t replicas = mix.shard > 0 ? mix.dp / mix.shard : 1;
+    EXPECT_EQ(bytes("norm") > 0,
+              (mix.zero_stage > 0 ? mix.world() / replicas : mix.pp * mix.tp) > 1);
     // the first and the last stage of a pipeline (the given embedding group's two ranks)
     EXPECT_EQ(bytes("embedding") > 0, o.model.tied && g.embedding);
   });
@@ -374,7 +384,8 @@ TEST_P(L11Wire, EachRanksBytesPerStepAreTheClosedForms) {
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Wire,
                          ::testing::Values(kMeshes[0], kMeshes[2], kMeshes[3], kMeshes[4],
                                            kMeshes[7], kMeshes[8], kMeshes[9], kMeshes[10],
-                                           kMeshes[11], kMeshes[12], kMeshes[13], kMeshes[15]),
+                                           kMeshes[11], kMeshes[12], kMeshes[13], kMeshes[15],
+                                           kMeshes[18], kMeshes[19]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
@@ -386,7 +397,7 @@ INSTANTIATE_TEST_SUITE_P(Meshes, L11Wire,
 // dp x cp; without ZeRO, 2 x every element it holds. And the shards tile each parameter: the
 // ranks of one (pp, tp) coordinate hold 2 x its elements between them, no more.
 TEST(L11Zero, EachRankKeepsTheMomentsOfItsShardOnly) {
-  for (const char* mix : {"2x2x2x1:1", "2x2x2x1", "1x1x2x2:1"}) {
+  for (const char* mix : {"2x2x2x1:1", "2x2x2x1", "1x1x2x2:1", "4x2x1x1:hsdp2"}) {
     NdOptions o = options_of(MeshCase{mix, mix, l09::ScheduleKind::k1f1b, true});
     o.steps = 1;
     std::mutex mu;
@@ -395,7 +406,7 @@ TEST(L11Zero, EachRankKeepsTheMomentsOfItsShardOnly) {
     on_mesh(o, [&](const NdGroups& g) {
       const l11::NdResult result = l11::train_nd(o, g);
       const RankModel model = l11::build_rank_model(o, g);
-      const std::vector<std::string> dims{"dp_replicate", "dp_shard", "cp"};
+      const std::vector<std::string> dims{"dp_shard", "cp"};
       const int64_t n = g.mesh.size(dims), r = g.mesh.coord(g.rank, dims);
       int64_t want = 0, whole = 0;
       for (const auto& p : l09::parameters_of(model.chunks)) {
@@ -411,7 +422,10 @@ TEST(L11Zero, EachRankKeepsTheMomentsOfItsShardOnly) {
       held[key] = whole;
     });
     for (const auto& [key, moments] : per_piece) {
-      const int64_t copies = o.mix.zero_stage > 0 ? 1 : o.mix.dp * o.mix.cp;
+      // one copy of the moments per HSDP replica group; without ZeRO one per dp x cp rank
+      const int64_t copies = o.mix.zero_stage > 0
+                                 ? o.mix.dp / (o.mix.shard > 0 ? o.mix.shard : o.mix.dp)
+                                 : o.mix.dp * o.mix.cp;
       EXPECT_EQ(moments, 2 * held.at(key) * copies) << mix << ", stage " << key.first;
     }
   }
@@ -429,7 +443,8 @@ TEST(L11Zero, EachRankKeepsTheMomentsOfItsShardOnly) {
 TEST(L11Groups, EachCollectiveRunsOnTheRanksThatNeedIt) {
   for (const char* text :
        {"2x2x2x1", "4x1x2x1", "1x2x4x1", "2x1x1x1", "8x1x1x1", "2x2x1x2", "1x2x2x2", "1x1x1x4",
-        "2x2x2x1:1", "1x2x2x2:1", "1x1x1x4:1", "8x1x1x1:1", "2x1x4x1:1"}) {
+        "2x2x2x1:1", "1x2x2x2:1", "1x1x1x4:1", "8x1x1x1:1", "2x1x4x1:1", "2x2x2x1:3",
+        "4x2x1x1:hsdp2", "8x1x1x1:hsdp4", "4x1x2x1:hsdp2"}) {
     const MixSpec mix = parse_mix(text, "--mix");
     const Mesh mesh = l11::make_mesh(mix, static_cast<int>(mix.world()));
     const l11::Reduction r = l11::gradient_reduction(mesh);
@@ -447,8 +462,13 @@ TEST(L11Groups, EachCollectiveRunsOnTheRanksThatNeedIt) {
           << "the sum over the group, divided once by the parts the tokens were cut into";
       const auto norm = mesh.group(rank, n);
       if (mix.zero_stage > 0) {
-        EXPECT_EQ(static_cast<int64_t>(norm.size()), mix.world())
-            << "the norm's group under ZeRO-1: every rank (each dp x cp rank holds another shard)";
+        const int64_t replicas = mix.shard > 0 ? mix.dp / mix.shard : 1;
+        EXPECT_EQ(static_cast<int64_t>(norm.size()), mix.world() / replicas)
+            << "the norm's group under ZeRO: every rank of one HSDP replica group (each dp_shard "
+               "x cp rank holds another shard; the groups hold the same ones)";
+        for (int other : norm) {
+          EXPECT_EQ(mesh.coord(other, "dp_replicate"), mesh.coord(rank, "dp_replicate"));
+        }
         continue;
       }
       EXPECT_EQ(static_cast<int64_t>(norm.size()), mix.pp * mix.tp)
@@ -471,11 +491,15 @@ class L11Memory : public ::testing::TestWithParam<MeshCase> {};
 // fp32 AdamW state plus what the ledger does not model, counted here from the model's shapes:
 // tp replicates the LayerNorms, the row-parallel biases and the embeddings, which the ledger
 // divides by tp; a one-stage pipeline keeps the head as a second tensor (the tied copy, or
-// lm_head). Under ZeRO-1 its moments are 2 x 4 bytes of its chunk ceil(numel / n) of every piece.
+// lm_head). Under ZeRO its moments are 2 x 4 bytes of its chunk ceil(numel / n) of every piece
+// (n = dp_shard x cp), and at rest, after the step, so are ZeRO-2's gradients and ZeRO-3's
+// parameters too: their whole tensors' storage is counted at the bytes it still holds.
 TEST_P(L11Memory, RankZerosStateIsTheLedgersPlusWhatItDoesNotModel) {
   NdOptions o = options_of(GetParam());
   o.steps = 1;
-  const int64_t tp = o.mix.tp, pp = o.mix.pp, n = o.mix.dp * o.mix.cp;
+  const int zero = o.mix.zero_stage;
+  const int64_t tp = o.mix.tp, pp = o.mix.pp;
+  const int64_t n = (o.mix.shard > 0 ? o.mix.shard : o.mix.dp) * o.mix.cp;
   // Rank 0's pieces, by numel: the embeddings, ceil(L / pp) blocks, and on one stage the rest.
   std::vector<int64_t> pieces;
   std::vector<int64_t> unsplit;  // the same, as the ledger counts them (before its / tp)
@@ -512,31 +536,41 @@ TEST_P(L11Memory, RankZerosStateIsTheLedgersPlusWhatItDoesNotModel) {
   setup.pp = pp;
   const l01::Ledger ledger = l01::compute_ledger(l01::count_params(model), setup, &model);
   // The ledger's documented model: rank 0's blocks and embeddings (pp 1: the whole tied model),
-  // every one split by tp.
-  EXPECT_DOUBLE_EQ(ledger.state.params, 4.0 * static_cast<double>(ledger_elements) / tp);
+  // every one split by tp, and by n under ZeRO-3.
+  EXPECT_DOUBLE_EQ(ledger.state.params,
+                   4.0 * static_cast<double>(ledger_elements) / tp / (zero >= 3 ? n : 1));
 
   on_mesh(o, [&](const NdGroups& g) {
     const l11::NdResult result = l11::train_nd(o, g);
     if (g.rank != 0) return;
-    EXPECT_EQ(result.memory.params, 4 * held);
-    EXPECT_EQ(result.memory.grads, 4 * held) << "every gradient whole, under ZeRO-1 too";
-    const double replicated = static_cast<double>(4 * held) - ledger.state.params;
+    const int64_t whole = 4 * held, shard = 4 * zero_chunks;
+    EXPECT_EQ(result.memory.params, zero >= 3 ? shard : whole)
+        << "ZeRO-3 keeps its shard of the parameters between steps";
+    EXPECT_EQ(result.memory.grads, zero >= 2 ? shard : whole)
+        << "ZeRO-2 and 3 keep their shard of the gradients between steps, ZeRO-1 every one whole";
+    const double replicated =
+        static_cast<double>(whole) - ledger.state.params * (zero >= 3 ? n : 1);
     EXPECT_GE(replicated, 0) << "the ledger's even split by tp is the least rank 0 can hold";
     if (tp == 1 && pp > 1) EXPECT_EQ(replicated, 0) << "no tp, no second head: the ledger's";
-    if (o.mix.zero_stage == 0) {
+    if (zero == 0) {
       EXPECT_EQ(result.memory.optimizer, 8 * held);
       EXPECT_EQ(result.memory.zero_copies, 0);
     } else {
-      EXPECT_EQ(result.memory.optimizer, 8 * zero_chunks);
-      EXPECT_EQ(result.memory.zero_copies, 8 * zero_chunks) << "the shards and their gradients";
+      EXPECT_EQ(result.memory.optimizer, 2 * shard);
+      EXPECT_EQ(result.memory.zero_copies, zero == 1   ? 2 * shard
+                                           : zero == 2 ? shard
+                                                       : 0)
+          << "ZeRO-1: the shards' copies and their gradients; ZeRO-2: the copies";
       EXPECT_GE(static_cast<double>(result.memory.optimizer), ledger.state.optimizer);
+      if (zero >= 2) EXPECT_GE(static_cast<double>(result.memory.grads), ledger.state.grads);
     }
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Memory,
                          ::testing::Values(kMeshes[0], kMeshes[2], kMeshes[4], kMeshes[6],
-                                           kMeshes[8], kMeshes[13], kMeshes[14], kMeshes[16]),
+                                           kMeshes[8], kMeshes[13], kMeshes[14], kMeshes[16],
+                                           kMeshes[17], kMeshes[18], kMeshes[19]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------

@@ -43,9 +43,8 @@ TEST(L11ChecksGiven, EveryImpossibleMeshNamesItsFlag) {
       {"1x4x1x1", 4, l09::ScheduleKind::k1f1b, "--mix"},        // tp 4 does not divide 2 heads
       {"1x1x8x1", 8, l09::ScheduleKind::k1f1b, "--mix"},        // more stages than layers
       {"1x1x1x3", 3, l09::ScheduleKind::k1f1b, "--mix"},        // cp 3 does not divide 16
-      {"2x1x1x1:2", 2, l09::ScheduleKind::k1f1b, "--mix"},      // ZeRO-2: not composed here
-      {"2x1x1x1:3", 2, l09::ScheduleKind::k1f1b, "--mix"},      // nor ZeRO-3
-      {"4x1x1x1:hsdp2", 4, l09::ScheduleKind::k1f1b, "--mix"},  // nor HSDP
+      {"4x1x1x1:hsdp3", 4, l09::ScheduleKind::k1f1b, "--mix"},  // 3 does not divide dp 4
+      {"2x1x1x2:hsdp2", 4, l09::ScheduleKind::k1f1b, "--mix"},  // HSDP with cp
       {"1x1x2x1:0:selective", 2, l09::ScheduleKind::k1f1b, "--mix"},
       {"1x1x2x1:0:none:1:3", 2, l09::ScheduleKind::k1f1b, "--mix"},  // 4 layers, 2 x 3 chunks
       {"1x1x2x1:0:none:1:2", 2, l09::ScheduleKind::kZbH1, "--schedule"},
@@ -83,15 +82,23 @@ TEST(L11ChecksGiven, EveryImpossibleMeshNamesItsFlag) {
   EXPECT_THROW(check_nd(o, 8), UsageError);
   o.clip = 1;
   EXPECT_NO_THROW(check_nd(o, 8));
+  EXPECT_NO_THROW(check_nd(small("2x2x2x1:2"), 8));  // ZeRO-2 and 3 and HSDP compose
+  EXPECT_NO_THROW(check_nd(small("2x2x2x1:3"), 8));
+  EXPECT_NO_THROW(check_nd(small("4x2x1x1:hsdp2"), 8));
 }
 
 TEST(L11ProgramGiven, BadInputExitsTwoNamingTheFlag) {
   ::dtc::test::clear_launch_env();  // one rank
   const std::vector<::dtc::test::BadInput> cases = {
-      {{"--mix", "2x1x1x1", "--steps", "1"}, "--mix"}, {{"--mix", "2x2", "--steps", "1"}, "--mix"},
-      {{"--mix", "1x1x1x1:hsdp0"}, "--mix"},           {{"--hsdp", "2", "--steps", "1"}, "--hsdp"},
-      {{"--virtual-stages", "0"}, "--virtual-stages"}, {{"--schedule", "dualpipe"}, "--schedule"},
-      {{"--norm-type", "1"}, "--norm-type"},           {{"--clip", "-1", "--steps", "1"}, "--clip"},
+      {{"--mix", "2x1x1x1", "--steps", "1"}, "--mix"},
+      {{"--mix", "2x2", "--steps", "1"}, "--mix"},
+      {{"--mix", "1x1x1x1:hsdp0"}, "--mix"},
+      {{"--hsdp", "2", "--steps", "1"}, "--hsdp"},
+      {{"--hsdp", "1", "--steps", "1"}, "--hsdp"},
+      {{"--virtual-stages", "0"}, "--virtual-stages"},
+      {{"--schedule", "dualpipe"}, "--schedule"},
+      {{"--norm-type", "1"}, "--norm-type"},
+      {{"--clip", "-1", "--steps", "1"}, "--clip"},
   };
   ::dtc::test::expect_usage_errors("lesson11", cases, run_program);
 }
