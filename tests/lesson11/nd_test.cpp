@@ -574,6 +574,107 @@ INSTANTIATE_TEST_SUITE_P(Meshes, L11Memory,
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
+// The traffic against lesson 01's planner (step_bytes_per_gpu) for the same mix
+// ---------------------------------------------------------------------------------------------
+
+class L11PlannerTraffic : public ::testing::TestWithParam<MeshCase> {};
+
+// Each rank's recorded bytes per step (the given RecordingComms, after two steps through the
+// learner's groups) are the planner's terms for the same mix, converted by exactly what the
+// planner does not model (README section 7), and nothing else:
+//   tp: the planner's 16-bit activations; this run is fp32: x 2;
+//   pp: x 2 (fp32), x tp (every tp rank sends the whole activation; the planner scatters it),
+//       x 1/2 on the first and last stage (one direction each), + the loss's allreduce;
+//   cp (all-gather attention): x 2 (fp32), + the loss's allreduce;
+//   dp: the planner's P / (tp pp) a rank is an average; summed over one replica's pp x tp ranks
+//       the ranks reduce P, plus the (tp - 1) extra copies of every parameter tp keeps whole and
+//       the tied head's copy on each tp rank of the last stage (the planner's tied GPT counts it
+//       once), + the loss's allreduce on each rank. Under ZeRO-3 this lesson reduces and gathers
+//       once a step (torchtitan's FSDP under pp): ZeRO-1's bytes, where the planner costs the
+//       ZeRO paper's per-micro-batch gathers and reduce-scatters, m (2w + g) / (w + g) times more.
+TEST_P(L11PlannerTraffic, TheRecordedBytesAreThePlannersTermsConverted) {
+  NdOptions o = options_of(GetParam());
+  o.steps = 2;
+  ASSERT_TRUE(o.model.tied) << "the dp sum below counts the tied head's copy";
+  const MixSpec& x = o.mix;
+  const int64_t tp = x.tp, pp = x.pp, cp = x.cp, dp = x.dp;
+  l01::PlanRequest req;
+  req.model = l01::ModelConfig{"run",          l01::Arch::kGpt, o.model.hidden,
+                               o.model.layers, o.model.heads,   o.model.heads,
+                               o.model.ffn(),  o.model.vocab,   o.model.ctx};
+  req.setup.precision = l01::Precision::kFp32;
+  req.setup.optimizer = l01::Optimizer::kAdam;
+  req.setup.seq = o.model.ctx;
+  req.gpus = x.world();
+  req.global_batch = o.batch;
+  l01::Mix mix;
+  mix.dp = dp;
+  mix.tp = tp;
+  mix.pp = pp;
+  mix.cp = cp;
+  mix.zero_stage = x.zero_stage;
+  mix.micro_batch = x.micro_batch;
+  mix.recompute = x.recompute == "full" ? l01::Recompute::kFull : l01::Recompute::kNone;
+  const auto planner = [&](l01::Strategy s) { return l01::step_bytes_per_gpu(s, req, mix); };
+  const auto ring = [](int64_t n) { return 2.0 * static_cast<double>(n - 1) / n; };
+  const double loss = 4;  // one fp32 number
+
+  // The parameters the planner does not see: tp's whole copies and the tied head's copy.
+  int64_t whole = 0;
+  for (const auto& item : Gpt(o.model)->named_parameters()) {
+    const std::string& name = item.key();
+    const bool split = name.find("c_attn.") != std::string::npos ||
+                       name.find("c_fc.") != std::string::npos ||
+                       name.find("c_proj.weight") != std::string::npos;
+    if (!split) whole += item.value().numel();
+  }
+  const double extra = static_cast<double>((tp - 1) * whole + tp * o.model.vocab * o.model.hidden);
+
+  std::mutex mu;
+  std::map<int, std::map<std::string, double>> bytes;  // rank -> traffic -> measured per step
+  on_mesh(o, [&](const NdGroups& g) {
+    const l11::NdResult result = l11::train_nd(o, g);
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [traffic, w] : result.wire_bytes) bytes[g.rank][traffic] = w.measured;
+  });
+  const Mesh mesh = l11::make_mesh(x, static_cast<int>(x.world()));
+  double replica_dp = 0;
+  for (const auto& [rank, measured] : bytes) {
+    SCOPED_TRACE(fmt::format("rank {} of {}", rank, x.text()));
+    EXPECT_DOUBLE_EQ(measured.at("tp"), 2 * planner(l01::Strategy::kTp));
+    if (pp > 1) {
+      const int stage = mesh.coord(rank, "pp");
+      const double sends = stage == 0 || stage == pp - 1 ? 1 : 2;
+      EXPECT_DOUBLE_EQ(measured.at("pp"),
+                       2 * tp * sends / 2 * planner(l01::Strategy::kPp) + ring(pp) * loss);
+    }
+    if (cp > 1) {
+      EXPECT_DOUBLE_EQ(measured.at("cp"), 2 * planner(l01::Strategy::kCp) + ring(cp) * loss);
+    }
+    if (mesh.coord(rank, std::vector<std::string>{"dp_replicate", "dp_shard", "cp"}) == 0) {
+      replica_dp += measured.at("dp");
+    }
+  }
+  // Under ZeRO the planner's ZeRO-1 form: the reduce-scatter and the all-gather once a step.
+  const l01::Strategy dp_term = x.zero_stage > 0 ? l01::Strategy::kZero1 : l01::Strategy::kDdp;
+  const int64_t n = dp * cp;
+  EXPECT_NEAR(replica_dp,
+              static_cast<double>(tp * pp) * planner(dp_term) + ring(n) * 4 * extra +
+                  static_cast<double>(tp * pp) * ring(dp) * loss,
+              1e-6 * replica_dp)
+      << "one replica's dp bytes: the planner's P plus the copies it does not count";
+  if (x.zero_stage == 3) {
+    const double m = static_cast<double>(l11::micro_batches(o));
+    EXPECT_DOUBLE_EQ(planner(l01::Strategy::kZero3), m * 3 / 2 * planner(l01::Strategy::kZero1))
+        << "the planner's ZeRO-3 (g = w = 4): m (2w + g) / (w + g) times this lesson's bytes";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, L11PlannerTraffic,
+                         ::testing::Values(kMeshes[0], kMeshes[11], kMeshes[13], kMeshes[18]),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
 // Lesson 01's planner: what it picks for the course's own GPT on the course's own cluster runs
 // ---------------------------------------------------------------------------------------------
 
