@@ -88,6 +88,11 @@ struct Stage {
   /// ranks see part of each sequence (context parallelism, lesson 11); undefined (make_stage's
   /// default): 0, 1, ..., T-1.
   torch::Tensor positions;
+  /// Applied to the activations just before the stage's first block and just after its last
+  /// (undefined, make_stage's default: nothing). Lesson 11's sequence parallelism: each tp rank's
+  /// rows of the sequence in, the whole sequence gathered out, so that the messages between
+  /// stages keep their (b, T, h) shape.
+  std::function<torch::Tensor(const torch::Tensor&)> enter_blocks, leave_blocks;
 
   /// Every parameter this stage owns, in the model's order (what its optimizer updates).
   std::vector<torch::Tensor> parameters() const;

@@ -120,7 +120,9 @@ torch::Tensor Stage::forward(const torch::Tensor& input) {
   // stage 0 (tokens (b, T) -> (b, T, h)), this stage's blocks, the head on the last stage.
   torch::Tensor x = layers.embed ? embed_tokens(wte, wpe, input, positions)
                                  : input.to(working_dtype(precision));  // no-op in fp32
-  for (auto& b : blocks) x = b->forward(x);                             // (b, T, h)
+  if (enter_blocks) x = enter_blocks(x);
+  for (auto& b : blocks) x = b->forward(x);  // (b, T, h)
+  if (leave_blocks) x = leave_blocks(x);
   if (layers.head) x = head_logits(ln_f, lm_head, torch::Tensor(), x);  // (b, T, V), fp32
   x = x.to(torch::kFloat);  // the next stage's message in fp32 (no-op in fp32 or on the head)
   if (graph && x.requires_grad()) {

@@ -8,7 +8,8 @@ dtc_add_lesson(11 DIR 11_nd_parallel SOURCES nd.cpp GIVEN nd_given.cpp DRIVER pr
 
 # End-to-end: the real program on real processes through this path's torchrun, against the
 # losses and parameter digest of lesson 02's single-process run of the same model (tied, the
-# default; untied where asked). dp 2 x tp 2 x pp 2 and tp 2 x pp 2 x cp 2 (ring, zig-zag) on 8
+# default; untied where asked). dp 2 x tp 2 x pp 2 and tp 2 x pp 2 x cp 2 (ring, zig-zag, sequence
+# parallelism) on 8
 # processes (the primary path: 8 LibTorch processes on 2 cores are the slowest start of the suite),
 # and interleaved pp 2 x v 2 x dp 2 under ZeRO-1 (the optimizer sharded over dp) on 4 processes on
 # both paths. hsdp: ZeRO-3 over pairs of the 4 dp ranks, replicated across the pairs, x tp 2
@@ -35,8 +36,9 @@ if(DTC_TORCHRUN)
     -- ${l11_model} --mix 4x2x1x1 --hsdp 2 --json)
   dtc_add_e2e(11 NAME torchrun_tp2_pp2_cp2 TIMEOUT 180 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 8
     --program @PROGRAM@ --json-equals cp=2 --json-equals zigzag=true
+    --json-equals sequence_parallel=true
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
-    -- ${l11_model} --mix 1x2x2x2 --zigzag --json)
+    -- ${l11_model} --mix 1x2x2x2 --zigzag --sequence-parallel --json)
   dtc_add_e2e(11 NAME torchrun_interleaved_dp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 4
     --program @PROGRAM@ --json-equals pp=2 --json-equals virtual_stages=2
     "--json-equals=schedule=\"interleaved\"" --json-equals zero_stage=1

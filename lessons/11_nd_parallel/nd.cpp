@@ -62,5 +62,13 @@ double clip_grad_norm(RankModel& model, Comm& norm, double max_norm, double norm
   return total;
 }
 
+void sync_sequence_parallel(RankModel& model, Comm& tp) {
+  if (!model.sequence_parallel || tp.getSize() == 1) return;
+  // TODO(L11)
+  DTC_TODO("L11",
+           "sum over tp the gradients of the parameters each tp rank computed from its "
+           "own rows of the sequence, and only those (README section 5b)");
+}
+
 }  // namespace dtc::l11
-// generated from solutions/11_nd_parallel/nd.cpp; checksum e6c4a8c24e617241
+// generated from solutions/11_nd_parallel/nd.cpp; checksum 05b6b2e74ca71f03

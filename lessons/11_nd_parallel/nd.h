@@ -32,7 +32,9 @@
 //      as the head on the last), its two gradients summed (Megatron's embedding group);
 //   3. norm_dims() and global_grad_norm(): the global gradient norm, 2-norm and inf-norm,
 //      counting every parameter of the model exactly once;
-//   4. clip_grad_norm(): the clipping every rank then applies, the same coefficient everywhere.
+//   4. clip_grad_norm(): the clipping every rank then applies, the same coefficient everywhere;
+//   5. sync_sequence_parallel(): with sequence parallelism (--sequence-parallel), the gradients
+//      that each tp rank computed from its own rows of the sequence, summed over tp.
 //
 // What must hold: after any number of steps, every rank's parameters are the single-device
 // run's (lesson 02's model and AdamW, clip_grad_norm_ when clipping), within fp32 rounding.
@@ -78,6 +80,11 @@ struct RankModel {
   /// last stage's lm_head.weight are two copies of one (V, h) matrix, equal at the start. Their
   /// gradients summed (sync_tied_embedding) and the same AdamW step keep them equal.
   bool tied = true;
+  /// Megatron's sequence parallelism over tp (lesson 10's part 5): inside each chunk, from its
+  /// first block to its last, the residual stream, the LayerNorms and the row-parallel biases
+  /// hold this tp rank's rows of the sequence (T / tp of them); the chunk's input is split into
+  /// them and its output gathered back, so the embeddings, ln_f and the head see every row.
+  bool sequence_parallel = false;
   int tp_rank = 0;  ///< this rank's place in its tp group
   int tp = 1;       ///< the tp group's size
 };
@@ -186,6 +193,18 @@ double global_grad_norm(const RankModel& model, Comm& norm, double norm_type);
 ///   1e-6) when that is below 1. @return the norm before clipping.
 double clip_grad_norm(RankModel& model, Comm& norm, double max_norm, double norm_type);
 
+/// @brief With sequence parallelism (model.sequence_parallel and tp > 1), make the gradient of
+///   every parameter that each tp rank holds whole but computed from its own rows of the
+///   sequence the sum over @p tp of the ranks' gradients (Megatron's allreduce of the
+///   sequence-parallel parameters' gradients); leave every other gradient as it is. Without
+///   sequence parallelism, or with tp 1, does nothing.
+///
+/// Runs after gradient_reduction()'s sum and before sync_tied_embedding(). Which parameters:
+/// those a block holds whole (tp_sharded() false) sit in the rows of the sequence; a tp slice
+/// saw every row through its collectives, and the embeddings, ln_f and the head sit outside the
+/// blocks (RankModel::sequence_parallel), so each already holds the whole gradient.
+void sync_sequence_parallel(RankModel& model, Comm& tp);
+
 // ---------------------------------------------------------------------------------------------
 // The step and the run (given, in nd_given.cpp)
 // ---------------------------------------------------------------------------------------------
@@ -198,7 +217,8 @@ struct NdOptions : RunConfig {
   double clip = 0;                                        ///< --clip: the max norm; 0 off
   double norm_type = 2;                                   ///< --norm-type 2 or inf
   l10::Attention attention = l10::Attention::kRing;       ///< --attention, with cp above 1
-  bool zigzag = false;  ///< --zigzag: lesson 10's balanced split of each sequence
+  bool zigzag = false;             ///< --zigzag: lesson 10's balanced split of each sequence
+  bool sequence_parallel = false;  ///< --sequence-parallel: Megatron's, over tp (RankModel)
   torch::Device device = torch::kCPU;
   bool digest = false;  ///< train_nd fills NdResult::digest
 };
@@ -206,8 +226,9 @@ struct NdOptions : RunConfig {
 /// What the mix needs of the model and the batch, checked on every rank before any networking.
 /// @throws UsageError naming --mix (dtc::check_mix's rules, and what this lesson does not compose
 ///   yet: selective recomputation), --schedule (zb-h1 or gpipe with virtual
-///   stages, zb-h1 with recomputation), --clip (negative), or what lesson 10's validate_cp names
-///   for cp (--seq, --heads, --cp, --zigzag) on the heads a tp rank holds.
+///   stages, zb-h1 with recomputation), --clip (negative), --sequence-parallel (tp 1, zb-h1,
+///   or what lesson 10's validate_sequence_parallel names: --seq), or what lesson 10's
+///   validate_cp names for cp (--seq, --heads, --cp, --zigzag) on the heads a tp rank holds.
 void check_nd(const NdOptions& options, int world);
 
 /// The micro-batches each pipeline cuts its rows into: batch / (dp x MICRO).

@@ -137,6 +137,20 @@ void check_nd(const NdOptions& o, int world) {
     throw UsageError("--schedule", "zb-h1 with recomputation",
                      "use RECOMPUTE none: W needs the graph that I kept");
   }
+  if (o.sequence_parallel) {
+    if (mix.tp == 1) {
+      throw UsageError("--sequence-parallel", fmt::format("'{}' has tp 1", text),
+                       "sequence parallelism splits the sequence over the tp ranks: use TP 2 or "
+                       "more, or leave --sequence-parallel out");
+    }
+    if (o.schedule == l09::ScheduleKind::kZbH1) {
+      throw UsageError("--sequence-parallel", "sequence parallelism with zb-h1",
+                       "use --schedule 1f1b (or interleaved): this lesson does not compose "
+                       "ZB-H1's split backward with sequence parallelism");
+    }
+    l10::validate_sequence_parallel(o.model.ctx, static_cast<int>(mix.cp),
+                                    static_cast<int>(mix.tp));
+  }
   if (!(o.clip >= 0) || std::isinf(o.clip)) {
     throw UsageError("--clip", fmt::format("max norm {}", o.clip),
                      "pass a positive norm (1.0 is Megatron's and torchtitan's default), or 0 "
@@ -148,6 +162,56 @@ void check_nd(const NdOptions& o, int world) {
 }
 
 int64_t micro_batches(const NdOptions& o) { return o.batch / (o.mix.dp * o.mix.micro_batch); }
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The (B, T, ...) tensor gathered along the sequence from every tp rank's (B, T/tp, ...) rows,
+// in rank order.
+torch::Tensor all_gather_rows(const torch::Tensor& rows, Comm& tp) {
+  const int n = tp.getSize();
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int j = 0; j < n; ++j) outputs[0].push_back(torch::empty_like(rows));
+  std::vector<torch::Tensor> inputs{rows.contiguous()};
+  tp.allgather(outputs, inputs)->wait();
+  return torch::cat(outputs[0], 1);
+}
+
+// This tp rank's rows of a (B, T, ...) tensor that every tp rank holds whole.
+torch::Tensor own_rows(const torch::Tensor& x, Comm& tp) {
+  const int64_t k = x.size(1) / tp.getSize();
+  return x.narrow(1, tp.getRank() * k, k).contiguous();
+}
+
+// Into a chunk's blocks: this rank's rows; backward, the rows' gradients of every rank gathered,
+// so that what came before (the embeddings, the previous stage) gets the whole gradient
+// (Megatron's scatter_to_sequence_parallel_region).
+struct SplitSequence : public torch::autograd::Function<SplitSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return own_rows(x, comm_from(comm));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {all_gather_rows(grads[0], comm_of(ctx)), torch::Tensor()};
+  }
+};
+
+// Out of them: every rank's rows gathered; backward, this rank's rows of the gradient, which
+// every tp rank computes whole and the same after it (Megatron's
+// gather_from_sequence_parallel_region with tensor_parallel_output_grad=False).
+struct GatherSequence : public torch::autograd::Function<GatherSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return all_gather_rows(x, comm_from(comm));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {own_rows(grads[0], comm_of(ctx)), torch::Tensor()};
+  }
+};
+
+}  // namespace
 
 RankModel build_rank_model(const NdOptions& o, const NdGroups& groups) {
   GptConfig untied = o.model;
@@ -180,10 +244,10 @@ RankModel build_rank_model(const NdOptions& o, const NdGroups& groups) {
               .contiguous()
               .view({B, tl, H * D});
         });
-  } else if (cp.getSize() > 1) {
-    // Lesson 10's TpCpGpt parts: the same TP modules, the core over the tp rank's heads.
-    const l10::TpCpParts parts{groups.tp.get(), &cp, o.attention, o.zigzag,
-                               /*sequence_parallel=*/false};
+  } else if (cp.getSize() > 1 || o.sequence_parallel) {
+    // Lesson 10's TpCpGpt parts: the same TP modules, the core over the tp rank's heads, and
+    // with sequence parallelism its operators at the edges of each TP region.
+    const l10::TpCpParts parts{groups.tp.get(), &cp, o.attention, o.zigzag, o.sequence_parallel};
     for (size_t i = 0; i < full->h->size(); ++i) {
       auto& block = *full->h->ptr<BlockImpl>(i);
       block.swap_attention(l10::TpCpAttention(block.part<l08::TpAttentionImpl>("attn"), parts));
@@ -192,6 +256,16 @@ RankModel build_rank_model(const NdOptions& o, const NdGroups& groups) {
   }
   model.chunks = l09::make_chunks(full, groups.pp->getSize(),
                                   static_cast<int>(o.mix.virtual_stages), groups.pp->getRank());
+  model.sequence_parallel = o.sequence_parallel && model.tp > 1;
+  if (model.sequence_parallel) {  // each chunk's blocks on this tp rank's rows of the sequence
+    const int64_t comm = comm_handle(*groups.tp);
+    for (auto& chunk : model.chunks) {
+      chunk.enter_blocks = [comm](const torch::Tensor& x) { return SplitSequence::apply(x, comm); };
+      chunk.leave_blocks = [comm](const torch::Tensor& x) {
+        return GatherSequence::apply(x, comm);
+      };
+    }
+  }
   for (auto& chunk : model.chunks) {
     if (chunk.layers.embed && cp.getSize() > 1) {
       chunk.positions =
@@ -235,6 +309,7 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
                         /*deallocate_outputs=*/false, o.mix.recompute == "full");
   if (scatter) scatter->finish();
   if (average) average->finish();
+  if (model.sequence_parallel) sync_sequence_parallel(model, *groups.tp);
   sync_tied_embedding(model, groups.embedding.get());
   StepOut out;
   if (o.clip > 0) out.grad_norm = clip_grad_norm(model, *groups.norm, o.clip, o.norm_type);
@@ -280,9 +355,35 @@ std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const Ra
   const bool full = o.mix.recompute == "full";
   const double loss = 4;  // the step's loss, one fp32 number
   std::map<std::string, WireBytes> w;
-  w["tp"].predicted = m * (blocks * (full ? 6 : 4) + rewalked * 2) * ring(tp) * b * tokens * h * e;
-  w["tp"].formula = fmt::format("m (L_r {}{}) x 2(tp-1)/tp b (s/cp) h e", full ? 6 : 4,
-                                rewalked > 0 ? " + 2 x the blocks W walks again" : "");
+  if (model.sequence_parallel) {
+    // Sequence parallelism: a block's forward all-gathers its rows twice (into attention and the
+    // MLP) and reduce-scatters twice (out of them); its backward reduce-scatters the two inputs'
+    // gradients, all-gathers the two outputs' and all-gathers the inputs again (gather_linear
+    // keeps only the rows): 10 of (tp-1)/tp, 4 more with full recomputation's second forward.
+    // Each chunk gathers its output (again when recomputed) and, backward, its input's gradient.
+    // Then the blocks' LayerNorms and row-parallel biases' gradients, summed over tp.
+    const double chunks = static_cast<double>(model.chunks.size());
+    double rows_params = 0;
+    for (const auto& chunk : model.chunks) {
+      for (const auto& [name, p] : l09::stage_pieces(chunk)) {
+        if (name.rfind("h.", 0) == 0 && !tp_sharded(name)) {
+          rows_params += static_cast<double>(p.numel());
+        }
+      }
+    }
+    w["tp"].predicted = m * (blocks * (full ? 14 : 10) + chunks * (full ? 3 : 2)) * ring(tp) / 2 *
+                            b * tokens * h * e +
+                        ring(tp) * rows_params * e;
+    w["tp"].formula = fmt::format(
+        "m (L_r {} + chunks {}) x (tp-1)/tp b (s/cp) h e: sequence parallelism's all-gathers "
+        "and reduce-scatters, + 2(tp-1)/tp (the blocks' LayerNorms and row-parallel biases) e",
+        full ? 14 : 10, full ? 3 : 2);
+  } else {
+    w["tp"].predicted =
+        m * (blocks * (full ? 6 : 4) + rewalked * 2) * ring(tp) * b * tokens * h * e;
+    w["tp"].formula = fmt::format("m (L_r {}{}) x 2(tp-1)/tp b (s/cp) h e", full ? 6 : 4,
+                                  rewalked > 0 ? " + 2 x the blocks W walks again" : "");
+  }
   w["pp"].predicted = pp > 1 ? m * sends * b * tokens * h * 4 + ring(pp) * loss : 0.0;
   w["pp"].formula = "m (sends out of the rank's chunks) b (s/cp) h 4 + the loss";
   double cp_bytes = 0;

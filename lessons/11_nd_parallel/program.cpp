@@ -29,6 +29,7 @@ struct Flags {
   std::string norm_type = "2";
   std::string attention = "ring";
   bool zigzag = false;
+  bool sequence_parallel = false;
 };
 
 // Lesson 01's ledger for this run's model and mix (fp32, AdamW): the device that holds the most,
@@ -108,6 +109,7 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
                 : f.attention == "allgather" ? l10::Attention::kAllGather
                                              : l10::Attention::kRing;
   o.zigzag = f.zigzag;
+  o.sequence_parallel = f.sequence_parallel;
   o.device = job.device;
   o.digest = true;
   check_nd(o, world);
@@ -177,6 +179,7 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     j["grad_norms"] = result.grad_norms;
     j["attention"] = l10::attention_name(o.attention);
     j["zigzag"] = o.zigzag;
+    j["sequence_parallel"] = o.sequence_parallel;
     for (const auto& [traffic, w] : result.wire_bytes) {  // rank 0's, per step
       j["comm_bytes"][traffic] = {
           {"measured", w.measured}, {"predicted", w.predicted}, {"formula", w.formula}};
@@ -274,6 +277,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_flag(
       "--zigzag", f.zigzag,
       "with CP above 1: lesson 10's zig-zag split of each sequence (balanced causal work)");
+  app.add_flag("--sequence-parallel", f.sequence_parallel,
+               "with TP above 1: Megatron's sequence parallelism inside each stage's blocks "
+               "(lesson 10's part 5)");
   return cli.run(argc, argv, err, [&] { return run(cli.options(), f, out, err); });
 }
 

@@ -114,4 +114,20 @@ double clip_grad_norm(RankModel& model, Comm& norm, double max_norm, double norm
   return total;
 }
 
+void sync_sequence_parallel(RankModel& model, Comm& tp) {
+  if (!model.sequence_parallel || tp.getSize() == 1) return;
+  // BEGIN SOLUTION: sum over tp the gradients of the parameters each tp rank computed from its
+  //   own rows of the sequence, and only those (README section 5b)
+  torch::NoGradGuard no_grad;
+  for (auto& chunk : model.chunks) {
+    for (const auto& [name, param] : l09::stage_pieces(chunk)) {
+      // a block's tp-whole parameters: its LayerNorms and row-parallel biases
+      if (name.rfind("h.", 0) != 0 || tp_sharded(name) || !param.grad().defined()) continue;
+      std::vector<at::Tensor> g{param.mutable_grad()};
+      tp.allreduce(g)->wait();
+    }
+  }
+  // END SOLUTION
+}
+
 }  // namespace dtc::l11

@@ -52,6 +52,7 @@ struct MeshCase {
   bool tied;
   bool zigzag = false;
   l10::Attention attention = l10::Attention::kRing;
+  bool sequence_parallel = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const MeshCase& c) { return os << c.name; }
@@ -69,6 +70,7 @@ NdOptions options_of(const MeshCase& c) {
   o.schedule = c.schedule;
   o.zigzag = c.zigzag;
   o.attention = c.attention;
+  o.sequence_parallel = c.sequence_parallel;
   return o;
 }
 
@@ -217,6 +219,15 @@ const MeshCase kMeshes[] = {
     {"dp2_tp2_pp2_zero3_tied", "2x2x2x1:3", l09::ScheduleKind::k1f1b, true},
     {"hsdp2x2_tp2_tied", "4x2x1x1:hsdp2", l09::ScheduleKind::k1f1b, true},
     {"hsdp2x2_pp2_v2_untied", "4x1x2x1:hsdp2:none:1:2", l09::ScheduleKind::kInterleaved, false},
+    // sequence parallelism over tp inside the stages: 21-24
+    {"tp2_pp2_sp_tied", "1x2x2x1", l09::ScheduleKind::k1f1b, true, false, l10::Attention::kRing,
+     true},
+    {"dp2_tp2_pp2_zero1_sp_untied", "2x2x2x1:1", l09::ScheduleKind::k1f1b, false, false,
+     l10::Attention::kRing, true},
+    {"tp2_pp2_cp2_zigzag_sp_tied", "1x2x2x2", l09::ScheduleKind::k1f1b, true, true,
+     l10::Attention::kRing, true},
+    {"tp2_pp2_v2_full_sp_tied", "1x2x2x1:0:full:1:2", l09::ScheduleKind::kInterleaved, true, false,
+     l10::Attention::kRing, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11OneStep, ::testing::ValuesIn(kMeshes),
@@ -291,12 +302,12 @@ TEST(L11ClipInf, TheInfNormIsTheLargestMagnitudeOfNegativeGradients) {
 }
 
 const ClipCase kClips[] = {
-    {kMeshes[0], 2},    {kMeshes[0], kInf},  {kMeshes[2], 2},    {kMeshes[3], kInf},
-    {kMeshes[4], 2},    {kMeshes[6], 2},     {kMeshes[6], kInf}, {kMeshes[8], 2},
-    {kMeshes[9], kInf}, {kMeshes[1], kInf},  {kMeshes[2], kInf}, {kMeshes[10], 2},
-    {kMeshes[13], 2},   {kMeshes[14], kInf}, {kMeshes[15], 2},   {kMeshes[15], kInf},
-    {kMeshes[16], 2},   {kMeshes[18], kInf}, {kMeshes[19], 2},   {kMeshes[19], kInf},
-    {kMeshes[20], 2},
+    {kMeshes[0], 2},    {kMeshes[0], kInf},  {kMeshes[2], 2},     {kMeshes[3], kInf},
+    {kMeshes[4], 2},    {kMeshes[6], 2},     {kMeshes[6], kInf},  {kMeshes[8], 2},
+    {kMeshes[9], kInf}, {kMeshes[1], kInf},  {kMeshes[2], kInf},  {kMeshes[10], 2},
+    {kMeshes[13], 2},   {kMeshes[14], kInf}, {kMeshes[15], 2},    {kMeshes[15], kInf},
+    {kMeshes[16], 2},   {kMeshes[18], kInf}, {kMeshes[19], 2},    {kMeshes[19], kInf},
+    {kMeshes[20], 2},   {kMeshes[21], 2},    {kMeshes[23], kInf},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Clip, ::testing::ValuesIn(kClips), [](const auto& info) {
@@ -340,7 +351,8 @@ INSTANTIATE_TEST_SUITE_P(Meshes, L11Train,
                          ::testing::Values(kMeshes[0], kMeshes[1], kMeshes[2], kMeshes[3],
                                            kMeshes[5], kMeshes[8], kMeshes[9], kMeshes[10],
                                            kMeshes[13], kMeshes[14], kMeshes[15], kMeshes[17],
-                                           kMeshes[18], kMeshes[19], kMeshes[20]),
+                                           kMeshes[18], kMeshes[19], kMeshes[20], kMeshes[21],
+                                           kMeshes[22], kMeshes[24]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
@@ -385,7 +397,8 @@ INSTANTIATE_TEST_SUITE_P(Meshes, L11Wire,
                          ::testing::Values(kMeshes[0], kMeshes[2], kMeshes[3], kMeshes[4],
                                            kMeshes[7], kMeshes[8], kMeshes[9], kMeshes[10],
                                            kMeshes[11], kMeshes[12], kMeshes[13], kMeshes[15],
-                                           kMeshes[18], kMeshes[19]),
+                                           kMeshes[18], kMeshes[19], kMeshes[21], kMeshes[22],
+                                           kMeshes[23], kMeshes[24]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------

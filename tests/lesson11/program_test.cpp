@@ -85,6 +85,25 @@ TEST(L11ChecksGiven, EveryImpossibleMeshNamesItsFlag) {
   EXPECT_NO_THROW(check_nd(small("2x2x2x1:2"), 8));  // ZeRO-2 and 3 and HSDP compose
   EXPECT_NO_THROW(check_nd(small("2x2x2x1:3"), 8));
   EXPECT_NO_THROW(check_nd(small("4x2x1x1:hsdp2"), 8));
+  // Sequence parallelism: over tp above 1, not with ZB-H1, and tp x cp dividing the sequence.
+  const auto sp_error = [](NdOptions s, int world) -> std::string {
+    s.sequence_parallel = true;
+    try {
+      check_nd(s, world);
+    } catch (const UsageError& e) {
+      return e.subject();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(sp_error(small("2x1x2x1"), 4), "--sequence-parallel") << "tp 1";
+  NdOptions zb = small("1x2x2x1");
+  zb.schedule = l09::ScheduleKind::kZbH1;
+  EXPECT_EQ(sp_error(zb, 4), "--sequence-parallel") << "zb-h1";
+  NdOptions odd = small("1x2x1x1");
+  odd.model.ctx = 15;
+  odd.model.heads = 2;
+  EXPECT_EQ(sp_error(odd, 2), "--seq") << "15 tokens over tp 2";
+  EXPECT_EQ(sp_error(small("1x2x2x2"), 8), "accepted");
 }
 
 TEST(L11ProgramGiven, BadInputExitsTwoNamingTheFlag) {
@@ -95,6 +114,7 @@ TEST(L11ProgramGiven, BadInputExitsTwoNamingTheFlag) {
       {{"--mix", "1x1x1x1:hsdp0"}, "--mix"},
       {{"--hsdp", "2", "--steps", "1"}, "--hsdp"},
       {{"--hsdp", "1", "--steps", "1"}, "--hsdp"},
+      {{"--sequence-parallel", "--steps", "1"}, "--sequence-parallel"},
       {{"--virtual-stages", "0"}, "--virtual-stages"},
       {{"--schedule", "dualpipe"}, "--schedule"},
       {{"--norm-type", "1"}, "--norm-type"},
