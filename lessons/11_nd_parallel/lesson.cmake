@@ -25,8 +25,8 @@ if(DTC_TORCHRUN)
     -- ${l11_model} --mix 2x2x2x1 --json)
   dtc_add_e2e(11 NAME two_nodes TIMEOUT 180 PRIMARY SKIP_RETURN_CODE 77 COMMAND ${DTC_E2E_RUN}
     --nproc 8 --launcher two-nodes --two-nodes-script "${PROJECT_SOURCE_DIR}/scripts/two-nodes.sh"
-    --program @PROGRAM@ --json-equals world=8 --json-equals dp=2 --json-equals tp=2 --json-equals pp=2
-    --json-equals zero_stage=3
+    --program @PROGRAM@ --json-equals world=8 --json-equals dp=2 --json-equals tp=2
+    --json-equals pp=2 --json-equals zero_stage=3
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
     -- ${l11_model} --mix 2x2x2x1:3 --json)
   dtc_add_e2e(11 NAME torchrun_hsdp2_tp2 TIMEOUT 180 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 8
@@ -45,4 +45,18 @@ if(DTC_TORCHRUN)
     --losses-like $<TARGET_FILE:lesson02_solution>
     "--losses-like-args=${l11_model_args} --untied"
     -- ${l11_model} --untied --mix 2x1x2x1:1:none:1:2 --json)
+endif()
+
+# A smoke run (not the benchmark itself) of bench/lesson11_vs_pytorch.py: dp 2 x tp 2 x pp 2 on 8
+# ranks, tiny sizes (--smoke: 3 steps, 2 layers, hidden 32, seq 16), ours against PyTorch's
+# FSDP2 x DTensor TP x pipelining. Primary path only: it needs the venv's PyTorch 2.x
+# (torch.distributed.pipelining and fully_shard; Debian's 1.13 has neither). Exit 1 when a side
+# fails or the losses differ. The real run: python bench/lesson11_vs_pytorch.py.
+if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
+  get_filename_component(_l11_bin "${DTC_TORCHRUN}" DIRECTORY)
+  add_test(NAME lesson11.solution.bench_smoke
+    COMMAND "${_l11_bin}/python" "${PROJECT_SOURCE_DIR}/bench/lesson11_vs_pytorch.py"
+            --binary $<TARGET_FILE:lesson11_solution> --torchrun "${DTC_TORCHRUN}" --smoke)
+  set_tests_properties(lesson11.solution.bench_smoke PROPERTIES
+    LABELS "lesson11;solution;lesson11-solution" TIMEOUT 120)
 endif()

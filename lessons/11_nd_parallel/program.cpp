@@ -252,8 +252,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   CLI::App& app = cli.app();
   app.add_option("--mix", f.mix,
                  "DPxTPxPPxCP[:ZERO[:RECOMPUTE[:MICRO[:VIRTUAL]]]], lesson 01's grammar (its "
-                 "plan.mix); the degrees multiply to the world size; ZERO 0 or 1 (Megatron's "
-                 "distributed optimizer). Default: every rank a dp replica");
+                 "plan.mix); the degrees multiply to the world size; ZERO 0-3 (ZeRO over dp x "
+                 "cp) or hsdpN (ZeRO-3 within groups of N dp ranks). Default: every rank a dp "
+                 "replica");
   app.add_option("--virtual-stages", f.virtual_stages,
                  "model chunks per pipeline stage (interleaved 1F1B); overrides the mix's VIRTUAL")
       ->check(positive_count("--virtual-stages 2"));
