@@ -37,7 +37,8 @@
 //      that each tp rank computed from its own rows of the sequence, summed over tp.
 //
 // What must hold: after any number of steps, every rank's parameters are the single-device
-// run's (lesson 02's model and AdamW, clip_grad_norm_ when clipping), within fp32 rounding.
+// run's (lesson 02's model and AdamW, clip_grad_norm_ when clipping), within fp32 rounding (in
+// bf16, --precision bf16, within the course's bf16 policy of that run's master weights).
 // README.md beside it teaches it; tests/lesson11/ checks it.
 //
 //   make test-lesson11
@@ -301,6 +302,9 @@ class ShardedAdamW {
   void release();
   /// The elements of AdamW's two moments this rank keeps (2 x its owned elements).
   int64_t state_elements();
+  /// Every parameter whole in fp32, from every rank's fp32 shards (one all-gather): in bf16 the
+  /// master weights, which the parameters hold rounded.
+  std::vector<torch::Tensor> gather_masters();
   /// The bytes of the shards' fp32 copies (first) and of their gradients (second): stage 3's
   /// parameters, and what stages 1 and 2 hold besides the whole parameters (Megatron's
   /// distributed optimizer keeps such a main-parameter shard for a 16-bit model; an fp32 model
@@ -308,6 +312,8 @@ class ShardedAdamW {
   std::pair<int64_t, int64_t> shard_bytes() const;
 
  private:
+  // Every rank's shards into @p into (one tensor per parameter, its shape), in @p options.
+  void all_gather_into(std::vector<torch::Tensor>& into, const torch::TensorOptions& options);
   void all_gather();
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> shards_;  // one per parameter (empty where none is owned)
@@ -349,7 +355,7 @@ struct WireBytes {
 ///   - cp: lesson 10's attention_volume() per block and micro-batch over the h/tp of a tp rank
 ///     (its forward once more with full recomputation), and the loss's allreduce;
 ///   - dp: the gradient reduction, an allreduce over gradient_reduction()'s dp x cp ranks of
-///     every gradient this rank holds (ZeRO: a reduce-scatter of them in fp32 over the n =
+///     every gradient this rank holds, in fp32 whatever e (lesson 09's flat buffer) (ZeRO: a reduce-scatter of them in fp32 over the n =
 ///     dp_shard x cp ranks, padded to multiples of n, and an all-gather of the updated shards in
 ///     e, the same bytes for every stage; HSDP: an allreduce of the fp32 shards over dp / N
 ///     besides), and the loss's allreduce over dp;
@@ -369,7 +375,9 @@ struct StateMemory {
   int64_t grads = 0;      ///< their gradients (whole; ZeRO-2 and 3: its shards of them)
   int64_t optimizer = 0;  ///< AdamW's two moments (ZeRO: of its shards)
   int64_t zero_copies = 0;  ///< what ShardedAdamW holds besides: ZeRO-1 its shards' fp32 copies
-                            ///< and their gradients, ZeRO-2 the copies; 0 for ZeRO-3
+                            ///< and their gradients, ZeRO-2 the copies; 0 for ZeRO-3 (in bf16
+                            ///< these copies are the fp32 master weights)
+  int64_t masters = 0;      ///< bf16 without ZeRO: MasterAdamW's fp32 copies of the parameters
 };
 
 /// What a run gives back.
@@ -378,7 +386,8 @@ struct NdResult {
   std::vector<double> grad_norms;  ///< every step's norm before clipping (with --clip)
   nlohmann::json digest;           ///< the full model's param_digest (every rank), when asked
   /// this rank's parameters after the last step, under the full model's names (tp shards as
-  /// held; the tied head's copy left out)
+  /// held; the tied head's copy left out); in bf16 their fp32 master weights (ZeRO: every rank's
+  /// shards gathered)
   std::vector<std::pair<std::string, torch::Tensor>> weights;
   /// the elements of AdamW's two moments this rank keeps after the run (ZeRO-1: of its shards)
   int64_t optimizer_elements = 0;

@@ -106,6 +106,7 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
 
 void check_nd(const NdOptions& o, int world) {
   const MixSpec& mix = o.mix;
+  check_precision(o.precision, /*bf16_collectives=*/true);  // tp's, dp's and cp's in bf16
   check_mix(mix, MixShape{o.model.layers, o.model.heads, o.model.ctx, world, o.batch}, "--mix");
   const std::string text = mix.text();
   if (mix.recompute == "selective") {
@@ -415,8 +416,9 @@ std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const Ra
                           : "(n-1)/n (the rank's parameters, padded to multiples of n) (4 + e), n "
                             "= dp x cp, + the loss";
   } else {
-    w["dp"].predicted = ring(dp * cp) * held * e + ring(dp) * loss;
-    w["dp"].formula = "2(n-1)/n (the rank's parameters) e, n = dp x cp, + the loss";
+    // lesson 09's ReplicaAverage: one flat fp32 buffer per chunk, whatever the model's dtype
+    w["dp"].predicted = ring(dp * cp) * held * 4 + ring(dp) * loss;
+    w["dp"].formula = "2(n-1)/n (the rank's parameters) 4 (fp32), n = dp x cp, + the loss";
   }
   const bool ends = std::any_of(model.chunks.begin(), model.chunks.end(), [](const auto& c) {
     return c.layers.embed || c.layers.head;  // the first or the last stage of the pipeline
@@ -547,7 +549,7 @@ ShardedAdamW::ShardedAdamW(std::vector<torch::Tensor> params, Comm* group,
     const ShardRange s = shard_range(p.numel(), n, r);
     torch::Tensor shard;
     if (s.size > 0) {
-      shard = p.detach().reshape({-1}).narrow(0, s.begin, s.size).clone();
+      shard = p.detach().reshape({-1}).narrow(0, s.begin, s.size).to(torch::kFloat, false, true);
       owned.push_back(shard);
     }
     shards_.push_back(shard);
@@ -563,8 +565,9 @@ void ShardedAdamW::step() {
     const ShardRange s = shard_range(params_[i].numel(), n, r);
     if (!shards_[i].defined()) continue;
     const torch::Tensor& g = params_[i].grad();
-    shards_[i].mutable_grad() =
-        g.defined() ? g.reshape({-1}).narrow(0, s.begin, s.size).clone() : torch::Tensor();
+    shards_[i].mutable_grad() =  // fp32, also from a bf16 gradient
+        g.defined() ? g.reshape({-1}).narrow(0, s.begin, s.size).to(torch::kFloat, false, true)
+                    : torch::Tensor();
   }
   if (adamw_) adamw_->step();
   if (stage_ >= 2) {  // the whole gradients: the next backward makes them again
@@ -590,13 +593,34 @@ void ShardedAdamW::release() {
 }
 
 void ShardedAdamW::all_gather() {
+  // Every rank's updated shards into every rank's parameters, in the parameters' dtype.
+  std::vector<torch::Tensor> whole;
+  all_gather_into(whole, params_.empty() ? torch::TensorOptions() : params_.front().options());
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (released_) {  // ZeRO-3: the freed storage gets the gathered bytes
+      refill_storage(params_[i], whole[i]);
+    } else {
+      params_[i].copy_(whole[i]);
+    }
+  }
+}
+
+std::vector<torch::Tensor> ShardedAdamW::gather_masters() {
+  std::vector<torch::Tensor> whole;
+  const auto device = params_.empty() ? torch::Device(torch::kCPU) : params_.front().device();
+  all_gather_into(whole, torch::dtype(torch::kFloat).device(device));
+  return whole;
+}
+
+void ShardedAdamW::all_gather_into(std::vector<torch::Tensor>& into,
+                                   const torch::TensorOptions& options) {
   torch::NoGradGuard no_grad;
   const int n = group_ != nullptr ? group_->getSize() : 1;
   const int r = group_ != nullptr ? group_->getRank() : 0;
   int64_t total = 0;
   for (const auto& p : params_) total += shard_range(p.numel(), n, r).chunk;
-  // Every rank's updated shards into every rank's parameters: one all-gather of the padded shards.
-  const auto options = params_.empty() ? torch::TensorOptions() : params_.front().options();
+  // One all-gather of the padded shards.
   auto mine = torch::zeros({total}, options);
   int64_t offset = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -613,14 +637,11 @@ void ShardedAdamW::all_gather() {
     group_->allgather(outputs, inputs)->wait();
   }
   offset = 0;
-  for (auto& p : params_) {
+  into.clear();
+  for (const auto& p : params_) {
     const int64_t k = shard_range(p.numel(), n, 0).chunk;
     const auto whole = all.narrow(1, offset, k).reshape({-1}).narrow(0, 0, p.numel());
-    if (released_) {  // ZeRO-3: the freed storage gets the gathered bytes
-      refill_storage(p, whole.clone(at::MemoryFormat::Contiguous));
-    } else {
-      p.view({-1}).copy_(whole);
-    }
+    into.push_back(whole.reshape(p.sizes()).clone(at::MemoryFormat::Contiguous));
     offset += k;
   }
 }
@@ -673,15 +694,26 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   RankModel model = build_rank_model(o, groups);
   const auto params = l09::parameters_of(model.chunks);
   // AdamW per rank over its own parameters (shards, stages, the tied copy): elementwise, so the
-  // ranks' optimizers together are the single device's one. ZeRO-1: over its shards of them.
+  // ranks' optimizers together are the single device's one. ZeRO: over its shards of them, fp32
+  // copies. bf16: the parameters cast, AdamW on fp32 master weights (MasterAdamW, or ZeRO's
+  // fp32 shards: Megatron's distributed optimizer's main-parameter shards).
+  const bool bf16 = o.precision != Precision::kFp32;
   std::optional<TracedAdamW> adamw;
+  std::optional<MasterAdamW> master;
   std::optional<ShardedAdamW> sharded;
   if (groups.zero_stage > 0) {
     sharded.emplace(params, groups.reduce.get(), adamw_options(o), groups.zero_stage);
+    if (bf16) {
+      torch::NoGradGuard no_grad;
+      for (auto p : params) p.set_data(p.detach().to(working_dtype(o.precision)));
+    }
     sharded->release();  // ZeRO-3: each rank holds its shards only, from the start
+  } else if (bf16) {
+    master.emplace(params, o.precision, adamw_options(o));  // casts the parameters
   } else {
     adamw.emplace(params, adamw_options(o));
   }
+  for (auto& chunk : model.chunks) chunk.precision = o.precision;
   // On NCCL a group of sends and receives runs on the communicator of the whole group, which
   // its first collective creates (lesson 09).
   std::vector<at::Tensor> one{torch::ones({1}, torch::dtype(torch::kFloat).device(o.device))};
@@ -695,6 +727,8 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
     const StepOut out = nd_step(model, groups, o, step);
     if (sharded) {
       sharded->step();
+    } else if (master) {
+      master->step();
     } else {
       adamw->step();
     }
@@ -718,6 +752,15 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
     (stage >= 3 ? result.memory.params : result.memory.zero_copies) += copies;
     (stage >= 2 ? result.memory.grads : result.memory.zero_copies) += copy_grads;
     sharded->gather();  // ZeRO-3: the whole parameters, for the weights and the digest below
+  } else if (master) {
+    for (const auto& m : master->master()) {
+      auto* state =
+          static_cast<torch::optim::AdamWParamState*>(optimizer_state(master->optimizer(), m));
+      if (state != nullptr) {
+        result.optimizer_elements += state->exp_avg().numel() + state->exp_avg_sq().numel();
+      }
+      result.memory.masters += m.numel() * static_cast<int64_t>(m.element_size());
+    }
   } else {
     for (const auto& p : params) {
       auto* state = static_cast<torch::optim::AdamWParamState*>(optimizer_state(*adamw, p));
@@ -727,13 +770,22 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
     }
   }
   result.memory.optimizer = result.optimizer_elements * 4;
-  // This rank's parameters under the full model's names, the tied head's copy left out.
+  // This rank's parameters under the full model's names, the tied head's copy left out; in
+  // bf16 their fp32 master weights (ZeRO's shards gathered, one more all-gather after the run).
   // The digest: dp replica 0 and cp rank 0 only (the others hold the same parameters).
+  std::map<const void*, torch::Tensor> fp32_of;
+  if (bf16) {
+    const std::vector<torch::Tensor> fp32 = sharded ? sharded->gather_masters() : master->master();
+    for (size_t i = 0; i < params.size(); ++i) fp32_of[params[i].unsafeGetTensorImpl()] = fp32[i];
+  }
   const bool first_replica =
       groups.mesh.coord(groups.rank, kDp) == 0 && groups.mesh.coord(groups.rank, "cp") == 0;
   std::vector<NamedPiece> pieces;
   for (const auto& chunk : model.chunks) {
-    for (const auto& [name, value] : l09::stage_pieces(chunk)) {
+    for (const auto& [held, param] : l09::stage_pieces(chunk)) {
+      const std::string& name = held;
+      const auto found = fp32_of.find(param.unsafeGetTensorImpl());
+      const torch::Tensor value = found == fp32_of.end() ? param : found->second;
       if (model.tied && name == "lm_head.weight") continue;
       result.weights.emplace_back(name, value.detach().clone());
       // The digest: a tp slice from every tp rank, a whole parameter from tp rank 0.

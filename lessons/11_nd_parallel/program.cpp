@@ -32,14 +32,15 @@ struct Flags {
   bool sequence_parallel = false;
 };
 
-// Lesson 01's ledger for this run's model and mix (fp32, AdamW): the device that holds the most,
+// Lesson 01's ledger for this run's model and mix (AdamW, fp32 or mixed): the device that holds the most,
 // the first pipeline stage, with every parameter split by tp and ZeRO over the dp x cp ranks.
 l01::Ledger predicted_ledger(const NdOptions& o) {
   const l01::ModelConfig model{"run",          l01::Arch::kGpt, o.model.hidden,
                                o.model.layers, o.model.heads,   o.model.heads,
                                o.model.ffn(),  o.model.vocab,   o.model.ctx};
   l01::TrainingSetup s;
-  s.precision = l01::Precision::kFp32;
+  // bf16: 16-bit parameters and gradients, fp32 master weights and moments (the ledger's kMixed)
+  s.precision = o.precision == Precision::kFp32 ? l01::Precision::kFp32 : l01::Precision::kMixed;
   s.optimizer = l01::Optimizer::kAdam;
   s.zero_stage = o.mix.zero_stage;
   s.dp = (o.mix.shard > 0 ? o.mix.shard : o.mix.dp) * o.mix.cp;  // the ranks ZeRO shards over
@@ -154,6 +155,7 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     j["mix"] = o.mix.text();
     j["dp"] = mesh.size(std::vector<std::string>{"dp_replicate", "dp_shard"});
     j["zero_stage"] = o.mix.zero_stage;
+    j["precision"] = precision_name(o.precision);
     j["hsdp"] = o.mix.shard;  // HSDP's group size N (0: none)
     // AdamW's two moments on rank 0 (the given optimizer's state; ZeRO-1: its shards only)
     j["optimizer_state_bytes"] = result.optimizer_elements * 4;
@@ -162,7 +164,8 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
                     {{"params", result.memory.params},
                      {"grads", result.memory.grads},
                      {"optimizer", result.memory.optimizer},
-                     {"zero_copies", result.memory.zero_copies}}},
+                     {"zero_copies", result.memory.zero_copies},
+                     {"masters", result.memory.masters}}},
                    {"predicted",
                     {{"params", ledger.state.params},
                      {"grads", ledger.state.grads},
@@ -211,9 +214,17 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
              human_bytes(static_cast<double>(m.grads)), human_bytes(ledger.state.grads),
              human_bytes(static_cast<double>(m.optimizer)), human_bytes(ledger.state.optimizer));
   if (m.zero_copies > 0) {
-    fmt::print(out, "    ZeRO's fp32 copies of the shards{}: {} (not in the ledger)\n",
+    fmt::print(out, "    ZeRO's fp32 copies of the shards{}: {} ({})\n",
                o.mix.zero_stage == 1 ? " and their gradients" : "",
-               human_bytes(static_cast<double>(m.zero_copies)));
+               human_bytes(static_cast<double>(m.zero_copies)),
+               o.precision == Precision::kFp32
+                   ? "not in the ledger"
+                   : "the master weights, in the ledger's optimizer state");
+  }
+  if (m.masters > 0) {
+    fmt::print(out,
+               "    fp32 master weights: {} (in the ledger's optimizer state, with the moments)\n",
+               human_bytes(static_cast<double>(m.masters)));
   }
   fmt::print(out, "{}", memory_note(o));
   if (!result.grad_norms.empty()) {
@@ -248,6 +259,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
       "x pp stages x cp ranks, written as the planner writes a mix; run it under torchrun, e.g.\n"
       "  torchrun --standalone --nproc_per_node=8 --no_python build/bin/lesson11 --mix 2x2x2x1");
   cli.add_timeout_flag();
+  cli.add_precision_flag({Precision::kFp32, Precision::kBf16});
   Flags f;
   CLI::App& app = cli.app();
   app.add_option("--mix", f.mix,

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "adamw_params.h"
+#include "bf16_policy.h"
 #include "digest_close.h"
 #include "dtc/compare.h"
 #include "dtc/data.h"
@@ -584,6 +585,67 @@ INSTANTIATE_TEST_SUITE_P(Meshes, L11Memory,
                          ::testing::Values(kMeshes[0], kMeshes[2], kMeshes[4], kMeshes[6],
                                            kMeshes[8], kMeshes[13], kMeshes[14], kMeshes[16],
                                            kMeshes[17], kMeshes[18], kMeshes[19]),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
+// bf16: the composition in bf16 with fp32 master weights, held to the course's bf16 policy
+// ---------------------------------------------------------------------------------------------
+
+class L11Bf16 : public ::testing::TestWithParam<MeshCase> {};
+
+// Six steps of a bf16 model with fp32 master weights (MasterAdamW; under ZeRO the fp32 shards),
+// against the single device's bf16 and fp32 runs, by lessons 02, 08 and 09's policy: the noise
+// floor is rho(bf16 baseline, fp32 baseline), rho = |w - r| / |r - w0| over every weight once
+// (dp replica 0, cp rank 0, a tp-whole weight from tp rank 0, as the digest takes them); the run
+// lands within 1.5 of the floor from the bf16 baseline and at least 0.25 of it from the fp32
+// one, so an fp32 run cannot pass. Composition rounds where one device does not: the
+// row-parallel partial sums and each micro-batch's gradient in bf16 before they are added. And
+// each rank's bytes per step are the closed forms with e = 2.
+TEST_P(L11Bf16, TheMasterWeightsAreWithinTheBf16Policy) {
+  if (!kGlooBf16) GTEST_SKIP() << "LibTorch 1.13's gloo has no bf16 collectives";
+  NdOptions o = options_of(GetParam());
+  o.steps = 6;
+  const auto fp32 = one_device_train(o, o.steps, 0, 2);
+  const auto w0 = one_device_train(o, 0, 0, 2);
+  NdOptions b = o;
+  b.precision = Precision::kBf16;
+  std::vector<float> bf16_losses;
+  const auto bf16 = one_device_train(b, b.steps, 0, 2, nullptr, &bf16_losses);
+  test::RhoSums between;
+  for (const auto& [name, w] : fp32) between.add(bf16.at(name), w, w, w0.at(name));
+  const double floor = between.rho_bf16();
+  std::mutex mu;
+  test::RhoSums sums;
+  std::vector<float> losses;
+  on_mesh(b, [&](const NdGroups& g) {
+    const l11::NdResult result = l11::train_nd(b, g);
+    for (const auto& [traffic, bytes] : result.wire_bytes) {  // e = 2 where bf16 is sent
+      EXPECT_NEAR(bytes.measured, bytes.predicted, 1e-9 * std::max(1.0, bytes.predicted))
+          << "rank " << g.rank << ", " << traffic << " traffic in bf16: " << bytes.formula;
+    }
+    const bool first_replica =
+        g.mesh.coord(g.rank, std::vector<std::string>{"dp_replicate", "dp_shard", "cp"}) == 0;
+    const int tp = g.tp->getSize(), tp_rank = g.tp->getRank();
+    test::RhoSums mine;
+    for (const auto& item : result.weights) {
+      const std::string& name = item.first;
+      const torch::Tensor& w = item.second;
+      ASSERT_EQ(w.scalar_type(), torch::kFloat) << name << ": the fp32 master weight";
+      if (!first_replica || (tp_rank != 0 && !(tp > 1 && l11::tp_sharded(name)))) continue;
+      const auto piece = [&](const std::map<std::string, torch::Tensor>& all) {
+        return tp_piece(name, all.at(name), tp_rank, tp);
+      };
+      mine.add(w, piece(bf16), piece(fp32), piece(w0));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    sums.add(mine);
+    if (g.rank == 0) losses = result.losses;
+  });
+  test::expect_bf16_policy(sums, floor, test::kOtherRounding, losses, bf16_losses, GetParam().name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, L11Bf16,
+                         ::testing::Values(kMeshes[0], kMeshes[18], kMeshes[19], kMeshes[23]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------

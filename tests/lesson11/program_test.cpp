@@ -115,6 +115,7 @@ TEST(L11ProgramGiven, BadInputExitsTwoNamingTheFlag) {
       {{"--hsdp", "2", "--steps", "1"}, "--hsdp"},
       {{"--hsdp", "1", "--steps", "1"}, "--hsdp"},
       {{"--sequence-parallel", "--steps", "1"}, "--sequence-parallel"},
+      {{"--precision", "fp16", "--steps", "1"}, "--precision"},
       {{"--virtual-stages", "0"}, "--virtual-stages"},
       {{"--schedule", "dualpipe"}, "--schedule"},
       {{"--norm-type", "1"}, "--norm-type"},

@@ -130,6 +130,8 @@ class MasterAdamW {
   /// The fp32 weights AdamW updates, in module.parameters() order (fp32: the parameters).
   const std::vector<torch::Tensor>& master() const { return master_.empty() ? params_ : master_; }
   Precision precision() const { return precision_; }
+  /// The AdamW over master() (its state: the moments of each master weight).
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
 
  private:
   Precision precision_;
