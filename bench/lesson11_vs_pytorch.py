@@ -43,7 +43,7 @@ the step's loss is the mean over the micro-batches and the replicas. Same maths,
 must agree to fp32 rounding: the largest relative difference over the first 8 steps must stay
 within 1e-4 (the course's rtol against PyTorch), later steps are reported, not judged. The
 tied model is not compared: PyTorch's pipelining cannot share one weight between two stages
-(torchtitan refuses tied weights with pipelining), so both sides run --untied.
+(torchtitan does not support tied weights with pipelining), so both sides run --untied.
 
 What the table holds:
 - ms/step: the median over steps 2..N (the first warms up) of each step's time on its slowest

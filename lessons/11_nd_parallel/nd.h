@@ -15,7 +15,7 @@
 // under a pipeline: reshard_after_forward off). HSDP (`--mix 4x2x1x1:hsdp2`, FSDP's
 // HYBRID_SHARD) is ZeRO-3 over groups of N dp ranks, dp_shard = N, replicated across the
 // dp / N groups of dp_replicate: reduce-scatter within a group, then an allreduce of the shards
-// across the groups.
+// across the groups (cp 1: dtc::check_mix refuses HSDP with cp, as lesson 01's planner does).
 //
 // Every rank builds the course's GPT, swaps each block's attention and MLP for lesson 08's
 // tensor-parallel ones over its tp group (and, with cp, lesson 10's context-parallel attention
@@ -155,7 +155,7 @@ struct Reduction {
 /// holds another piece (tp) or another parameter (pp). Divide once, by the number of equal parts
 /// the batch's tokens were cut into for that group. The dp dimension is dp_replicate, or
 /// dp_shard under ZeRO (the other one then has size 1); the given code sums over the group with
-/// an allreduce, or under ZeRO-1 a reduce-scatter.
+/// an allreduce, or under ZeRO a reduce-scatter.
 Reduction gradient_reduction(const Mesh& mesh);
 
 /// @brief The tied embedding: after the step's reduction, make the first stage's wte.weight
@@ -183,7 +183,7 @@ std::vector<std::string> norm_dims(const Mesh& mesh, int zero_stage);
 ///
 /// Runs after gradient_reduction() and sync_tied_embedding(). Every rank of @p norm (the group of
 /// norm_dims()) calls it and gets the same value, from one collective over @p norm (the program
-/// counts its bytes: one allreduce of a number, however many parameters). Find each gradient's
+/// counts its bytes: one allreduce of one double, 8 bytes, however many parameters). Find each gradient's
 /// full-model name with l09::stage_pieces(); tp_sharded() says whether this rank holds a slice
 /// or the whole; with a tied model, the head's lm_head.weight is the copy of wte.weight.
 /// @throws std::invalid_argument for a @p norm_type other than 2 or inf
@@ -332,8 +332,9 @@ struct StepOut {
 
 /// One step's gradients, without the optimizer: zero them, run the schedule on this replica's
 /// rows of batch @p step (this cp rank's tokens of each), the reduction (started during the
-/// cool-down, lesson 09's ReplicaAverage with gradient_reduction()'s divisor), the tied
-/// embedding's sync, and with options.clip > 0 the clipping.
+/// cool-down, lesson 09's ReplicaAverage with gradient_reduction()'s divisor; under ZeRO a
+/// reduce-scatter), with sequence parallelism sync_sequence_parallel(), the tied embedding's
+/// sync, and with options.clip > 0 the clipping.
 StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& options, int64_t step);
 
 /// What one rank put on the wire in one step for one kind of traffic (dtc::wire_bytes: the ring

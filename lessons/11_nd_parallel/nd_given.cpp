@@ -505,7 +505,11 @@ void ShardedReduce::finish() {
     for (auto& chunk : chunks_) {
       for (auto& p : chunk.parameters()) {
         if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-        across_replicas(p.mutable_grad());
+        if (replicate_ != nullptr) {  // in fp32 on the wire, as the reduce-scatter's
+          auto sum = p.grad().to(torch::kFloat);
+          across_replicas(sum);
+          p.mutable_grad().copy_(sum);
+        }
         p.mutable_grad().div_(divisor_);
       }
     }
@@ -670,8 +674,8 @@ std::pair<int64_t, int64_t> ShardedAdamW::shard_bytes() const {
 
 namespace {
 
-// The bytes of @p tensors' storage and of their gradients', each storage once (a tied head that
-// is wte itself on a one-stage pipeline counts once), at what it holds now (freed: 0).
+// The bytes of @p tensors' storage and of their gradients', each storage once, at what it holds
+// now (freed: 0).
 std::pair<int64_t, int64_t> held_bytes(const std::vector<torch::Tensor>& tensors) {
   std::set<const void*> seen;
   std::set<const void*> seen_grads;
