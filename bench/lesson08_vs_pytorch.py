@@ -73,29 +73,9 @@ def worker(a) -> None:
     ref.init_weights(model, a.seed, a.layers)
     # Untied head: lm_head.weight gets its own values from the same formula as in LibTorch.
 
-    # Megatron's head split: reorder c_attn's (3h, h) rows so that contiguous slice r is
-    # [q_r; k_r; v_r], then ColwiseParallel's Shard(0) gives rank r its own heads.
-    per = h // world
-    order = torch.cat([torch.arange(p * h + r * per, p * h + (r + 1) * per)
-                       for r in range(world) for p in range(3)])
-    with torch.no_grad():
-        for block in model.h:
-            block.attn.c_attn.weight.copy_(block.attn.c_attn.weight[order])
-            block.attn.c_attn.bias.copy_(block.attn.c_attn.bias[order])
-            block.attn.heads = heads // world  # local heads
-
-            def fwd(x, attn=block.attn):  # the reference's forward on the local heads
-                B, T, _ = x.shape
-                qkv = attn.c_attn(x)
-                C = qkv.shape[-1] // 3
-                D = C // attn.heads
-                q, k, v = (t.view(B, T, attn.heads, D).transpose(1, 2) for t in qkv.split(C, 2))
-                att = q.matmul(k.transpose(-2, -1)) * (1.0 / D ** 0.5)
-                future = torch.ones(T, T, dtype=torch.bool).triu(1)
-                att = att.masked_fill(future, float("-inf")).softmax(-1)
-                return attn.c_proj(att.matmul(v).transpose(1, 2).contiguous().view(B, T, C))
-
-            block.attn.forward = fwd
+    # Megatron's head split: c_attn's rows reordered so that ColwiseParallel's Shard(0) gives
+    # rank r its own heads, and the reference's attention on the local heads.
+    ref.prepare_tp_heads(model.h, h, heads, world)
 
     plan = {}
     for i in range(a.layers):

@@ -118,34 +118,16 @@ def worker(a) -> None:
     chunks = chunks_per_rank(a.schedule, a.virtual_stages)
     num_stages = world * chunks
 
-    class Stage(torch.nn.Module):
+    def stage_module(index):
         """Virtual stage `index` of `num_stages`: its blocks, and the embeddings or the head."""
-
-        def __init__(self, index):
-            super().__init__()
-            first, last = stage_blocks(a.layers, num_stages, index)
-            self.embed = index == 0
-            self.head = index == num_stages - 1
-            if self.embed:
-                self.wte, self.wpe = model.wte, model.wpe
-            self.blocks = torch.nn.ModuleList(model.h[i] for i in range(first, last))
-            if self.head:
-                self.ln_f, self.lm_head = model.ln_f, model.lm_head
-
-        def forward(self, x):
-            if self.embed:
-                x = self.wte(x) + self.wpe(torch.arange(x.shape[1]))
-            for b in self.blocks:
-                x = b(x)
-            if self.head:
-                x = self.lm_head(self.ln_f(x))
-            return x
+        first, last = stage_blocks(a.layers, num_stages, index)
+        return ref.GptStage(model, first, last, embed=index == 0, head=index == num_stages - 1)
 
     mb = a.batch // a.micro_batches
     stages, modules = [], []
     for c in range(chunks):  # rank r's chunk c is virtual stage c p + r (round robin)
         index = c * world + rank
-        module = Stage(index)
+        module = stage_module(index)
         example = (torch.zeros(mb, a.seq, dtype=torch.long) if index == 0 else
                    torch.zeros(mb, a.seq, a.hidden))
         modules.append(module)

@@ -143,54 +143,10 @@ def worker(a) -> None:
     ref.init_weights(model, a.seed, a.layers)
     first, last = stage_blocks(a.layers, pp, pp_rank)
     if use_tp:
-        # Megatron's head split: reorder c_attn's (3h, h) rows so that contiguous slice r is
-        # [q_r; k_r; v_r], then ColwiseParallel's Shard(0) gives tp rank r its own heads.
-        per = h // tp
-        order = torch.cat([torch.arange(p * h + r * per, p * h + (r + 1) * per)
-                           for r in range(tp) for p in range(3)])
-        with torch.no_grad():
-            for block in model.h[first:last]:
-                block.attn.c_attn.weight.copy_(block.attn.c_attn.weight[order])
-                block.attn.c_attn.bias.copy_(block.attn.c_attn.bias[order])
-                block.attn.heads = heads // tp  # local heads
-
-                def fwd(x, attn=block.attn):  # the reference's forward on the local heads
-                    B, T, _ = x.shape
-                    qkv = attn.c_attn(x)
-                    C = qkv.shape[-1] // 3
-                    D = C // attn.heads
-                    q, k, v = (t.view(B, T, attn.heads, D).transpose(1, 2)
-                               for t in qkv.split(C, 2))
-                    att = q.matmul(k.transpose(-2, -1)) * (1.0 / D ** 0.5)
-                    future = torch.ones(T, T, dtype=torch.bool).triu(1)
-                    att = att.masked_fill(future, float("-inf")).softmax(-1)
-                    y = att.matmul(v).transpose(1, 2).contiguous().view(B, T, C)
-                    return attn.c_proj(y)
-
-                block.attn.forward = fwd
-
-    class Stage(torch.nn.Module):
-        """This rank's pipeline stage: its blocks, and the embeddings or the head."""
-
-        def __init__(self):
-            super().__init__()
-            self.embed, self.head = pp_rank == 0, pp_rank == pp - 1
-            if self.embed:
-                self.wte, self.wpe = model.wte, model.wpe
-            self.blocks = torch.nn.ModuleList(model.h[i] for i in range(first, last))
-            if self.head:
-                self.ln_f, self.lm_head = model.ln_f, model.lm_head
-
-        def forward(self, x):
-            if self.embed:
-                x = self.wte(x) + self.wpe(torch.arange(x.shape[1]))
-            for b in self.blocks:
-                x = b(x)
-            if self.head:
-                x = self.lm_head(self.ln_f(x))
-            return x
-
-    stage = Stage()
+        # Megatron's head split: c_attn's rows reordered so that ColwiseParallel's Shard(0)
+        # gives tp rank r its own heads, and the reference's attention on the local heads.
+        ref.prepare_tp_heads(model.h[first:last], h, heads, tp)
+    stage = ref.GptStage(model, first, last, embed=pp_rank == 0, head=pp_rank == pp - 1)
     del model  # the other stages' parts
     if use_tp:
         from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,

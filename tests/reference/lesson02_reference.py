@@ -64,9 +64,11 @@ class Attention(nn.Module):
         self.heads = heads
 
     def forward(self, x):
-        B, T, C = x.shape
+        B, T, _ = x.shape
+        qkv = self.c_attn(x)
+        C = qkv.shape[-1] // 3  # h, or h / tp on a tensor-parallel rank (prepare_tp_heads)
         D = C // self.heads
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = qkv.split(C, dim=2)
         q = q.view(B, T, self.heads, D).transpose(1, 2)
         k = k.view(B, T, self.heads, D).transpose(1, 2)
         v = v.view(B, T, self.heads, D).transpose(1, 2)
@@ -100,6 +102,20 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def prepare_tp_heads(blocks, hidden: int, heads: int, tp: int) -> None:
+    """Megatron's head split, for PyTorch's ColwiseParallel: reorders each block's c_attn rows
+    so that contiguous slice r of tp is [q_r; k_r; v_r] (ColwiseParallel's Shard(0) then gives
+    rank r its own heads), and sets the block's attention to heads / tp local heads."""
+    per = hidden // tp
+    order = torch.cat([torch.arange(p * hidden + r * per, p * hidden + (r + 1) * per)
+                       for r in range(tp) for p in range(3)])
+    with torch.no_grad():
+        for block in blocks:
+            block.attn.c_attn.weight.copy_(block.attn.c_attn.weight[order])
+            block.attn.c_attn.bias.copy_(block.attn.c_attn.bias[order])
+            block.attn.heads = heads // tp
+
+
 class Gpt(nn.Module):
     def __init__(self, vocab, ctx, hidden, layers, heads, tied):
         super().__init__()
@@ -118,6 +134,29 @@ class Gpt(nn.Module):
             x = block(x)
         x = self.ln_f(x)
         return torch.matmul(x, self.wte.weight.t()) if self.tied else self.lm_head(x)
+
+
+class GptStage(nn.Module):
+    """One pipeline stage of an untied Gpt: blocks [first, last), with the embeddings (embed) and
+    the head (head), the same modules as the model's (the pipeline benchmarks)."""
+
+    def __init__(self, model: Gpt, first: int, last: int, embed: bool, head: bool):
+        super().__init__()
+        self.embed, self.head = embed, head
+        if embed:
+            self.wte, self.wpe = model.wte, model.wpe
+        self.blocks = nn.ModuleList(model.h[i] for i in range(first, last))
+        if head:
+            self.ln_f, self.lm_head = model.ln_f, model.lm_head
+
+    def forward(self, x):
+        if self.embed:
+            x = self.wte(x) + self.wpe(torch.arange(x.shape[1]))
+        for b in self.blocks:
+            x = b(x)
+        if self.head:
+            x = self.lm_head(self.ln_f(x))
+        return x
 
 
 def init_std(name: str, layers: int) -> float:
