@@ -162,7 +162,8 @@ def main(argv) -> int:
     nxt = None
     for k, part in enumerate(parts):
         mine = {n: r for n, r in tests.items()
-                if any(fnmatch.fnmatch(bare(n), p) or fnmatch.fnmatch(n, p) for p in part["tests"])}
+                if any(fnmatch.fnmatch(bare(n), p) or fnmatch.fnmatch(n, p) or
+                       fnmatch.fnmatch(n, "*/" + p) for p in part["tests"])}
         ok = sum(1 for good, _ in mine.values() if good)
         failing = [(n, msg) for n, (good, msg) in mine.items() if not good]
         if k in reported or key(part) in where:

@@ -17,8 +17,9 @@ Reduction gradient_reduction(const Mesh& mesh) {
   // TODO(L11)
   DTC_TODO("L11",
            "return the group (mesh dims) and divisor after which every rank holds the "
-           "single device's gradient of the global batch's mean loss, or its tp slice (README "
-           "section 3)");
+           "single device's gradient of the global batch's mean loss, or its tp slice; write "
+           "norm_dims "
+           "too, which make_groups needs (L11Groups.*, L11OneStep.*; README section 3)");
 }
 
 void sync_tied_embedding(RankModel& model, Comm* embedding) {
@@ -26,8 +27,8 @@ void sync_tied_embedding(RankModel& model, Comm* embedding) {
   // TODO(L11)
   DTC_TODO("L11",
            "make both copies' gradients (wte.weight on the first stage, lm_head.weight on "
-           "the last) the sum of the two, with `embedding` or, pp 1, on this rank (README "
-           "section 4)");
+           "the last) the sum of the two, with `embedding` or, pp 1, on this rank "
+           "(L11OneStep.*_tied; README section 4)");
 }
 
 std::vector<std::string> norm_dims(const Mesh& mesh, int zero_stage) {
@@ -36,8 +37,8 @@ std::vector<std::string> norm_dims(const Mesh& mesh, int zero_stage) {
   // TODO(L11)
   DTC_TODO("L11",
            "return the dims of a group whose ranks together hold every parameter (or its "
-           "slices), and no two of them the same reduced gradient unless they must (README "
-           "section 5)");
+           "slices), and no two of them the same reduced gradient unless they must "
+           "(L11Groups.*, L11Clip.*; README section 5)");
 }
 
 double global_grad_norm(const RankModel& model, Comm& norm, double norm_type) {
@@ -50,7 +51,7 @@ double global_grad_norm(const RankModel& model, Comm& norm, double norm_type) {
   DTC_TODO("L11",
            "return the whole model's gradient norm (2 or inf) as clip_grad_norm_ on one "
            "device computes it, each parameter counted once, the same on every rank of `norm` "
-           "(README section 5)");
+           "(L11Clip.*, L11ClipInf.*; README section 5)");
 }
 
 double clip_grad_norm(RankModel& model, Comm& norm, double max_norm, double norm_type) {
@@ -58,7 +59,8 @@ double clip_grad_norm(RankModel& model, Comm& norm, double max_norm, double norm
   // TODO(L11)
   DTC_TODO("L11",
            "when max_norm / (total + 1e-6) is below 1, every gradient this rank holds "
-           "multiplied by it, as clip_grad_norm_ does on one device (README section 5)");
+           "multiplied by it, as clip_grad_norm_ does on one device (L11Clip.*, L11ClipAbove.*; "
+           "README section 5)");
   return total;
 }
 
@@ -67,8 +69,8 @@ void sync_sequence_parallel(RankModel& model, Comm& tp) {
   // TODO(L11)
   DTC_TODO("L11",
            "sum over tp the gradients of the parameters each tp rank computed from its "
-           "own rows of the sequence, and only those (README section 5b)");
+           "own rows of the sequence, and only those (L11OneStep.*_sp_*; README section 5b)");
 }
 
 }  // namespace dtc::l11
-// generated from solutions/11_nd_parallel/nd.cpp; checksum 05b6b2e74ca71f03
+// generated from solutions/11_nd_parallel/nd.cpp; checksum be6e3ed9a261397f

@@ -15,7 +15,8 @@ namespace dtc::l11 {
 
 Reduction gradient_reduction(const Mesh& mesh) {
   // BEGIN SOLUTION: return the group (mesh dims) and divisor after which every rank holds the
-  //   single device's gradient of the global batch's mean loss, or its tp slice (README section 3)
+  //   single device's gradient of the global batch's mean loss, or its tp slice; write norm_dims
+  //   too, which make_groups needs (L11Groups.*, L11OneStep.*; README section 3)
   // dp_replicate, or dp_shard under ZeRO: the other has size 1 and adds no rank
   const std::vector<std::string> dims{"dp_replicate", "dp_shard", "cp"};
   return Reduction{dims, mesh.size(dims)};
@@ -25,7 +26,8 @@ Reduction gradient_reduction(const Mesh& mesh) {
 void sync_tied_embedding(RankModel& model, Comm* embedding) {
   if (!model.tied) return;
   // BEGIN SOLUTION: make both copies' gradients (wte.weight on the first stage, lm_head.weight on
-  //   the last) the sum of the two, with `embedding` or, pp 1, on this rank (README section 4)
+  //   the last) the sum of the two, with `embedding` or, pp 1, on this rank
+  //   (L11OneStep.*_tied; README section 4)
   torch::Tensor wte_grad, head_grad;
   for (auto& chunk : model.chunks) {
     if (chunk.layers.embed) wte_grad = chunk.wte->weight.mutable_grad();
@@ -53,7 +55,8 @@ std::vector<std::string> norm_dims(const Mesh& mesh, int zero_stage) {
   (void)mesh;
   (void)zero_stage;
   // BEGIN SOLUTION: return the dims of a group whose ranks together hold every parameter (or its
-  //   slices), and no two of them the same reduced gradient unless they must (README section 5)
+  //   slices), and no two of them the same reduced gradient unless they must
+  //   (L11Groups.*, L11Clip.*; README section 5)
   // ZeRO's reduce-scatter leaves every rank of dp_shard x cp its own shard: the whole world (as
   // Megatron's distributed optimizer reduces its norm), but one HSDP replica group, whose shards
   // the others hold too
@@ -70,7 +73,7 @@ double global_grad_norm(const RankModel& model, Comm& norm, double norm_type) {
   }
   // BEGIN SOLUTION: return the whole model's gradient norm (2 or inf) as clip_grad_norm_ on one
   //   device computes it, each parameter counted once, the same on every rank of `norm`
-  //   (README section 5)
+  //   (L11Clip.*, L11ClipInf.*; README section 5)
   double local = 0;
   for (const auto& chunk : model.chunks) {
     for (const auto& [name, param] : l09::stage_pieces(chunk)) {
@@ -100,7 +103,8 @@ double global_grad_norm(const RankModel& model, Comm& norm, double norm_type) {
 double clip_grad_norm(RankModel& model, Comm& norm, double max_norm, double norm_type) {
   const double total = global_grad_norm(model, norm, norm_type);
   // BEGIN SOLUTION: when max_norm / (total + 1e-6) is below 1, every gradient this rank holds
-  //   multiplied by it, as clip_grad_norm_ does on one device (README section 5)
+  //   multiplied by it, as clip_grad_norm_ does on one device (L11Clip.*, L11ClipAbove.*;
+  //   README section 5)
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1) {
     torch::NoGradGuard no_grad;
@@ -117,7 +121,7 @@ double clip_grad_norm(RankModel& model, Comm& norm, double max_norm, double norm
 void sync_sequence_parallel(RankModel& model, Comm& tp) {
   if (!model.sequence_parallel || tp.getSize() == 1) return;
   // BEGIN SOLUTION: sum over tp the gradients of the parameters each tp rank computed from its
-  //   own rows of the sequence, and only those (README section 5b)
+  //   own rows of the sequence, and only those (L11OneStep.*_sp_*; README section 5b)
   torch::NoGradGuard no_grad;
   for (auto& chunk : model.chunks) {
     for (const auto& [name, param] : l09::stage_pieces(chunk)) {
