@@ -183,9 +183,9 @@ std::vector<std::string> norm_dims(const Mesh& mesh, int zero_stage);
 ///
 /// Runs after gradient_reduction() and sync_tied_embedding(). Every rank of @p norm (the group of
 /// norm_dims()) calls it and gets the same value, from one collective over @p norm (the program
-/// counts its bytes: one allreduce of one double, 8 bytes, however many parameters). Find each gradient's
-/// full-model name with l09::stage_pieces(); tp_sharded() says whether this rank holds a slice
-/// or the whole; with a tied model, the head's lm_head.weight is the copy of wte.weight.
+/// counts its bytes: one allreduce of one double, 8 bytes, however many parameters). Find each
+/// gradient's full-model name with l09::stage_pieces(); tp_sharded() says whether this rank holds
+/// a slice or the whole; with a tied model, the head's lm_head.weight is the copy of wte.weight.
 /// @throws std::invalid_argument for a @p norm_type other than 2 or inf
 double global_grad_norm(const RankModel& model, Comm& norm, double norm_type);
 
@@ -356,10 +356,10 @@ struct WireBytes {
 ///   - cp: lesson 10's attention_volume() per block and micro-batch over the h/tp of a tp rank
 ///     (its forward once more with full recomputation), and the loss's allreduce;
 ///   - dp: the gradient reduction, an allreduce over gradient_reduction()'s dp x cp ranks of
-///     every gradient this rank holds, in fp32 whatever e (lesson 09's flat buffer) (ZeRO: a reduce-scatter of them in fp32 over the n =
-///     dp_shard x cp ranks, padded to multiples of n, and an all-gather of the updated shards in
-///     e, the same bytes for every stage; HSDP: an allreduce of the fp32 shards over dp / N
-///     besides), and the loss's allreduce over dp;
+///     every gradient this rank holds, in fp32 whatever e (lesson 09's flat buffer) (ZeRO: a
+///     reduce-scatter of them in fp32 over the n = dp_shard x cp ranks, padded to multiples of
+///     n, and an all-gather of the updated shards in e, the same bytes for every stage; HSDP: an
+///     allreduce of the fp32 shards over dp / N besides), and the loss's allreduce over dp;
 ///   - embedding: the tied embedding's V h gradient allreduced over its 2 stages;
 ///   - norm: with --clip, one allreduce of the norm (a double) over the pp x tp ranks (ZeRO:
 ///     pp x dp_shard x cp x tp, every rank without HSDP).

@@ -32,8 +32,9 @@ struct Flags {
   bool sequence_parallel = false;
 };
 
-// Lesson 01's ledger for this run's model and mix (AdamW, fp32 or mixed): the device that holds the most,
-// the first pipeline stage, with every parameter split by tp and ZeRO over the dp x cp ranks.
+// Lesson 01's ledger for this run's model and mix (AdamW, fp32 or mixed): the device that holds
+// the most, the first pipeline stage, with every parameter split by tp and ZeRO over the dp x cp
+// ranks.
 l01::Ledger predicted_ledger(const NdOptions& o) {
   const l01::ModelConfig model{"run",          l01::Arch::kGpt, o.model.hidden,
                                o.model.layers, o.model.heads,   o.model.heads,
