@@ -303,12 +303,12 @@ TEST(L11ClipInf, TheInfNormIsTheLargestMagnitudeOfNegativeGradients) {
 }
 
 const ClipCase kClips[] = {
-    {kMeshes[0], 2},    {kMeshes[0], kInf},  {kMeshes[2], 2},     {kMeshes[3], kInf},
-    {kMeshes[4], 2},    {kMeshes[6], 2},     {kMeshes[6], kInf},  {kMeshes[8], 2},
-    {kMeshes[9], kInf}, {kMeshes[1], kInf},  {kMeshes[2], kInf},  {kMeshes[10], 2},
-    {kMeshes[13], 2},   {kMeshes[14], kInf}, {kMeshes[15], 2},    {kMeshes[15], kInf},
-    {kMeshes[16], 2},   {kMeshes[18], kInf}, {kMeshes[19], 2},    {kMeshes[19], kInf},
-    {kMeshes[20], 2},   {kMeshes[21], 2},    {kMeshes[23], kInf}, {kMeshes[17], 2},
+    {kMeshes[0], 2},     {kMeshes[0], kInf},  {kMeshes[2], 2},    {kMeshes[3], kInf},
+    {kMeshes[4], 2},     {kMeshes[6], 2},     {kMeshes[6], kInf}, {kMeshes[8], 2},
+    {kMeshes[9], kInf},  {kMeshes[1], kInf},  {kMeshes[10], 2},   {kMeshes[13], 2},
+    {kMeshes[14], kInf}, {kMeshes[15], 2},    {kMeshes[16], 2},   {kMeshes[18], kInf},
+    {kMeshes[19], 2},    {kMeshes[19], kInf}, {kMeshes[20], 2},   {kMeshes[21], 2},
+    {kMeshes[23], kInf}, {kMeshes[17], 2},
 };
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Clip, ::testing::ValuesIn(kClips), [](const auto& info) {
@@ -348,12 +348,13 @@ TEST_P(L11Train, ParametersAfterThreeClippedStepsAreTheSingleDevices) {
   });
 }
 
+// One mesh per kind of step (the gradients of every mesh are L11OneStep's): tied and untied,
+// interleaved, ZB-H1, cp under tp, ZeRO 1-3, HSDP, sequence parallelism with interleaving and
+// full recomputation.
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Train,
                          ::testing::Values(kMeshes[0], kMeshes[1], kMeshes[2], kMeshes[3],
-                                           kMeshes[5], kMeshes[8], kMeshes[9], kMeshes[10],
-                                           kMeshes[13], kMeshes[14], kMeshes[15], kMeshes[17],
-                                           kMeshes[18], kMeshes[19], kMeshes[20], kMeshes[21],
-                                           kMeshes[22], kMeshes[24]),
+                                           kMeshes[8], kMeshes[13], kMeshes[17], kMeshes[18],
+                                           kMeshes[19], kMeshes[24]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
@@ -369,7 +370,7 @@ class L11Wire : public ::testing::TestWithParam<MeshCase> {};
 // parameter or over another group: each sends other bytes.
 TEST_P(L11Wire, EachRanksBytesPerStepAreTheClosedForms) {
   NdOptions o = options_of(GetParam());
-  o.steps = 2;
+  o.steps = 1;  // every step sends the same (ZeRO-3's gather included)
   o.clip = 1.0;
   on_mesh(o, [&](const NdGroups& g) {
     const l11::NdResult result = l11::train_nd(o, g);
@@ -645,7 +646,7 @@ TEST_P(L11Bf16, TheMasterWeightsAreWithinTheBf16Policy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Bf16,
-                         ::testing::Values(kMeshes[0], kMeshes[18], kMeshes[19], kMeshes[23]),
+                         ::testing::Values(kMeshes[0], kMeshes[18], kMeshes[19], kMeshes[21]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
