@@ -28,18 +28,14 @@ import json
 import os
 import pathlib
 import shlex
-import socket
 import subprocess
 import sys
 import time
 
+from bench_support import free_port
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(args, nproc, argv):

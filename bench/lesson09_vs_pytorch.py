@@ -57,11 +57,12 @@ import argparse
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from bench_support import free_port, last_json
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
@@ -77,11 +78,6 @@ PYTORCH_CLASS = {
     "zb-h1": "ScheduleInterleavedZeroBubble",
 }
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stage_blocks(layers: int, stages: int, stage: int):
@@ -220,12 +216,6 @@ def worker(a) -> None:
 # The driver: both runs, one after the other, then the comparison
 # ------------------------------------------------------------------------------------------
 
-
-def last_json(text: str) -> dict:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError("no JSON line in the output:\n" + text[-3000:])
 
 
 def torchrun(a, cmd):

@@ -24,19 +24,15 @@ import argparse
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from bench_support import free_port, last_json
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(nproc: int) -> list:
@@ -44,12 +40,6 @@ def torchrun(nproc: int) -> list:
     return [str(exe), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{free_port()}"]
 
-
-def last_json(text: str) -> dict:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError("no JSON line in:\n" + text[-3000:])
 
 
 # ------------------------------------------------------------------------------------------

@@ -79,12 +79,13 @@ import os
 import pathlib
 import re
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from bench_support import free_port, last_json
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 THIS = str(pathlib.Path(__file__).resolve())
@@ -92,11 +93,6 @@ THIS = str(pathlib.Path(__file__).resolve())
 PARTS = ["fsdp+tp+pp", "tp+pp", "fsdp+pp", "pp"]
 RTOL, JUDGED = 1e-4, 8  # the losses' tolerance, over the first JUDGED steps
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stage_blocks(layers: int, stages: int, stage: int):
@@ -255,12 +251,6 @@ def rss_wrap(out_dir: str, cmd: list) -> int:
 # The driver: both runs, one after the other, then the comparison
 # ------------------------------------------------------------------------------------------
 
-
-def last_json(text: str) -> dict:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError("no JSON line in the output:\n" + text[-3000:])
 
 
 def torchrun(a, cmd):

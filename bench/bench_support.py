@@ -1,0 +1,20 @@
+"""What the benchmarks against PyTorch (bench/lessonNN_vs_pytorch.py) share: a free port for a
+torchrun rendezvous, and the last JSON line of a program's output."""
+import json
+import socket
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def last_json(text: str) -> dict:
+    """The last line of @p text that starts with '{', parsed; RuntimeError with the output's tail
+    when there is none."""
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError("no JSON line in the output:\n" + text[-3000:])
