@@ -786,11 +786,10 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
       groups.mesh.coord(groups.rank, kDp) == 0 && groups.mesh.coord(groups.rank, "cp") == 0;
   std::vector<NamedPiece> pieces;
   for (const auto& chunk : model.chunks) {
-    for (const auto& [held, param] : l09::stage_pieces(chunk)) {
-      const std::string& name = held;
+    for (const auto& [name, param] : l09::stage_pieces(chunk)) {
+      if (model.tied && name == "lm_head.weight") continue;
       const auto found = fp32_of.find(param.unsafeGetTensorImpl());
       const torch::Tensor value = found == fp32_of.end() ? param : found->second;
-      if (model.tied && name == "lm_head.weight") continue;
       result.weights.emplace_back(name, value.detach().clone());
       // The digest: a tp slice from every tp rank, a whole parameter from tp rank 0.
       const bool slice = model.tp > 1 && tp_sharded(name);

@@ -123,6 +123,13 @@ torch::Tensor tp_piece(const std::string& name, const torch::Tensor& full, int r
   return torch::cat({qkv[0].chunk(tp, 0)[r], qkv[1].chunk(tp, 0)[r], qkv[2].chunk(tp, 0)[r]});
 }
 
+// Whether lesson 08 splits the parameter called @p name over tp (c_attn, c_fc, both c_proj
+// weights), written out here rather than read from the given tp_sharded().
+bool split_over_tp(const std::string& name) {
+  return name.find("c_attn.") != std::string::npos || name.find("c_fc.") != std::string::npos ||
+         name.find("c_proj.weight") != std::string::npos;
+}
+
 // Runs @p body on every rank of @p o's mesh with its groups.
 void on_mesh(const NdOptions& o, const std::function<void(const NdGroups&)>& body) {
   const int world = static_cast<int>(o.mix.world());
@@ -521,9 +528,7 @@ TEST_P(L11Memory, RankZerosStateIsTheLedgersPlusWhatItDoesNotModel) {
   const int64_t blocks = (o.model.layers + pp - 1) / pp;
   for (const auto& item : Gpt(o.model)->named_parameters()) {
     const std::string& name = item.key();
-    const bool split = name.find("c_attn.") != std::string::npos ||
-                       name.find("c_fc.") != std::string::npos ||
-                       name.find("c_proj.weight") != std::string::npos;
+    const bool split = split_over_tp(name);
     bool held = name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0;
     if (name.rfind("h.", 0) == 0) held = std::stoi(name.substr(2)) < blocks;
     if (name.rfind("ln_f.", 0) == 0) held = pp == 1;
@@ -699,9 +704,7 @@ TEST_P(L11PlannerTraffic, TheRecordedBytesAreThePlannersTermsConverted) {
   int64_t whole = 0;
   for (const auto& item : Gpt(o.model)->named_parameters()) {
     const std::string& name = item.key();
-    const bool split = name.find("c_attn.") != std::string::npos ||
-                       name.find("c_fc.") != std::string::npos ||
-                       name.find("c_proj.weight") != std::string::npos;
+    const bool split = split_over_tp(name);
     if (!split) whole += item.value().numel();
   }
   const double extra = static_cast<double>((tp - 1) * whole + tp * o.model.vocab * o.model.hidden);
