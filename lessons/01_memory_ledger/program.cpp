@@ -423,10 +423,10 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
                strategy_name(r.strategy), r.degree, shards_text(r.shards), r.bytes_per_gpu / unit,
                r.intra_s, r.inter_s, r.memory_bytes / unit, r.fits ? "yes" : "no");
   }
-  fmt::print(out, "\n  {:<12} {:<42} {:<67} {}\n", "strategy", "splits", "collectives",
+  fmt::print(out, "\n  {:<12} {:<42} {:<70} {}\n", "strategy", "splits", "collectives",
              "bytes sent per GPU per step");
   for (const auto& r : rows) {
-    fmt::print(out, "  {:<12} {:<42} {:<67} {}\n", strategy_name(r.strategy), r.splits,
+    fmt::print(out, "  {:<12} {:<42} {:<70} {}\n", strategy_name(r.strategy), r.splits,
                r.collectives, r.formula);
   }
 

@@ -173,11 +173,14 @@ double gradient_wire_bytes(const TrainingSetup& setup);
 ///   - kDdp in an HSDP mix (shard > 0) is the replication across groups instead: once a step,
 ///     an allreduce of each rank's gradient shard, g P_r / shard, over the r = dp * cp / shard
 ///     replicas, 2(r-1)/r g P_r / shard.
-///   - kTp, n = tp: per layer this GPU holds (L/pp) and micro-batch, 4 allreduces of the
-///     (s/cp) b h activations, 2 in the forward and 2 in the backward (Megatron, Shoeybi et al.
-///     2019, Fig. 3; with sequence parallelism each becomes a reduce-scatter + all-gather of the
-///     same volume, Korthikanti et al. 2022 sec. 4.2.2); full recomputation repeats the
-///     forward's 2, making 6.
+///   - kTp, n = tp (with sequence parallelism, as the mix's memory assumes): per layer this GPU
+///     holds (L/pp) and micro-batch, what 5 allreduces of the (s/cp) b h activations send. Plain
+///     TP has 4, 2 forward and 2 backward (Megatron, Shoeybi et al. 2019, Fig. 3); sequence
+///     parallelism makes each an all-gather + a reduce-scatter of the same volume (Korthikanti
+///     et al. 2022 sec. 4.2.2), and its backward all-gathers the 2 column-parallel layers'
+///     inputs again, since only their 1/tp rows were kept (Megatron-LM's linear layer): 10
+///     (n-1)/n of an activation, 5 allreduces' worth. Full recomputation repeats the forward's
+///     4 all-gathers and reduce-scatters: 7.
 ///   - kPp, n = pp: per micro-batch and model chunk a stage sends its output activations forward
 ///     and their gradient backward, one send each of (s/cp) b h values split over the tp ranks
 ///     (Narayanan et al. 2021 sec. 4.1, scatter/gather): 2 m v (s/cp) b h 2 / tp (the

@@ -394,9 +394,9 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
   if (const GroupTraffic* t = traffic(Strategy::kTp)) {
     tp += fmt::format(
         "each layer's matrices are split over {} GPUs, kept inside one {}-GPU node: {} "
-        "allreduces per layer per micro-batch send {} per GPU a step, {} on {}, but {} if they "
-        "crossed nodes at {:g} GB/s",
-        mix.tp, c.gpus_per_node, mix.recompute == Recompute::kFull ? 6 : 4, gb(t->bytes_per_gpu),
+        "all-gathers and reduce-scatters per layer per micro-batch send {} per GPU a step, {} on "
+        "{}, but {} if they crossed nodes at {:g} GB/s",
+        mix.tp, c.gpus_per_node, mix.recompute == Recompute::kFull ? 14 : 10, gb(t->bytes_per_gpu),
         secs(t->seconds), link(t), secs(t->bytes_per_gpu / (c.inter_gbps * kGB)), c.inter_gbps);
   } else if (f == Family::kDdp || f == Family::kZero) {
     tp +=
@@ -704,8 +704,8 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
         break;
       case Strategy::kTp:
         row.splits = "each layer's matrices (heads, MLP columns)";
-        row.collectives = "4 allreduce(activations) per layer per micro-batch";
-        row.formula = "4mL 2(n-1)/n 2sbh";
+        row.collectives = "all-gather+reduce-scatter x4, all-gather x2, per layer per micro-batch";
+        row.formula = "10mL (n-1)/n 2sbh";
         break;
       case Strategy::kPp:
         row.splits = "the layers (L/n per stage)";

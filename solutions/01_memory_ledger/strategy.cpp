@@ -72,7 +72,9 @@ double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix) {
       return m * (2 * collective_bytes(Collective::kAllGather, weights, n_dp) +
                   collective_bytes(Collective::kReduceScatter, grads, n_dp));
     case Strategy::kTp: {
-      const double allreduces = full ? 6.0 : 4.0;  // 2 forward + 2 backward (+2 recomputed)
+      // sequence parallel: 2 (all-gather + reduce-scatter) forward, 2 backward, and the 2
+      // inputs all-gathered again backward: 5 allreduces' bytes (+2 recomputed)
+      const double allreduces = full ? 7.0 : 5.0;
       return m * layers * allreduces * collective_bytes(Collective::kAllReduce, act, mix.tp);
     }
     case Strategy::kPp:

@@ -253,15 +253,18 @@ TEST(L01Traffic, TensorPipelineContextClosedForms) {
   EXPECT_CLOSE_REL(micro_batches(r, mix), micro, 1e-12, "closed form: B / (dp b)");
   const double sbh2 = 8192.0 * 1 * static_cast<double>(m.hidden) * 2;  // one activation, bytes
   const double layers = static_cast<double>(m.layers) / 2;
-  // Megatron (Shoeybi et al. 2019, Fig. 3): 2 allreduces forward, 2 backward, per layer.
+  // Megatron (Shoeybi et al. 2019, Fig. 3): 2 allreduces forward, 2 backward, per layer; with
+  // sequence parallelism each is an all-gather + a reduce-scatter (Korthikanti et al. 2022 sec.
+  // 4.2.2), and the backward all-gathers the 2 column-parallel inputs again (Megatron-LM's
+  // linear layer keeps only the rows): 10 collectives of (t-1)/t of an activation.
   EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kTp, r, mix),
-                   micro * layers * 4 * (2.0 * 7 / 8) * sbh2, 1e-12,
-                   "closed form: 4 m (L/pp) 2(t-1)/t 2sbh");
+                   micro * layers * 10 * (7.0 / 8) * sbh2, 1e-12,
+                   "closed form: 10 m (L/pp) (t-1)/t 2sbh (sequence parallel)");
   Mix full = mix;
   full.recompute = Recompute::kFull;
   EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kTp, r, full),
-                   1.5 * step_bytes_per_gpu(Strategy::kTp, r, mix), 1e-12,
-                   "full recomputation repeats the forward's 2 allreduces: 6 / 4");
+                   1.4 * step_bytes_per_gpu(Strategy::kTp, r, mix), 1e-12,
+                   "full recomputation repeats the forward's 4 collectives: 14 / 10");
   // Narayanan et al. 2021 sec. 4.1: one activation forward, one gradient back, split over tp.
   EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kPp, r, mix), micro * 2 * sbh2 / 8, 1e-12,
                    "closed form: 2 m 2sbh / tp");
@@ -275,7 +278,7 @@ TEST(L01Traffic, TensorPipelineContextClosedForms) {
   // With CP each GPU holds s/cp tokens: TP's activations shrink by cp.
   Mix tp_cp = cp;
   EXPECT_CLOSE_REL(step_bytes_per_gpu(Strategy::kTp, r, tp_cp),
-                   512.0 * layers * 4 * (2.0 * 7 / 8) * sbh2 / 4, 1e-12,
+                   512.0 * layers * 10 * (7.0 / 8) * sbh2 / 4, 1e-12,
                    "closed form: TP over s/cp tokens");
   Mix alone;
   alone.dp = 64;
