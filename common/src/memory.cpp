@@ -23,6 +23,8 @@ struct ThreadCounters {
   std::atomic<int64_t> current{0};
   std::atomic<int64_t> peak{0};
   std::atomic<int64_t> allocations{0};
+  std::atomic<int64_t> mark{0};        // mark_thread_cpu_memory()'s count of calls
+  std::atomic<int64_t> since_mark{0};  // bytes allocated under the current mark, not freed
 };
 ThreadCounters* this_thread_counters() {
   thread_local ThreadCounters* counters = new ThreadCounters();
@@ -38,6 +40,7 @@ void raise_peak(std::atomic<int64_t>& peak, int64_t now) {
 struct Live {
   int64_t bytes = 0;
   ThreadCounters* owner = nullptr;
+  int64_t mark = 0;  // the owner's mark when it was allocated
 };
 
 // The size of every live counted allocation, by address. LibTorch's raw interface
@@ -58,7 +61,12 @@ void count_free(void* data) {
     }
   }
   g_current.fetch_sub(live.bytes, std::memory_order_relaxed);
-  if (live.owner != nullptr) live.owner->current.fetch_sub(live.bytes, std::memory_order_relaxed);
+  if (live.owner != nullptr) {
+    live.owner->current.fetch_sub(live.bytes, std::memory_order_relaxed);
+    if (live.mark > 0 && live.mark == live.owner->mark.load(std::memory_order_relaxed)) {
+      live.owner->since_mark.fetch_sub(live.bytes, std::memory_order_relaxed);
+    }
+  }
   g_inner_deleter(data);
 }
 
@@ -81,9 +89,11 @@ class CountingAllocator final : public CpuAllocatorBase {
     inner.release_context();  // ours now: count_free hands it back to g_inner_deleter
     const auto bytes = static_cast<int64_t>(n);
     ThreadCounters* mine = this_thread_counters();
+    const int64_t mark = mine->mark.load(std::memory_order_relaxed);
+    if (mark > 0) mine->since_mark.fetch_add(bytes, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(g_mutex);
-      (*g_sizes)[data] = Live{bytes, mine};
+      (*g_sizes)[data] = Live{bytes, mine, mark};
     }
     raise_peak(g_peak, g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes);
     g_allocations.fetch_add(1, std::memory_order_relaxed);
@@ -129,5 +139,14 @@ void reset_thread_cpu_peak() {
   ThreadCounters* mine = this_thread_counters();
   mine->peak.store(mine->current.load());
 }
+
+void mark_thread_cpu_memory() {
+  // The new mark first: a free of older storage (another thread's, any moment) no longer counts.
+  ThreadCounters* mine = this_thread_counters();
+  mine->mark.fetch_add(1);
+  mine->since_mark.store(0);
+}
+
+int64_t thread_cpu_memory_since_mark() { return this_thread_counters()->since_mark.load(); }
 
 }  // namespace dtc

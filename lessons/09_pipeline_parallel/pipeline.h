@@ -93,6 +93,10 @@ struct Stage {
   /// rows of the sequence in, the whole sequence gathered out, so that the messages between
   /// stages keep their (b, T, h) shape.
   std::function<torch::Tensor(const torch::Tensor&)> enter_blocks, leave_blocks;
+  /// Called at the end of every forward() that builds a graph, once its output exists (undefined,
+  /// make_stage's default: nothing). An observer for measurements from outside the executor:
+  /// lesson 11 reads the counting allocator there.
+  std::function<void()> after_forward;
 
   /// Every parameter this stage owns, in the model's order (what its optimizer updates).
   std::vector<torch::Tensor> parameters() const;

@@ -131,6 +131,7 @@ torch::Tensor Stage::forward(const torch::Tensor& input) {
     const torch::Tensor leaf = input.requires_grad() && input.is_leaf() ? input : torch::Tensor();
     if (!params.empty()) watch_backward(x, params.front(), leaf, micro, label, watch);
   }
+  if (graph && after_forward) after_forward();
   return x;
 }
 

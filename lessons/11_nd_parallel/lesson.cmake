@@ -21,6 +21,7 @@ string(JOIN " " l11_model_args ${l11_model})
 if(DTC_TORCHRUN)
   dtc_add_e2e(11 NAME torchrun_dp2_tp2_pp2 TIMEOUT 180 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 8
     --program @PROGRAM@ --json-equals dp=2 --json-equals tp=2 --json-equals pp=2
+    --json-same memory.measured.activations=memory.closed_form.activations
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
     -- ${l11_model} --mix 2x2x2x1 --json)
   dtc_add_e2e(11 NAME two_nodes TIMEOUT 180 PRIMARY SKIP_RETURN_CODE 77 COMMAND ${DTC_E2E_RUN}

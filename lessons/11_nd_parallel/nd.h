@@ -328,6 +328,12 @@ struct StepOut {
   float loss = 0;        ///< the global batch's mean loss (every rank)
   double grad_norm = 0;  ///< the global gradient norm before clipping (clip_grad_norm); 0 when
                          ///< not clipping
+  /// What this rank's forwards hold when its first backward pass starts, in bytes: the storage
+  /// this thread allocated since the schedule's start and still holds (the counting allocator's
+  /// dtc::thread_cpu_memory_since_mark), read at the end of the last forward before it. -1 when
+  /// not measured: the counting allocator is not installed, or --recompute full (whose forwards
+  /// keep no graph).
+  int64_t activation_bytes = -1;
 };
 
 /// One step's gradients, without the optimizer: zero them, run the schedule on this replica's
@@ -381,6 +387,25 @@ struct StateMemory {
   int64_t masters = 0;      ///< bf16 without ZeRO: MasterAdamW's fp32 copies of the parameters
 };
 
+/// @brief What this rank's forwards hold when its first backward pass starts (StepOut's
+///   activation_bytes), by the closed forms of lessons 02 and 10, in fp32 without recomputation,
+///   for the forwards the schedule runs before its first backward on pipeline rank @p pp_rank:
+///   min(m, p - s) under 1F1B, all m under GPipe, Megatron's warm-up under the interleaved
+///   schedule (counted from l09::make_schedule). Per micro-batch of n = b s / cp tokens and chunk:
+///   - each block: l10::predict_layer_activation_bytes (the LayerNorms' inputs, outputs and
+///     statistics, the tp-split Q, K, V, c_proj input and MLP tensors, the attention's scores
+///     and causal mask, or the ring's output and log-sum-exp with cp > 1; with one head a rank
+///     the ring's output is a view, not a copy);
+///   - a chunk before the model's last: its output, 4 n h, which the executor keeps to run the
+///     backward from (no block saves it);
+///   - the model's last chunk: ln_f's input and output (4 n h each), its statistics (8 n) and the
+///     logits, 4 n V (the loss is computed from them after the forward).
+///   - the model's first chunk: the positions 0 .. s-1 (int64), 8 s, which wpe's backward keeps
+///     (with cp > 1 they are the stage's own, made once).
+///   The tokens are views of the batch. @return -1 where no closed form
+///   is written: bf16, --recompute full, or sequence parallelism.
+int64_t predict_activation_bytes(const NdOptions& options, int pp_rank);
+
 /// What a run gives back.
 struct NdResult {
   std::vector<float> losses;       ///< every step's loss
@@ -397,6 +422,8 @@ struct NdResult {
   /// the bytes this rank sent per step, by kind of traffic (predict_wire_bytes()'s keys), measured
   /// over the training steps (not the start's check or the digest) beside the closed forms
   std::map<std::string, WireBytes> wire_bytes;
+  /// StepOut::activation_bytes of the last step (-1: not measured)
+  int64_t activation_bytes = -1;
 };
 
 /// options.steps steps of nd_step() and AdamW on this rank's parameters. Reads and clears

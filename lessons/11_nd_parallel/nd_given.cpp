@@ -17,6 +17,7 @@
 #include "dtc/compat.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
+#include "dtc/memory.h"
 #include "dtc/storage.h"
 #include "nd.h"
 #include "sequence_parallel_given.h"
@@ -305,14 +306,33 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
   } else {
     average.emplace(model.chunks, groups.reduce.get(), m, divisor);
   }
+  // What the forwards in flight hold (predict_activation_bytes): the storage this thread
+  // allocated from here on and still holds (a mark: buffers of earlier collectives that a gloo
+  // thread frees meanwhile do not count), read at the end of the last forward before the rank's
+  // first backward (the given Stage::forward calls after_forward).
+  int64_t held = -1;
+  const auto first_backward = std::find_if(
+      ops.begin(), ops.end(), [](const l09::Op& op) { return op.kind != l09::Op::kForward; });
+  const auto warm_up = static_cast<int64_t>(first_backward - ops.begin());
+  if (counting_allocator_installed() && o.mix.recompute != "full" && warm_up > 0) {
+    mark_thread_cpu_memory();
+    auto forwards = std::make_shared<int64_t>(0);
+    for (auto& chunk : model.chunks) {
+      chunk.after_forward = [&held, forwards, warm_up] {
+        if (++*forwards == warm_up) held = thread_cpu_memory_since_mark();
+      };
+    }
+  }
   const l09::StepStats stats =
       l09::run_schedule(model.chunks, *groups.pp, ops, batch, m,
                         /*deallocate_outputs=*/false, o.mix.recompute == "full");
+  for (auto& chunk : model.chunks) chunk.after_forward = nullptr;
   if (scatter) scatter->finish();
   if (average) average->finish();
   if (model.sequence_parallel) sync_sequence_parallel(model, *groups.tp);
   sync_tied_embedding(model, groups.embedding.get());
   StepOut out;
+  out.activation_bytes = held;
   if (o.clip > 0) out.grad_norm = clip_grad_norm(model, *groups.norm, o.clip, o.norm_type);
 
   // The loss: the head's pipeline mean over its tokens (every tp rank of it holds the same),
@@ -326,6 +346,43 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
   groups.cp->allreduce(v)->wait();
   out.loss = loss.cpu().item<float>() / static_cast<float>(dp * cp);
   return out;
+}
+
+int64_t predict_activation_bytes(const NdOptions& o, int pp_rank) {
+  if (o.precision != Precision::kFp32 || o.mix.recompute == "full" || o.sequence_parallel) {
+    return -1;
+  }
+  const int p = static_cast<int>(o.mix.pp);
+  const int v = static_cast<int>(o.mix.virtual_stages);
+  const int64_t m = micro_batches(o);
+  const int64_t b = o.mix.micro_batch, s = o.model.ctx, h = o.model.hidden;
+  const int64_t n = b * s / o.mix.cp;  // this rank's tokens in a micro-batch
+  const int cp = static_cast<int>(o.mix.cp), tp = static_cast<int>(o.mix.tp);
+  // Without cp the attention is lesson 08's, whose saved tensors are Ulysses' on one cp rank.
+  const l10::Attention kind = cp > 1 ? o.attention : l10::Attention::kUlysses;
+  int64_t layer =
+      l10::predict_layer_activation_bytes(kind, b, s, h, o.model.heads, cp, 4, tp, false);
+  // With one head a rank the ring's (b, 1, n, d) output is already (b, n, h/tp) in memory: the
+  // view needs no copy (measured), so those 4 n h / tp bytes are not kept.
+  if (kind == l10::Attention::kRing && cp > 1 && o.model.heads / tp == 1) layer -= 4 * n * h / tp;
+  // The forwards before the first backward, per chunk.
+  std::vector<int64_t> in_flight(static_cast<size_t>(v), 0);
+  for (const l09::Op& op : l09::make_schedule(o.schedule, p, m, pp_rank, v)) {
+    if (op.kind != l09::Op::kForward) break;
+    ++in_flight[static_cast<size_t>(op.chunk)];
+  }
+  int64_t bytes = 0;
+  for (int c = 0; c < v; ++c) {
+    const int stage = c * p + pp_rank;  // the chunk's virtual stage
+    const l09::StageLayers layers = l09::stage_layers(o.model.layers, p * v, stage);
+    int64_t one = layers.count() * layer;
+    one += layers.head ? 2 * 4 * n * h + 2 * 4 * n + 4 * n * o.model.vocab : 4 * n * h;
+    // The first chunk's positions 0 .. T-1 (int64), which wpe's backward keeps; with cp the
+    // stage holds them once (Stage::positions).
+    if (layers.embed && cp == 1) one += 8 * s;
+    bytes += in_flight[static_cast<size_t>(c)] * one;
+  }
+  return bytes;
 }
 
 std::map<std::string, WireBytes> predict_wire_bytes(const NdOptions& o, const RankModel& model) {
@@ -741,6 +798,7 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
       recorder->clear();
     }
     result.losses.push_back(out.loss);
+    result.activation_bytes = out.activation_bytes;
     if (o.clip > 0) result.grad_norms.push_back(out.grad_norm);
     if (log) log->end_step(step, out.loss);
   }

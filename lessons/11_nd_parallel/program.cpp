@@ -14,6 +14,7 @@
 
 #include "dtc/cli.h"
 #include "dtc/errors.h"
+#include "dtc/memory.h"
 #include "dtc/program.h"
 #include "ledger.h"
 
@@ -119,6 +120,9 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
   // 2. Build: the process group, then this rank's groups over the mesh.
   job.trace_dir = t.trace;
   job.connect();
+  // The counting allocator on the CPU: what the forwards in flight hold (StepOut's
+  // activation_bytes).
+  if (job.device.is_cpu()) install_counting_allocator();
   const Mesh mesh = make_mesh(o.mix, world);
   const NdGroups groups = make_groups(job.store, mesh, job.rank(), o.mix.zero_stage, job.backend,
                                       job.timeout, job.env.master_addr);
@@ -166,11 +170,14 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
                      {"grads", result.memory.grads},
                      {"optimizer", result.memory.optimizer},
                      {"zero_copies", result.memory.zero_copies},
-                     {"masters", result.memory.masters}}},
+                     {"masters", result.memory.masters},
+                     {"activations", result.activation_bytes}}},
                    {"predicted",
                     {{"params", ledger.state.params},
                      {"grads", ledger.state.grads},
-                     {"optimizer", ledger.state.optimizer}}}};
+                     {"optimizer", ledger.state.optimizer},
+                     {"activations", ledger.activation_bytes}}},
+                   {"closed_form", {{"activations", predict_activation_bytes(o, 0)}}}};
     j["tp"] = mesh.size("tp");
     j["pp"] = mesh.size("pp");
     j["cp"] = mesh.size("cp");
@@ -226,6 +233,15 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     fmt::print(out,
                "    fp32 master weights: {} (in the ledger's optimizer state, with the moments)\n",
                human_bytes(static_cast<double>(m.masters)));
+  }
+  if (result.activation_bytes >= 0) {
+    const int64_t closed = predict_activation_bytes(o, 0);
+    fmt::print(out,
+               "    activations {:>9} held when rank 0's first backward starts; the closed form "
+               "(fp32): {}; the ledger (16-bit, with dropout): {}\n",
+               human_bytes(static_cast<double>(result.activation_bytes)),
+               closed >= 0 ? human_bytes(static_cast<double>(closed)) : std::string("-"),
+               human_bytes(ledger.activation_bytes));
   }
   fmt::print(out, "{}", memory_note(o));
   if (!result.grad_norms.empty()) {

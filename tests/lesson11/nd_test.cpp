@@ -30,6 +30,7 @@
 #include "dtc/data.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
+#include "dtc/memory.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
 #include "ledger.h"
@@ -652,6 +653,46 @@ TEST_P(L11Bf16, TheMasterWeightsAreWithinTheBf16Policy) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, L11Bf16,
                          ::testing::Values(kMeshes[0], kMeshes[18], kMeshes[19], kMeshes[21]),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------------------------
+// The activations each rank holds when its first backward starts
+// ---------------------------------------------------------------------------------------------
+
+class L11Activations : public ::testing::TestWithParam<MeshCase> {};
+
+// Every rank's bytes held by its forwards when its first backward starts (the given forward's
+// observer and this thread's counting allocator, from outside your code) are the closed form of
+// README section 7 for its pipeline rank: the blocks' saved tensors (lessons 02 and 10) times the
+// forwards its schedule runs first (min(m, p - s) under 1F1B, the warm-up of the interleaved
+// schedule), the output each chunk keeps, the head's tensors and the positions. Besides, the
+// reference executor receives messages ahead (lesson 09): at most two of 4 b (s/cp) h bytes.
+TEST_P(L11Activations, EachRankHoldsTheClosedFormWhenItsFirstBackwardStarts) {
+  install_counting_allocator();
+  NdOptions o = options_of(GetParam());
+  o.steps = 1;
+  std::mutex mu;
+  std::map<int, std::pair<int64_t, int>> held;  // rank -> (bytes measured, pipeline rank)
+  on_mesh(o, [&](const NdGroups& g) {
+    const l11::NdResult result = l11::train_nd(o, g);
+    std::lock_guard<std::mutex> lock(mu);
+    held[g.rank] = {result.activation_bytes, g.mesh.coord(g.rank, "pp")};
+  });
+  const int64_t message = 4 * o.mix.micro_batch * o.model.ctx / o.mix.cp * o.model.hidden;
+  ASSERT_EQ(held.size(), static_cast<size_t>(o.mix.world()));
+  for (const auto& [rank, h] : held) {
+    const int64_t want = l11::predict_activation_bytes(o, h.second);
+    ASSERT_GT(want, 0) << "a closed form for " << GetParam().name;
+    const int64_t ahead = h.first - want;
+    EXPECT_TRUE(ahead >= 0 && ahead <= 2 * message && ahead % message == 0)
+        << "rank " << rank << " (stage " << h.second << ") of " << o.mix.text() << ": held "
+        << h.first << " bytes, the closed form " << want << ", messages of " << message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, L11Activations,
+                         ::testing::Values(kMeshes[0], kMeshes[2], kMeshes[3], kMeshes[4],
+                                           kMeshes[5], kMeshes[9], kMeshes[10], kMeshes[18]),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------

@@ -48,4 +48,12 @@ MemoryCounters thread_cpu_memory();
 /// Sets this thread's peak to its current value.
 void reset_thread_cpu_peak();
 
+/// Starts a count of this thread's new storage: thread_cpu_memory_since_mark() is then the bytes
+/// this thread allocated after the call and has not freed yet. Storage allocated before does not
+/// count, even when it is freed meanwhile (a collective's buffer that a library thread releases a
+/// moment later): what a piece of code keeps, whatever finishes around it.
+void mark_thread_cpu_memory();
+/// See mark_thread_cpu_memory(); 0 before the first mark.
+int64_t thread_cpu_memory_since_mark();
+
 }  // namespace dtc
