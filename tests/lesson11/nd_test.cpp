@@ -659,7 +659,7 @@ INSTANTIATE_TEST_SUITE_P(Meshes, L11Bf16,
 // The activations each rank holds when its first backward starts
 // ---------------------------------------------------------------------------------------------
 
-class L11ActivationsGiven : public ::testing::TestWithParam<MeshCase> {};
+class L11Activations : public ::testing::TestWithParam<MeshCase> {};
 
 // Every rank's bytes held by its forwards when its first backward starts (the given forward's
 // observer and this thread's counting allocator, from outside your code) are the closed form of
@@ -667,7 +667,7 @@ class L11ActivationsGiven : public ::testing::TestWithParam<MeshCase> {};
 // forwards its schedule runs first (min(m, p - s) under 1F1B, the warm-up of the interleaved
 // schedule), the output each chunk keeps, the head's tensors and the positions. Besides, the
 // reference executor receives messages ahead (lesson 09): at most two of 4 b (s/cp) h bytes.
-TEST_P(L11ActivationsGiven, EachRankHoldsTheClosedFormWhenItsFirstBackwardStarts) {
+TEST_P(L11Activations, EachRankHoldsTheClosedFormWhenItsFirstBackwardStarts) {
   install_counting_allocator();
   NdOptions o = options_of(GetParam());
   o.steps = 1;
@@ -690,7 +690,7 @@ TEST_P(L11ActivationsGiven, EachRankHoldsTheClosedFormWhenItsFirstBackwardStarts
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, L11ActivationsGiven,
+INSTANTIATE_TEST_SUITE_P(Meshes, L11Activations,
                          ::testing::Values(kMeshes[0], kMeshes[2], kMeshes[3], kMeshes[4],
                                            kMeshes[5], kMeshes[9], kMeshes[10], kMeshes[18]),
                          [](const auto& info) { return std::string(info.param.name); });
