@@ -24,6 +24,12 @@ if(DTC_TORCHRUN)
     --json-same memory.measured.activations=memory.closed_form.activations
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
     -- ${l11_model} --mix 2x2x2x1 --json)
+  # --trace DIR, tp 2 x pp 2: the blocks' and the optimizer's spans, and the tp and pp groups'
+  # collectives and messages, on one clock across each group.
+  dtc_add_e2e(11 NAME torchrun_trace TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 4
+    --program @PROGRAM@ --trace-check "step,fwd block,bwd block,optimizer" --trace-groups tp,pp
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
+    -- ${l11_model} --mix 1x2x2x1 --json)
   dtc_add_e2e(11 NAME two_nodes TIMEOUT 180 PRIMARY SKIP_RETURN_CODE 77 COMMAND ${DTC_E2E_RUN}
     --nproc 8 --launcher two-nodes --two-nodes-script "${PROJECT_SOURCE_DIR}/scripts/two-nodes.sh"
     --program @PROGRAM@ --json-equals world=8 --json-equals dp=2 --json-equals tp=2

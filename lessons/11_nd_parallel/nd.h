@@ -130,10 +130,12 @@ struct NdGroups {
 Mesh make_mesh(const MixSpec& mix, int world);
 
 /// This rank's groups (the learner's gradient_reduction() and norm_dims() choose two of them;
-/// @p zero_stage is the mix's, which norm_dims() is given).
+/// @p zero_stage is the mix's, which norm_dims() is given). With a @p tracer (--trace), each
+/// group's collectives and messages are spans of the trace too, named by their traffic.
 NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
                      int zero_stage, BackendKind backend, std::chrono::milliseconds timeout,
-                     const std::string& master_addr = "127.0.0.1");
+                     const std::string& master_addr = "127.0.0.1",
+                     const std::shared_ptr<Tracer>& tracer = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // What you implement (nd.cpp)

@@ -55,7 +55,7 @@ Mesh make_mesh(const MixSpec& mix, int world) {
 
 NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& mesh, int rank,
                      int zero_stage, BackendKind backend, std::chrono::milliseconds timeout,
-                     const std::string& master_addr) {
+                     const std::string& master_addr, const std::shared_ptr<Tracer>& tracer) {
   const Reduction reduction = gradient_reduction(mesh);
   const std::vector<std::string> norm = norm_dims(mesh, zero_stage);
   // Under ZeRO the reduction's dims split into those that shard (a reduce-scatter over them) and
@@ -78,18 +78,23 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
   g.rank = rank;
   g.zero_stage = zero_stage;
   // Each communicator through a recorder of its own (two of them may wrap one communicator).
-  const auto record = [&g](const char* traffic, c10::intrusive_ptr<Comm> comm) {
+  // With a tracer, each also through a TracingComm that knows the group's global ranks.
+  const auto record = [&g, &tracer](const char* traffic, c10::intrusive_ptr<Comm> comm,
+                                    std::vector<int> ranks) {
+    if (tracer) {
+      comm = c10::make_intrusive<TracingComm>(std::move(comm), tracer, traffic, std::move(ranks));
+    }
     auto recorder = c10::make_intrusive<RecordingComm>(std::move(comm));
     g.recorders.emplace_back(traffic, recorder);
     return c10::intrusive_ptr<Comm>(recorder);
   };
-  g.pp = record("pp", groups.get({"pp"}));
-  g.tp = record("tp", groups.get({"tp"}));
-  g.dp = record("dp", groups.get(kDp));
-  g.cp = record("cp", groups.get({"cp"}));
-  g.reduce = record("dp", groups.get(scatter));
-  g.replicate = record("dp", groups.get(replicate));
-  g.norm = record("norm", groups.get(norm));
+  g.pp = record("pp", groups.get({"pp"}), mesh.group(rank, {"pp"}));
+  g.tp = record("tp", groups.get({"tp"}), mesh.group(rank, {"tp"}));
+  g.dp = record("dp", groups.get(kDp), mesh.group(rank, kDp));
+  g.cp = record("cp", groups.get({"cp"}), mesh.group(rank, {"cp"}));
+  g.reduce = record("dp", groups.get(scatter), mesh.group(rank, scatter));
+  g.replicate = record("dp", groups.get(replicate), mesh.group(rank, replicate));
+  g.norm = record("norm", groups.get(norm), mesh.group(rank, norm));
   // The embedding groups: for every (dp, cp, tp) coordinate, its pipeline's first and last
   // stage, created by every rank in the same order (a rank outside one gets null).
   const int pp = mesh.size("pp");
@@ -99,7 +104,7 @@ NdGroups make_groups(const c10::intrusive_ptr<c10d::Store>& store, const Mesh& m
       const int last = first + (pp - 1) * (mesh.world() / pp);  // pp is the slowest dimension
       auto comm = new_subgroup(store, fmt::format("embedding/{}-{}", first, last), {first, last},
                                rank, backend, timeout, master_addr);
-      if (comm) g.embedding = record("embedding", comm);
+      if (comm) g.embedding = record("embedding", comm, {first, last});
     }
   }
   return g;

@@ -125,7 +125,7 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
   if (job.device.is_cpu()) install_counting_allocator();
   const Mesh mesh = make_mesh(o.mix, world);
   const NdGroups groups = make_groups(job.store, mesh, job.rank(), o.mix.zero_stage, job.backend,
-                                      job.timeout, job.env.master_addr);
+                                      job.timeout, job.env.master_addr, job.tracer);
   const bool talk = job.rank0() && !t.train.json;
   if (talk) {
     print_banner(
