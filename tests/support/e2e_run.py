@@ -12,8 +12,8 @@ Checks, each printed as "ok" or "FAIL":
   --json-true KEY       rank 0's last JSON line has KEY (dotted: a.b.c) and it is exactly true
   --json-equals K=V     ... KEY equals V (compared as JSON: --json-equals tp=2)
   --json-positive KEY   ... KEY is a number above 0
-  --json-same K1=K2     ... K1 and K2 are both there and equal (a measurement and its closed
-                        form, both from the run)
+  --json-gap K1-K2=LO:HI  ... K1 - K2 lies in [LO, HI] (a measurement above its closed form
+                        by at most what the test names)
   --losses-like PROG2   the JSON's "losses" equal those of PROG2 run as one process with
                         --losses-like-args and --json (the single-device baseline, lesson 02):
                         rtol 1e-3 + atol 1e-5 per step, lesson 06's end-to-end tolerance
@@ -229,7 +229,7 @@ def main() -> int:
     ap.add_argument("--json-true", action="append", default=[])
     ap.add_argument("--json-equals", action="append", default=[])
     ap.add_argument("--json-positive", action="append", default=[])
-    ap.add_argument("--json-same", action="append", default=[])
+    ap.add_argument("--json-gap", action="append", default=[])
     ap.add_argument("--losses-like")
     ap.add_argument("--losses-like-args", default="")
     ap.add_argument("--digest-rtol", type=float, default=RTOL)
@@ -320,7 +320,7 @@ def main() -> int:
     for pattern in a.output:
         check(re.search(pattern, out, re.M) is not None, f"output matches /{pattern}/")
     j = last_json(p.stdout)
-    if a.json_true or a.json_equals or a.json_positive or a.json_same or a.losses_like:
+    if a.json_true or a.json_equals or a.json_positive or a.json_gap or a.losses_like:
         check(j is not None, "rank 0 printed a JSON line")
     if j is not None:
         for key in a.json_true:
@@ -334,10 +334,14 @@ def main() -> int:
             v = dotted(j, key)
             check(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
                   f"{key} > 0 (got {v!r})")
-        for pair in a.json_same:
-            k1, k2 = pair.split("=", 1)
+        for spec in a.json_gap:
+            keys, bounds = spec.split("=", 1)
+            k1, k2 = keys.split("-", 1)
+            lo, hi = (float(x) for x in bounds.split(":", 1))
             v1, v2 = dotted(j, k1), dotted(j, k2)
-            check(not isinstance(v1, KeyError) and v1 == v2, f"{k1} == {k2} (got {v1!r} and {v2!r})")
+            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (v1, v2))
+            check(numbers and lo <= v1 - v2 <= hi,
+                  f"{k1} - {k2} in [{lo:g}, {hi:g}] (got {v1!r} and {v2!r})")
         if a.losses_like:
             if not os.access(a.losses_like, os.X_OK):
                 print(f"FAIL the baseline program {a.losses_like} is not built "
