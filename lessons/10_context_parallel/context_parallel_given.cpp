@@ -231,7 +231,12 @@ int64_t predict_layer_activation_bytes(Attention kind, int64_t b, int64_t s, int
     case Attention::kUlysses: return norms + split_by_tp + scores + s * s;
     case Attention::kAllGather:  // q's copy instead of qkv; the whole K and V of its heads
       return norms + split_by_tp - e * 2 * n * h / t + e * 2 * s * b * h / t + scores + s * s / cp;
-    case Attention::kRing: return norms + split_by_tp + 4 * n * h / t + 4 * n * heads;
+    case Attention::kRing: {
+      // In fp32 with one head a rank, c_proj's input is a view of the fp32 output (a (b, 1, n, d)
+      // tensor is already (b, n, d) in memory): no copy, so the output is counted once.
+      const int64_t output = e == 4 && heads == 1 ? 0 : 4 * n * h / t;
+      return norms + split_by_tp + output + 4 * n * heads;
+    }
   }
   return 0;
 }

@@ -132,7 +132,9 @@ int64_t measure_activation_bytes(TpCpGpt& model, const Batch& batch);
 ///   ring       the qkv projection (3 n h), no scores at all, but the output in fp32 and the
 ///              log-sum-exp (4 n h + 4 n a): e 16 n h + 4 n h + 4 n a. (fp32 is this
 ///              implementation's choice: zhuzilin/ring-flash-attention saves the output in q's
-///              dtype, e n h, and only the log-sum-exp in fp32.)
+///              dtype, e n h, and only the log-sum-exp in fp32.) In fp32 with one head a rank
+///              the output needs no reshaping copy for c_proj, which then keeps the same
+///              tensor: its 4 n h is counted once (measured in lesson 11).
 ///   The s^2 terms are those of masked_attention, the course's plain autograd attention; with a
 ///   FlashAttention-style kernel no kind keeps them (README section 6).
 ///   With @p tp (the weights split, lesson 08) every tensor of the TP regions and every head's

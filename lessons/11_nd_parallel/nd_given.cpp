@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -34,6 +35,16 @@ bool tp_sharded(const std::string& name) {
 namespace {
 // The data-parallel dimensions: dp_replicate, or dp_shard under ZeRO (the other of size 1).
 const std::vector<std::string> kDp{"dp_replicate", "dp_shard"};
+
+// The forwards a rank's schedule @p ops runs before its first backward, per chunk (of @p chunks).
+std::vector<int64_t> warm_up_forwards(const std::vector<l09::Op>& ops, size_t chunks) {
+  std::vector<int64_t> forwards(chunks, 0);
+  for (const l09::Op& op : ops) {
+    if (op.kind != l09::Op::kForward) break;
+    ++forwards[static_cast<size_t>(op.chunk)];
+  }
+  return forwards;
+}
 }  // namespace
 
 Mesh make_mesh(const MixSpec& mix, int world) {
@@ -316,9 +327,8 @@ StepOut nd_step(RankModel& model, const NdGroups& groups, const NdOptions& o, in
   // thread frees meanwhile do not count), read at the end of the last forward before the rank's
   // first backward (the given Stage::forward calls after_forward).
   int64_t held = -1;
-  const auto first_backward = std::find_if(
-      ops.begin(), ops.end(), [](const l09::Op& op) { return op.kind != l09::Op::kForward; });
-  const auto warm_up = static_cast<int64_t>(first_backward - ops.begin());
+  const std::vector<int64_t> per_chunk = warm_up_forwards(ops, model.chunks.size());
+  const int64_t warm_up = std::accumulate(per_chunk.begin(), per_chunk.end(), int64_t{0});
   if (counting_allocator_installed() && o.mix.recompute != "full" && warm_up > 0) {
     mark_thread_cpu_memory();
     auto forwards = std::make_shared<int64_t>(0);
@@ -365,17 +375,10 @@ int64_t predict_activation_bytes(const NdOptions& o, int pp_rank) {
   const int cp = static_cast<int>(o.mix.cp), tp = static_cast<int>(o.mix.tp);
   // Without cp the attention is lesson 08's, whose saved tensors are Ulysses' on one cp rank.
   const l10::Attention kind = cp > 1 ? o.attention : l10::Attention::kUlysses;
-  int64_t layer =
+  const int64_t layer =
       l10::predict_layer_activation_bytes(kind, b, s, h, o.model.heads, cp, 4, tp, false);
-  // With one head a rank the ring's (b, 1, n, d) output is already (b, n, h/tp) in memory: the
-  // view needs no copy (measured), so those 4 n h / tp bytes are not kept.
-  if (kind == l10::Attention::kRing && cp > 1 && o.model.heads / tp == 1) layer -= 4 * n * h / tp;
-  // The forwards before the first backward, per chunk.
-  std::vector<int64_t> in_flight(static_cast<size_t>(v), 0);
-  for (const l09::Op& op : l09::make_schedule(o.schedule, p, m, pp_rank, v)) {
-    if (op.kind != l09::Op::kForward) break;
-    ++in_flight[static_cast<size_t>(op.chunk)];
-  }
+  const std::vector<int64_t> in_flight =
+      warm_up_forwards(l09::make_schedule(o.schedule, p, m, pp_rank, v), static_cast<size_t>(v));
   int64_t bytes = 0;
   for (int c = 0; c < v; ++c) {
     const int stage = c * p + pp_rank;  // the chunk's virtual stage
