@@ -331,11 +331,15 @@ struct StepStats {
 /// the step ends: L09Memory.ZbH1* measures it). With several
 /// chunks that pairing can wait in a circle (the ring wraps around, and a rank's next receive may
 /// need what its neighbour sends only after its own next exchange), so use Megatron's exchanges
-/// there (forward_backward_pipelining_with_interleaving): hold a forward's send when a backward
-/// follows it (the steady state) and send it with that backward's; send any other at once, in
-/// one group with the sends held and the next op's receive, and, when that next op is a steady
-/// state's forward (a backward, then a forward follow it), the following backward's receive too;
-/// wait for the group. L09NcclSafe.* replays the recorded calls under these rules.
+/// there (forward_backward_pipelining_with_interleaving, without overlap_p2p_comm): after the
+/// rank's warm-up of w forwards (the schedule's count), ops w, w + 1 are the first steady pair
+/// (F, B), w + 2, w + 3 the next, and so on. A pair's forward holds its send for the pair's
+/// exchange; after every other op, even one that sends nothing, one exchange: one group of the
+/// sends held, the next op's receive and, when the next op is a pair's forward, its pair's
+/// backward's receive too; wait for the group. L09NcclSafe.* replays the recorded calls under
+/// these rules; L09Timeline.InterleavedExchangesKeepTheBubbleOfAChunk replays the step on a
+/// clock where messages are free, and finds 1F1B's bubble when a group waits for a message
+/// the schedule does not need yet.
 /// Wait for every send before returning. Fill StepStats: time compute (forward, loss,
 /// backward) separately from the whole step, and count micro-batches in flight.
 /// With @p deallocate_outputs, a stage other than the last frees each forward's output values

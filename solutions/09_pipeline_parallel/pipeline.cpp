@@ -241,8 +241,17 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
   const bool interleaved = chunks.size() > 1;
   std::vector<P2POp> held;                            // sends held back for the next exchange
   std::vector<torch::Tensor> prefetched(ops.size());  // messages received ahead, by op
+  // The steady state's pairs (F, B) are ops w, w + 1; w + 2, w + 3; ... after the rank's
+  // warm-up of w forwards (Megatron's count; all v m forwards when it has no steady state).
+  const auto total = static_cast<int64_t>(ops.size() / 2);
+  const int64_t v = static_cast<int64_t>(chunks.size());
+  const int64_t warm = std::min<int64_t>(2 * (p - s - 1) + (v - 1) * p, total);
+  auto pair_forward = [&](size_t k) {
+    const auto j = static_cast<int64_t>(k);
+    return interleaved && j >= warm && j < 2 * total - warm && (j - warm) % 2 == 0;
+  };
   // One exchange, as one group: the sends held back, the receive of op k and, when op k is a
-  // forward in the steady state (a backward, then a forward follow it), that backward's too.
+  // steady pair's forward, its backward's too.
   auto exchange = [&](size_t k) {
     std::vector<P2POp> group = std::move(held);
     held.clear();
@@ -252,10 +261,7 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
       group.push_back({P2POp::kRecv, prefetched[j], source(ops[j]), tag(ops[j])});
     };
     receive(k);
-    if (k + 2 < ops.size() && ops[k].kind == Op::kForward && ops[k + 1].kind != Op::kForward &&
-        ops[k + 2].kind == Op::kForward) {
-      receive(k + 1);
-    }
+    if (pair_forward(k)) receive(k + 1);
     if (!group.empty()) {
       for (auto& work : batch_isend_irecv(comm, group)) work->wait();
     }
@@ -364,19 +370,25 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
     stats.compute_s += seconds(Clock::now() - t0);
     // 3. The send, paired with the next op's receive when that comes from the same neighbour
     //    (1F1B's steady state: Megatron's send_forward_recv_backward / send_backward_recv_forward).
-    //    With chunks, Megatron's exchanges: a forward's send waits for the backward that follows
-    //    it in the steady state; any other send goes at once, with the next op's receives.
+    //    With chunks, Megatron's exchanges: a steady pair's forward holds its send for its
+    //    backward's exchange; after any other op, one exchange with the next op's receives,
+    //    even when the op sends nothing (the first chunk's backward, the last chunk's forward):
+    //    skipping it would keep the held send, and the next pair's gradient, a pair longer.
+    if (interleaved) {
+      if (dest >= 0) held.push_back({P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)});
+      if (!pair_forward(k)) exchange(k + 1);
+      if (dest >= 0 && deallocate_outputs && !recompute && op.kind == Op::kForward) {
+        deallocate_output(outputs[i]);
+      }
+      continue;
+    }
     if (dest < 0) continue;
     // The next op that receives (a W neither receives nor sends: ZB-H1's I pairs with the
     // forward after the W that follows it, else each I's send would wait alone until the end).
     size_t after = k + 1;
-    while (!interleaved && after < ops.size() && ops[after].kind == Op::kWeight) ++after;
+    while (after < ops.size() && ops[after].kind == Op::kWeight) ++after;
     const Op* next = after < ops.size() ? &ops[after] : nullptr;
-    if (interleaved) {
-      held.push_back({P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)});
-      const bool steady = op.kind == Op::kForward && next != nullptr && next->kind != Op::kForward;
-      if (!steady) exchange(k + 1);
-    } else if (next != nullptr && source(*next) == dest) {
+    if (next != nullptr && source(*next) == dest) {
       ahead = torch::empty(act_shape, torch::dtype(torch::kFloat).device(device));
       ahead_works =
           batch_isend_irecv(comm, {{P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)},
