@@ -31,6 +31,14 @@ if(DTC_TORCHRUN)
     --program @PROGRAM@ --trace-check "step,fwd block,bwd block,optimizer" --trace-groups tp,pp
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_model_args}"
     -- ${l11_model} --mix 1x2x2x1 --json)
+  # Interleaved 1F1B on 4 stages x 2 chunks, m = 8: replayed from the trace with F = 1, B = 2
+  # and free messages, every stage idles (p-1)/(vm+p-1), with the executor's waits and without.
+  set(l11_bubble_model --steps 2 --layers 8 --hidden 32 --heads 2 --seq 16)
+  string(JOIN " " l11_bubble_args ${l11_bubble_model})
+  dtc_add_e2e(11 NAME bubble TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 4
+    --program @PROGRAM@ --trace-check "step" --trace-bubble
+    --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l11_bubble_args}"
+    -- ${l11_bubble_model} --mix 1x1x4x1:0:none:1:2 --json)
   dtc_add_e2e(11 NAME two_nodes TIMEOUT 180 PRIMARY SKIP_RETURN_CODE 77 COMMAND ${DTC_E2E_RUN}
     --nproc 8 --launcher two-nodes --two-nodes-script "${PROJECT_SOURCE_DIR}/scripts/two-nodes.sh"
     --program @PROGRAM@ --json-equals world=8 --json-equals dp=2 --json-equals tp=2

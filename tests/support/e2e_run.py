@@ -32,6 +32,10 @@ Checks, each printed as "ok" or "FAIL":
                         scripts/trace_svg.py drawing step 1 of it (the SVG has a bar per span)
   --trace-groups G      with --trace-check: each comma-separated group name G ("cp", "tp",
                         "replicas") has collectives or send/recv pairs the clock check covered
+  --trace-bubble        with --trace-check: the pipeline's step, replayed with F = 1, B = 2 and
+                        free messages, idles (p-1)/(vm+p-1) on every stage, with the executor's
+                        waits and without (scripts/pipeline_bubble.py --unit
+                        --expect-closed-form)
 --launcher mpirun      start the N ranks with OpenMPI's mpirun instead of torchrun (the
                         programs read OMPI_COMM_WORLD_*, lesson 04), MASTER_ADDR/PORT passed on
 --launcher two-nodes   start them as two "nodes" of N/2 ranks each, one torchrun per network
@@ -238,6 +242,7 @@ def main() -> int:
     ap.add_argument("--two-nodes-script", default="")
     ap.add_argument("--trace-check")
     ap.add_argument("--trace-groups", default="")
+    ap.add_argument("--trace-bubble", action="store_true")
     ap.add_argument("--existing-trace", help="check this --trace DIR of an earlier run (with "
                     "--trace-check's names and --nproc ranks) instead of running anything")
     ap.add_argument("--expect-cuda", action="store_true",
@@ -372,6 +377,12 @@ def main() -> int:
     if trace_dir is not None:
         check_trace(trace_dir, max(a.nproc, 1), a.trace_check.split(","), check,
                     [g for g in a.trace_groups.split(",") if g])
+        if a.trace_bubble:
+            script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "pipeline_bubble.py"
+            b = subprocess.run([sys.executable, str(script), str(trace_dir), "--unit",
+                                "--expect-closed-form"], capture_output=True, text=True)
+            print(b.stdout + b.stderr, end="")
+            check(b.returncode == 0, "the step replayed with F = 1, B = 2 idles (p-1)/(vm+p-1)")
     if failures:
         print(p.stdout[-3000:], p.stderr[-3000:], sep="\n")
         if trace_dir is not None:
