@@ -426,6 +426,11 @@ struct NdResult {
   std::map<std::string, WireBytes> wire_bytes;
   /// StepOut::activation_bytes of the last step (-1: not measured)
   int64_t activation_bytes = -1;
+  /// the most bytes this rank held during the last step (ZeRO-3's gather, the schedule, the
+  /// reductions, clipping and the optimizer): the counting allocator's peak of the storage this
+  /// thread allocated (dtc::thread_cpu_memory), everything it holds counted, its state too.
+  /// -1 when the allocator is not installed.
+  int64_t peak_bytes = -1;
 };
 
 /// options.steps steps of nd_step() and AdamW on this rank's parameters. Reads and clears

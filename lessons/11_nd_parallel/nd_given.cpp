@@ -792,6 +792,7 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   for (auto& [traffic, recorder] : groups.recorders) recorder->clear();
   for (int64_t step = 0; step < o.steps; ++step) {
     if (log) log->begin_step();
+    if (counting_allocator_installed()) reset_thread_cpu_peak();
     if (sharded) sharded->gather();  // ZeRO-3: the step's whole parameters
     const StepOut out = nd_step(model, groups, o, step);
     if (sharded) {
@@ -805,6 +806,7 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
       result.wire_bytes[traffic].measured += recorder->wire_bytes() / static_cast<double>(o.steps);
       recorder->clear();
     }
+    if (counting_allocator_installed()) result.peak_bytes = thread_cpu_memory().peak;
     result.losses.push_back(out.loss);
     result.activation_bytes = out.activation_bytes;
     if (o.clip > 0) result.grad_norms.push_back(out.grad_norm);

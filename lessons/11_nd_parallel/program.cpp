@@ -171,12 +171,14 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
                      {"optimizer", result.memory.optimizer},
                      {"zero_copies", result.memory.zero_copies},
                      {"masters", result.memory.masters},
-                     {"activations", result.activation_bytes}}},
+                     {"activations", result.activation_bytes},
+                     {"peak", result.peak_bytes}}},
                    {"predicted",
                     {{"params", ledger.state.params},
                      {"grads", ledger.state.grads},
                      {"optimizer", ledger.state.optimizer},
-                     {"activations", ledger.activation_bytes}}},
+                     {"activations", ledger.activation_bytes},
+                     {"peak", ledger.total_bytes()}}},
                    {"closed_form", {{"activations", predict_activation_bytes(o, 0)}}}};
     j["tp"] = mesh.size("tp");
     j["pp"] = mesh.size("pp");
@@ -242,6 +244,13 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
                human_bytes(static_cast<double>(result.activation_bytes)),
                closed >= 0 ? human_bytes(static_cast<double>(closed)) : std::string("-"),
                human_bytes(ledger.activation_bytes));
+  }
+  if (result.peak_bytes >= 0) {
+    fmt::print(out,
+               "    peak       {:>10} / {:>10}   the most rank 0 held in the last step / the "
+               "ledger's total\n",
+               human_bytes(static_cast<double>(result.peak_bytes)),
+               human_bytes(ledger.total_bytes()));
   }
   fmt::print(out, "{}", memory_note(o));
   if (!result.grad_norms.empty()) {
