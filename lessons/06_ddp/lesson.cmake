@@ -18,9 +18,11 @@ set(l06_e2e Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson06/e2e.py")
 set(l06_args --program @PROGRAM@ --baseline $<TARGET_FILE:lesson02_solution>
              --torchrun-kind ${l06_kind} --venv-torchrun "${DTC_TORCHRUN}")
 foreach(mode torchrun mpirun srun resume uneven-steps)
-  # resume and uneven-steps run the same program and collectives as torchrun: primary path only.
+  # resume and uneven-steps run the same program and collectives as torchrun, and mpirun and srun
+  # the same code under another launcher's variables (read by the course's own code, the same on
+  # both paths; lessons 04 and 10 run mpirun on the light path too): primary path only.
   set(l06_where "")
-  if(mode MATCHES "^(resume|uneven-steps)$")
+  if(mode MATCHES "^(resume|uneven-steps|mpirun|srun)$")
     set(l06_where PRIMARY)
   endif()
   dtc_add_e2e(06 NAME ${mode} TIMEOUT 300 RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}" ${l06_where}

@@ -14,7 +14,8 @@ if(DTC_TORCHRUN)
   # run of the same model (the course's baseline).
   set(l08_model --steps 3 --layers 1 --hidden 32 --seq 16)
   string(JOIN " " l08_model_args ${l08_model})
-  dtc_add_e2e(08 NAME torchrun_tp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+  # tp 2 alone: primary path only (dp 2 x tp 2 below runs the same blocks on both paths)
+  dtc_add_e2e(08 NAME torchrun_tp2 TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 2
     --program @PROGRAM@ --json-equals tp=2 --json-equals dp=1
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l08_model_args}"
     -- ${l08_model} --json)

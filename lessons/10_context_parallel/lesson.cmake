@@ -16,7 +16,9 @@ dtc_add_lesson(10 DIR 10_context_parallel SOURCES context_parallel.cpp sequence_
 set(l10_model --steps 3 --layers 1 --hidden 32 --seq 16)
 string(JOIN " " l10_model_args ${l10_model})
 if(DTC_TORCHRUN)
-  dtc_add_e2e(10 NAME torchrun_ring_cp2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+  # the ring on a contiguous split: primary path only (the light path runs the ring zig-zag
+  # through torchrun with tp 2 and sequence parallelism, and through mpirun, below)
+  dtc_add_e2e(10 NAME torchrun_ring_cp2 TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 2
     --program @PROGRAM@ --json-equals cp=2 "--json-equals=attention=\"ring\""
     --losses-like $<TARGET_FILE:lesson02_solution> "--losses-like-args=${l10_model_args}"
     -- ${l10_model} --json)
