@@ -7,8 +7,9 @@ the executor's waits add, and what the messages cost.
                                [--virtual 2] [--steps 4] [--repeat 1] [--layers 8 --hidden 256 --heads 4
                                --seq 128 --global-batch 32]
 
-Reads the trace.json that `lesson11 --trace DIR` writes (one clock for every rank) and, for one
-step of a pipeline of p stages with v model chunks each (v = 1: plain 1F1B), prints each
+Reads the trace.json that `lesson11 --trace DIR` writes on gloo (one clock for every rank; a mesh
+of pipeline stages only, rank = stage) and, for one step of a pipeline of p stages with v model
+chunks each (v = 1: plain 1F1B), prints each
 stage's idle time / the window (the first pass's start on any stage to the last pass's end on
 any stage) three ways:
 
@@ -66,6 +67,10 @@ def passes_and_messages(trace, step):
                     s["args"].get("tag"), s["b"], s["e"]) for s in inside
                    if s["cat"] == "comm" and s["name"] in ("send", "recv")
                    and s["args"].get("group", "pp") == "pp"]
+    if len(ops) > 1 and not any(msgs.values()):
+        raise SystemExit("pipeline_bubble.py: the trace has passes on several ranks but no "
+                         "send/recv spans of a 'pp' group: a trace of lesson 11 on gloo is what "
+                         "this reads (NCCL's traces record a group span instead)")
     return ops, msgs
 
 
@@ -203,8 +208,7 @@ def fmt_row(name, row):
     else:
         cols.append(f"{'-':>6}")
     for k in ("waits", "schedule", "unit_waits"):
-        if k in row:
-            cols.append(f"{mean(row[k]):6.3f}")
+        cols.append(f"{mean(row[k]):6.3f}" if k in row else f"{'-':>6}")
     cols.append(f"{row['closed_form']:6.3f}")
     return "  ".join(cols)
 

@@ -338,8 +338,8 @@ struct StepStats {
 /// sends held, the next op's receive and, when the next op is a pair's forward, its pair's
 /// backward's receive too; wait for the group. L09NcclSafe.* replays the recorded calls under
 /// these rules; L09Timeline.InterleavedExchangesKeepTheBubbleOfAChunk replays the step on a
-/// clock where messages are free, and finds 1F1B's bubble when a group waits for a message
-/// the schedule does not need yet.
+/// clock where messages are free, and finds a bubble above (p - 1)/(v m + p - 1) (1F1B's, or
+/// worse) when a group waits for a message the schedule does not need yet.
 /// Wait for every send before returning. Fill StepStats: time compute (forward, loss,
 /// backward) separately from the whole step, and count micro-batches in flight.
 /// With @p deallocate_outputs, a stage other than the last frees each forward's output values

@@ -178,7 +178,7 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
                      {"grads", ledger.state.grads},
                      {"optimizer", ledger.state.optimizer},
                      {"activations", ledger.activation_bytes},
-                     {"peak", ledger.total_bytes()}}},
+                     {"total", ledger.total_bytes()}}},
                    {"closed_form", {{"activations", predict_activation_bytes(o, 0)}}}};
     j["tp"] = mesh.size("tp");
     j["pp"] = mesh.size("pp");

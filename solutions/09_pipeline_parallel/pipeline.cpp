@@ -250,6 +250,15 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
     const auto j = static_cast<int64_t>(k);
     return interleaved && j >= warm && j < 2 * total - warm && (j - warm) % 2 == 0;
   };
+  for (size_t k = 0; k < ops.size(); ++k) {
+    if (pair_forward(k) && (ops[k].kind != Op::kForward || ops[k + 1].kind != Op::kBackward)) {
+      throw std::invalid_argument(fmt::format(
+          "run_schedule: ops {} and {} of rank {} are not a forward and a backward, but the "
+          "interleaved schedule's warm-up of {} forwards makes them a steady-state pair: give "
+          "it interleaved_schedule()'s order",
+          k, k + 1, s, warm));
+    }
+  }
   // One exchange, as one group: the sends held back, the receive of op k and, when op k is a
   // steady pair's forward, its backward's too.
   auto exchange = [&](size_t k) {
