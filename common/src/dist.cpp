@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "dtc/errors.h"
 
@@ -57,7 +59,10 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env,
   return c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), store);
 }
 
-std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& master_addr) {
+namespace {
+
+std::shared_ptr<::gloo::transport::Device> make_gloo_device_uncached(
+    const std::string& master_addr) {
   if (auto ifname = process_env("GLOO_SOCKET_IFNAME")) {
     try {
       return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
@@ -69,6 +74,25 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& m
   }
   if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& master_addr) {
+  // One device per process and address, shared by every communicator: each device is a
+  // listening socket and an event-loop thread, and gloo's pairs find their peer's context on
+  // it by a sequence number, so communicators (and thread-ranks) need not have one each.
+  // (never destroyed: a device's thread must not be joined while the process exits)
+  static std::mutex mu;
+  static auto* devices = new std::map<std::string, std::shared_ptr<::gloo::transport::Device>>();
+  const auto ifname = process_env("GLOO_SOCKET_IFNAME");
+  const std::string key = ifname                     ? "if:" + *ifname
+                          : is_loopback(master_addr) ? std::string("loopback")
+                                                     : std::string("default");
+  std::lock_guard<std::mutex> lock(mu);
+  auto& device = (*devices)[key];
+  if (!device) device = make_gloo_device_uncached(master_addr);
+  return device;
 }
 
 c10::intrusive_ptr<Comm> new_comm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
