@@ -75,48 +75,13 @@ def passes_and_messages(trace, step):
 
 
 def replay(ops, deps, unit=False):
-    """Start every pass at the latest of its rank's previous pass and its dependencies' ends;
-    each lasts what it measured (or F = 1, B = 2). Returns per rank the (b, e) of each pass."""
-    dur = {(r, k): ((1.0 if o[1] == "F" else 2.0) if unit else o[4] - o[3])
-           for r, lst in ops.items() for k, o in enumerate(lst)}
-    end, times = {}, {r: [] for r in ops}
-    pos = {r: 0 for r in ops}
-    left = sum(len(v) for v in ops.values())
-    while left:
-        moved = False
-        for r in ops:
-            k = pos[r]
-            if k >= len(ops[r]):
-                continue
-            need = [end.get(d) for d in deps.get((r, k), ())]
-            if any(x is None for x in need):
-                continue
-            start = max([end[(r, k - 1)] if k else 0.0] + need)
-            end[(r, k)] = start + dur[(r, k)]
-            times[r].append((start, end[(r, k)]))
-            pos[r] += 1
-            left -= 1
-            moved = True
-        if not moved:
-            raise SystemExit("pipeline_bubble.py: the passes wait for each other in a circle")
-    return times
-
-
-def data_deps(ops, p):
-    """A forward waits for the same micro-batch's forward on the virtual stage before, a
-    backward for its backward on the virtual stage after (virtual stage = chunk p + rank)."""
-    where = {(o[1], o[2], o[0] * p + r): (r, k) for r, lst in ops.items()
-             for k, o in enumerate(lst)}
-    deps = {}
-    for r, lst in ops.items():
-        for k, (chunk, kind, micro, _, _) in enumerate(lst):
-            vs = chunk * p + r
-            d = where.get((kind, micro, vs - 1 if kind == "F" else vs + 1))
-            if kind == "B" and d is None:  # the last virtual stage: its own forward
-                d = where.get(("F", micro, vs))
-            if d is not None:
-                deps[(r, k)] = [d]
-    return deps
+    """Each pass lasts what it measured (or F = 1, B = 2): trace_svg.pipeline_replay."""
+    try:
+        return trace_svg.pipeline_replay(
+            ops, deps, lambda r, k: ((1.0 if ops[r][k][1] == "F" else 2.0) if unit
+                                     else ops[r][k][4] - ops[r][k][3]))
+    except ValueError as e:
+        raise SystemExit(f"pipeline_bubble.py: {e}")
 
 
 def executor_deps(ops, msgs):
@@ -178,7 +143,7 @@ def analyse(trace_dir, step=None, unit=False):
                "closed_form": (p - 1) / (v * m + p - 1), "idle_per_compute": (p - 1) / (v * m)}
         for name, times in (("measured", None if unit else measured),
                             ("waits", replay(ops, executor_deps(ops, msgs), unit)),
-                            ("schedule", replay(ops, data_deps(ops, p), unit))):
+                            ("schedule", replay(ops, trace_svg.pipeline_data_deps(ops, p), unit))):
             if times is None:
                 continue
             per, window = bubbles(times, compute)

@@ -84,41 +84,59 @@ def depths(spans):
     return out
 
 
+def pipeline_replay(passes, deps, duration):
+    """Replays pipeline passes on an idealised clock: passes[r] is rank r's list of passes in
+    its order; pass k starts when rank r's pass k - 1 and every pass (q, j) in deps[(r, k)] have
+    ended, and lasts duration(r, k). Returns per rank the (begin, end) of each pass.
+    @raises ValueError when the passes wait for each other in a circle."""
+    end, times = {}, {r: [] for r in passes}
+    left = sum(len(v) for v in passes.values())
+    while left:
+        moved = False
+        for r in passes:
+            k = len(times[r])
+            if k >= len(passes[r]):
+                continue
+            need = [end.get(d) for d in deps.get((r, k), ())]
+            if any(x is None for x in need):
+                continue
+            start = max([end[(r, k - 1)] if k else 0.0] + need)
+            end[(r, k)] = start + duration(r, k)
+            times[r].append((start, end[(r, k)]))
+            left -= 1
+            moved = True
+        if not moved:
+            raise ValueError("the passes wait for each other in a circle on the idealised clock")
+    return times
+
+
+def pipeline_data_deps(passes, p):
+    """What each pass waits for by its data alone: passes[r][k] starts (chunk, kind, micro); a
+    forward waits for the same micro-batch's forward on the virtual stage before, a backward for
+    its backward on the virtual stage after, the last virtual stage's backward for its own
+    forward (virtual stage = chunk p + r)."""
+    where = {(o[1], o[2], o[0] * p + r): (r, k) for r, lst in passes.items()
+             for k, o in enumerate(lst)}
+    deps = {}
+    for r, lst in passes.items():
+        for k, (chunk, kind, micro, *_) in enumerate(lst):
+            vs = chunk * p + r
+            d = where.get((kind, micro, vs - 1 if kind == "F" else vs + 1))
+            if kind == "B" and d is None:
+                d = where.get(("F", micro, vs))
+            if d is not None:
+                deps[(r, k)] = [d]
+    return deps
+
+
 def textbook(order_by_rank):
     """Idealised times of each rank's F<i>/B<i> sequence: F = 1 unit, B = 2, no transfer time."""
     ranks = sorted(order_by_rank)
-    p = len(ranks)
-    done = {}  # (kind, micro, stage) -> end time
-    free = {s: 0.0 for s in range(p)}
-    pos = {s: 0 for s in range(p)}
-    out = {s: [] for s in range(p)}
-    total = sum(len(v) for v in order_by_rank.values())
-    placed = 0
-    while placed < total:
-        progressed = False
-        for s in range(p):
-            ops = order_by_rank[ranks[s]]
-            if pos[s] >= len(ops):
-                continue
-            kind, i = ops[pos[s]]
-            dep = (kind, i, s - 1) if kind == "F" else (kind, i, s + 1)
-            if (kind == "F" and s == 0) or (kind == "B" and s == p - 1):
-                ready = 0.0 if kind == "F" else done.get(("F", i, s))
-            else:
-                ready = done.get(dep)
-            if ready is None:
-                continue
-            start = max(free[s], ready)
-            end = start + (1.0 if kind == "F" else 2.0)
-            done[(kind, i, s)] = end
-            free[s] = end
-            out[s].append((f"{kind}{i}", start, end))
-            pos[s] += 1
-            placed += 1
-            progressed = True
-        if not progressed:
-            raise ValueError("the per-rank F/B orders deadlock on the idealised clock")
-    return out
+    passes = {s: [(0, kind, i) for kind, i in order_by_rank[r]] for s, r in enumerate(ranks)}
+    times = pipeline_replay(passes, pipeline_data_deps(passes, len(ranks)),
+                            lambda s, k: 1.0 if passes[s][k][1] == "F" else 2.0)
+    return {s: [(f"{kind}{i}", b, e) for (_, kind, i), (b, e) in zip(passes[s], times[s])]
+            for s in passes}
 
 
 def render(trace, step=None, title="", with_textbook=False, ranks=None, max_lanes=3, zoom=None):

@@ -59,25 +59,6 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env,
   return c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), store);
 }
 
-namespace {
-
-std::shared_ptr<::gloo::transport::Device> make_gloo_device_uncached(
-    const std::string& master_addr) {
-  if (auto ifname = process_env("GLOO_SOCKET_IFNAME")) {
-    try {
-      return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
-    } catch (const std::exception& e) {
-      throw UsageError("GLOO_SOCKET_IFNAME",
-                       fmt::format("cannot use interface '{}': {}", *ifname, e.what()),
-                       "list the interfaces with `ip -brief addr` and pick one that is UP");
-    }
-  }
-  if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  return c10d::ProcessGroupGloo::createDefaultDevice();
-}
-
-}  // namespace
-
 std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& master_addr) {
   // One device per process and address, shared by every communicator: each device is a
   // listening socket and an event-loop thread, and gloo's pairs find their peer's context on
@@ -86,12 +67,23 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& m
   static std::mutex mu;
   static auto* devices = new std::map<std::string, std::shared_ptr<::gloo::transport::Device>>();
   const auto ifname = process_env("GLOO_SOCKET_IFNAME");
-  const std::string key = ifname                     ? "if:" + *ifname
-                          : is_loopback(master_addr) ? std::string("loopback")
-                                                     : std::string("default");
+  const bool loopback = !ifname && is_loopback(master_addr);
+  const std::string key = ifname ? "if:" + *ifname : loopback ? "loopback" : "default";
   std::lock_guard<std::mutex> lock(mu);
   auto& device = (*devices)[key];
-  if (!device) device = make_gloo_device_uncached(master_addr);
+  if (device) return device;
+  if (ifname) {
+    try {
+      device = c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
+    } catch (const std::exception& e) {
+      throw UsageError("GLOO_SOCKET_IFNAME",
+                       fmt::format("cannot use interface '{}': {}", *ifname, e.what()),
+                       "list the interfaces with `ip -brief addr` and pick one that is UP");
+    }
+  } else {
+    device = loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                      : c10d::ProcessGroupGloo::createDefaultDevice();
+  }
   return device;
 }
 

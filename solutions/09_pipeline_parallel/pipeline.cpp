@@ -386,25 +386,22 @@ StepStats run_schedule(std::vector<Stage>& chunks, Comm& comm, const std::vector
     if (interleaved) {
       if (dest >= 0) held.push_back({P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)});
       if (!pair_forward(k)) exchange(k + 1);
-      if (dest >= 0 && deallocate_outputs && !recompute && op.kind == Op::kForward) {
-        deallocate_output(outputs[i]);
+    } else if (dest >= 0) {
+      // The next op that receives (a W neither receives nor sends: ZB-H1's I pairs with the
+      // forward after the W that follows it, else each I's send would wait alone until the end).
+      size_t after = k + 1;
+      while (after < ops.size() && ops[after].kind == Op::kWeight) ++after;
+      const Op* next = after < ops.size() ? &ops[after] : nullptr;
+      if (next != nullptr && source(*next) == dest) {
+        ahead = torch::empty(act_shape, torch::dtype(torch::kFloat).device(device));
+        ahead_works =
+            batch_isend_irecv(comm, {{P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)},
+                                     {P2POp::kRecv, ahead, dest, tag(*next)}});
+      } else {
+        sends.push_back(send_tensor(comm, outgoing, dest, sent_tag(op)));
       }
-      continue;
     }
     if (dest < 0) continue;
-    // The next op that receives (a W neither receives nor sends: ZB-H1's I pairs with the
-    // forward after the W that follows it, else each I's send would wait alone until the end).
-    size_t after = k + 1;
-    while (after < ops.size() && ops[after].kind == Op::kWeight) ++after;
-    const Op* next = after < ops.size() ? &ops[after] : nullptr;
-    if (next != nullptr && source(*next) == dest) {
-      ahead = torch::empty(act_shape, torch::dtype(torch::kFloat).device(device));
-      ahead_works =
-          batch_isend_irecv(comm, {{P2POp::kSend, outgoing.contiguous(), dest, sent_tag(op)},
-                                   {P2POp::kRecv, ahead, dest, tag(*next)}});
-    } else {
-      sends.push_back(send_tensor(comm, outgoing, dest, sent_tag(op)));
-    }
     // The send holds the values it sends (outgoing shares their storage) until it is done; the
     // output keeps only its graph.
     if (deallocate_outputs && !recompute && op.kind == Op::kForward) {
