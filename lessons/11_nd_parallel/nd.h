@@ -312,6 +312,14 @@ class ShardedAdamW {
   /// distributed optimizer keeps such a main-parameter shard for a 16-bit model; an fp32 model
   /// could update its parameters' own storage instead).
   std::pair<int64_t, int64_t> shard_bytes() const;
+  /// This rank's fp32 shard of each parameter (undefined where it owns none), in the
+  /// constructor's order: the tensors AdamW steps.
+  const std::vector<torch::Tensor>& shards() const { return shards_; }
+  /// The AdamW over shards() (null when this rank owns no element).
+  torch::optim::AdamW* optimizer() { return adamw_.get(); }
+  /// After shards() were written from outside (a checkpoint): every rank's shards all-gathered
+  /// into the whole parameters (stages 1 and 2; stage 3 gathers them at the next step's start).
+  void params_from_shards();
 
  private:
   // Every rank's shards into @p into (one tensor per parameter, its shape), in @p options.
@@ -433,8 +441,57 @@ struct NdResult {
   int64_t peak_bytes = -1;
 };
 
-/// options.steps steps of nd_step() and AdamW on this rank's parameters. Reads and clears
-/// @p groups' recorders after each step (through their pointers: the groups stay as they are).
+/// The optimizer's view of one of this rank's parameters (NdTrainer::slots()): the tensor AdamW
+/// steps, and which elements of the parameter it is.
+struct OptimizerSlot {
+  torch::Tensor param;  ///< the parameter (whole, or this rank's tp slice), as the model holds it
+  /// what AdamW steps and keeps moments of: @p param itself, or under ZeRO this rank's fp32
+  /// shard of it (flattened elements [begin, begin + numel)); undefined when it owns none
+  torch::Tensor stepped;
+  int64_t begin = 0;  ///< the shard's first element in the flattened parameter (0 without ZeRO)
+};
+
+/// train_nd()'s loop a step at a time, with its state in reach (lesson 12 saves and restores it
+/// between steps). fp32 and bf16, with or without ZeRO, as train_nd().
+class NdTrainer {
+ public:
+  /// This rank's model (build_rank_model()) and its optimizer (AdamW; ZeRO's ShardedAdamW; in
+  /// bf16 master weights).
+  NdTrainer(const NdOptions& options, const NdGroups& groups);
+  ~NdTrainer();
+  NdTrainer(const NdTrainer&) = delete;
+  NdTrainer& operator=(const NdTrainer&) = delete;
+
+  /// Step @p step (its batch: the data's rows of that step): ZeRO-3's gather, nd_step(), the
+  /// optimizer's step.
+  StepOut step(int64_t step);
+  RankModel& model() { return model_; }
+  /// The parameters of model(), in l09::parameters_of() order.
+  const std::vector<torch::Tensor>& parameters() const { return params_; }
+  /// One slot per parameter, in parameters() order (fp32 runs: in bf16 the master weights are
+  /// not the parameters, and these slots do not say where they are).
+  std::vector<OptimizerSlot> slots();
+  /// The AdamW that steps the slots' tensors (null under ZeRO on a rank that owns no element).
+  torch::optim::AdamW* optimizer();
+  /// ZeRO: after the slots' shards were written from outside (a checkpoint), the parameters
+  /// made from them again (ShardedAdamW::params_from_shards()). Nothing otherwise: there the
+  /// slots are the parameters.
+  void shards_written();
+  /// The run's summary after its last step (NdResult less losses and norms): the state's bytes,
+  /// the optimizer's elements, the weights, and with options.digest the digest (collectives:
+  /// every rank calls it).
+  NdResult finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  RankModel model_;
+  std::vector<torch::Tensor> params_;
+};
+
+/// options.steps steps of nd_step() and AdamW on this rank's parameters (an NdTrainer). Reads and
+/// clears @p groups' recorders after each step (through their pointers: the groups stay as they
+/// are).
 NdResult train_nd(const NdOptions& options, const NdGroups& groups, StepLog* log = nullptr);
 
 }  // namespace dtc::l11

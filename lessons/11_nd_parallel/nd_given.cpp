@@ -737,6 +737,10 @@ std::pair<int64_t, int64_t> ShardedAdamW::shard_bytes() const {
   return bytes;
 }
 
+void ShardedAdamW::params_from_shards() {
+  if (!released_) all_gather();
+}
+
 namespace {
 
 // The bytes of @p tensors' storage and of their gradients', each storage once, at what it holds
@@ -759,83 +763,118 @@ std::pair<int64_t, int64_t> held_bytes(const std::vector<torch::Tensor>& tensors
 
 }  // namespace
 
-NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
-  RankModel model = build_rank_model(o, groups);
-  const auto params = l09::parameters_of(model.chunks);
+struct NdTrainer::Impl {
+  const NdOptions& o;
+  const NdGroups& groups;
+  std::optional<TracedAdamW> adamw;
+  std::optional<MasterAdamW> master;
+  std::optional<ShardedAdamW> sharded;
+};
+
+NdTrainer::NdTrainer(const NdOptions& o, const NdGroups& groups)
+    : impl_(std::make_unique<Impl>(Impl{o, groups, {}, {}, {}})),
+      model_(build_rank_model(o, groups)),
+      params_(l09::parameters_of(model_.chunks)) {
   // AdamW per rank over its own parameters (shards, stages, the tied copy): elementwise, so the
   // ranks' optimizers together are the single device's one. ZeRO: over its shards of them, fp32
   // copies. bf16: the parameters cast, AdamW on fp32 master weights (MasterAdamW, or ZeRO's
   // fp32 shards: Megatron's distributed optimizer's main-parameter shards).
   const bool bf16 = o.precision != Precision::kFp32;
-  std::optional<TracedAdamW> adamw;
-  std::optional<MasterAdamW> master;
-  std::optional<ShardedAdamW> sharded;
   if (groups.zero_stage > 0) {
-    sharded.emplace(params, groups.reduce.get(), adamw_options(o), groups.zero_stage);
+    impl_->sharded.emplace(params_, groups.reduce.get(), adamw_options(o), groups.zero_stage);
     if (bf16) {
       torch::NoGradGuard no_grad;
-      for (auto p : params) p.set_data(p.detach().to(working_dtype(o.precision)));
+      for (auto p : params_) p.set_data(p.detach().to(working_dtype(o.precision)));
     }
-    sharded->release();  // ZeRO-3: each rank holds its shards only, from the start
+    impl_->sharded->release();  // ZeRO-3: each rank holds its shards only, from the start
   } else if (bf16) {
-    master.emplace(params, o.precision, adamw_options(o));  // casts the parameters
+    impl_->master.emplace(params_, o.precision, adamw_options(o));  // casts the parameters
   } else {
-    adamw.emplace(params, adamw_options(o));
+    impl_->adamw.emplace(params_, adamw_options(o));
   }
-  for (auto& chunk : model.chunks) chunk.precision = o.precision;
+  for (auto& chunk : model_.chunks) chunk.precision = o.precision;
   // On NCCL a group of sends and receives runs on the communicator of the whole group, which
   // its first collective creates (lesson 09).
   std::vector<at::Tensor> one{torch::ones({1}, torch::dtype(torch::kFloat).device(o.device))};
   groups.pp->allreduce(one)->wait();
-  NdResult result;
-  result.wire_bytes = predict_wire_bytes(o, model);
-  for (auto& [traffic, recorder] : groups.recorders) recorder->clear();
-  for (int64_t step = 0; step < o.steps; ++step) {
-    if (log) log->begin_step();
-    if (counting_allocator_installed()) reset_thread_cpu_peak();
-    if (sharded) sharded->gather();  // ZeRO-3: the step's whole parameters
-    const StepOut out = nd_step(model, groups, o, step);
-    if (sharded) {
-      sharded->step();
-    } else if (master) {
-      master->step();
-    } else {
-      adamw->step();
-    }
-    for (auto& [traffic, recorder] : groups.recorders) {  // the step's, then forget them
-      result.wire_bytes[traffic].measured += recorder->wire_bytes() / static_cast<double>(o.steps);
-      recorder->clear();
-    }
-    if (counting_allocator_installed()) result.peak_bytes = thread_cpu_memory().peak;
-    result.losses.push_back(out.loss);
-    result.activation_bytes = out.activation_bytes;
-    if (o.clip > 0) result.grad_norms.push_back(out.grad_norm);
-    if (log) log->end_step(step, out.loss);
+}
+
+NdTrainer::~NdTrainer() = default;
+
+StepOut NdTrainer::step(int64_t step) {
+  Impl& m = *impl_;
+  if (m.sharded) m.sharded->gather();  // ZeRO-3: the step's whole parameters
+  const StepOut out = nd_step(model_, m.groups, m.o, step);
+  if (m.sharded) {
+    m.sharded->step();
+  } else if (m.master) {
+    m.master->step();
+  } else {
+    m.adamw->step();
   }
+  return out;
+}
+
+std::vector<OptimizerSlot> NdTrainer::slots() {
+  Impl& m = *impl_;
+  std::vector<OptimizerSlot> slots;
+  const int n = m.groups.reduce ? m.groups.reduce->getSize() : 1;
+  const int r = m.groups.reduce ? m.groups.reduce->getRank() : 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    OptimizerSlot slot{params_[i], params_[i], 0};
+    if (m.sharded) {
+      slot.stepped = m.sharded->shards()[i];
+      slot.begin = shard_range(params_[i].numel(), n, r).begin;
+    } else if (m.master) {
+      slot.stepped = m.master->master()[i];
+    }
+    slots.push_back(slot);
+  }
+  return slots;
+}
+
+torch::optim::AdamW* NdTrainer::optimizer() {
+  Impl& m = *impl_;
+  if (m.sharded) return m.sharded->optimizer();
+  if (m.master) return &m.master->optimizer();
+  return &*m.adamw;
+}
+
+void NdTrainer::shards_written() {
+  if (impl_->sharded) impl_->sharded->params_from_shards();
+}
+
+NdResult NdTrainer::finish() {
+  Impl& m = *impl_;
+  const NdOptions& o = m.o;
+  const NdGroups& groups = m.groups;
+  const auto& params = params_;
+  const bool bf16 = o.precision != Precision::kFp32;
+  NdResult result;
   // This rank's state at rest, after the last step: ZeRO-2 and 3 have released the whole
   // gradients, ZeRO-3 the whole parameters.
   const auto [param_bytes, grad_bytes] = held_bytes(params);
   result.memory.params = param_bytes;
   result.memory.grads = grad_bytes;
-  if (sharded) {
-    result.optimizer_elements = sharded->state_elements();
-    const auto [copies, copy_grads] = sharded->shard_bytes();
+  if (m.sharded) {
+    result.optimizer_elements = m.sharded->state_elements();
+    const auto [copies, copy_grads] = m.sharded->shard_bytes();
     const int stage = groups.zero_stage;
     (stage >= 3 ? result.memory.params : result.memory.zero_copies) += copies;
     (stage >= 2 ? result.memory.grads : result.memory.zero_copies) += copy_grads;
-    sharded->gather();  // ZeRO-3: the whole parameters, for the weights and the digest below
-  } else if (master) {
-    for (const auto& m : master->master()) {
+    m.sharded->gather();  // ZeRO-3: the whole parameters, for the weights and the digest below
+  } else if (m.master) {
+    for (const auto& w : m.master->master()) {
       auto* state =
-          static_cast<torch::optim::AdamWParamState*>(optimizer_state(master->optimizer(), m));
+          static_cast<torch::optim::AdamWParamState*>(optimizer_state(m.master->optimizer(), w));
       if (state != nullptr) {
         result.optimizer_elements += state->exp_avg().numel() + state->exp_avg_sq().numel();
       }
-      result.memory.masters += m.numel() * static_cast<int64_t>(m.element_size());
+      result.memory.masters += w.numel() * static_cast<int64_t>(w.element_size());
     }
   } else {
     for (const auto& p : params) {
-      auto* state = static_cast<torch::optim::AdamWParamState*>(optimizer_state(*adamw, p));
+      auto* state = static_cast<torch::optim::AdamWParamState*>(optimizer_state(*m.adamw, p));
       if (state != nullptr) {
         result.optimizer_elements += state->exp_avg().numel() + state->exp_avg_sq().numel();
       }
@@ -847,21 +886,22 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
   // The digest: dp replica 0 and cp rank 0 only (the others hold the same parameters).
   std::map<const void*, torch::Tensor> fp32_of;
   if (bf16) {
-    const std::vector<torch::Tensor> fp32 = sharded ? sharded->gather_masters() : master->master();
+    const std::vector<torch::Tensor> fp32 =
+        m.sharded ? m.sharded->gather_masters() : m.master->master();
     for (size_t i = 0; i < params.size(); ++i) fp32_of[params[i].unsafeGetTensorImpl()] = fp32[i];
   }
   const bool first_replica =
       groups.mesh.coord(groups.rank, kDp) == 0 && groups.mesh.coord(groups.rank, "cp") == 0;
   std::vector<NamedPiece> pieces;
-  for (const auto& chunk : model.chunks) {
+  for (const auto& chunk : model_.chunks) {
     for (const auto& [name, param] : l09::stage_pieces(chunk)) {
-      if (model.tied && name == "lm_head.weight") continue;
+      if (model_.tied && name == "lm_head.weight") continue;
       const auto found = fp32_of.find(param.unsafeGetTensorImpl());
       const torch::Tensor value = found == fp32_of.end() ? param : found->second;
       result.weights.emplace_back(name, value.detach().clone());
       // The digest: a tp slice from every tp rank, a whole parameter from tp rank 0.
-      const bool slice = model.tp > 1 && tp_sharded(name);
-      if (first_replica && (slice || model.tp_rank == 0)) pieces.emplace_back(name, value);
+      const bool slice = model_.tp > 1 && tp_sharded(name);
+      if (first_replica && (slice || model_.tp_rank == 0)) pieces.emplace_back(name, value);
     }
   }
   if (o.digest) {
@@ -871,6 +911,37 @@ NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
         names, pieces,
         std::vector<Comm*>{groups.tp.get(), groups.cp.get(), groups.dp.get(), groups.pp.get()});
   }
+  return result;
+}
+
+NdResult train_nd(const NdOptions& o, const NdGroups& groups, StepLog* log) {
+  NdTrainer trainer(o, groups);
+  std::vector<float> losses;
+  std::vector<double> grad_norms;
+  std::map<std::string, WireBytes> wire_bytes = predict_wire_bytes(o, trainer.model());
+  int64_t activation_bytes = -1;
+  int64_t peak_bytes = -1;
+  for (auto& [traffic, recorder] : groups.recorders) recorder->clear();
+  for (int64_t step = 0; step < o.steps; ++step) {
+    if (log) log->begin_step();
+    if (counting_allocator_installed()) reset_thread_cpu_peak();
+    const StepOut out = trainer.step(step);
+    for (auto& [traffic, recorder] : groups.recorders) {  // the step's, then forget them
+      wire_bytes[traffic].measured += recorder->wire_bytes() / static_cast<double>(o.steps);
+      recorder->clear();
+    }
+    if (counting_allocator_installed()) peak_bytes = thread_cpu_memory().peak;
+    losses.push_back(out.loss);
+    activation_bytes = out.activation_bytes;
+    if (o.clip > 0) grad_norms.push_back(out.grad_norm);
+    if (log) log->end_step(step, out.loss);
+  }
+  NdResult result = trainer.finish();
+  result.losses = std::move(losses);
+  result.grad_norms = std::move(grad_norms);
+  result.wire_bytes = std::move(wire_bytes);
+  result.activation_bytes = activation_bytes;
+  result.peak_bytes = peak_bytes;
   return result;
 }
 
