@@ -1,5 +1,7 @@
 """Shared by the end-to-end scripts (tests/support/e2e_run.py, tests/lessonNN/e2e.py)."""
+import shlex
 import socket
+import uuid
 
 
 def free_port() -> int:
@@ -27,3 +29,14 @@ def digest_ratios(got, want, rel, atol, sum_rel=None):
                     abs(g["sum"] - w["sum"]) / (sum_rel * scale + atol))
         out.append((w["name"], ratio, g, w))
     return out
+
+
+def torchrun_cmd(torchrun, flags, port0, nproc, program, args):
+    """torchrun on one machine with a rendezvous of this run's own (a c10d store on a free port,
+    or with @p port0 on port 0, which torchrun 2.x binds itself): a port picked beforehand can be
+    taken by a run started at the same moment, whose store this torchrun would then join. @p flags
+    is a string of extra torchrun flags (the light path's)."""
+    port = 0 if port0 else free_port()
+    return [torchrun, f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={uuid.uuid4()}",
+            *shlex.split(flags), "--no_python", program, *args]

@@ -56,11 +56,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from e2e_common import digest_ratios, free_port  # noqa: E402
+from e2e_common import digest_ratios, free_port, torchrun_cmd  # noqa: E402
 
 TIMEOUT_S = 150
 RTOL, ATOL = 1e-3, 1e-5
@@ -304,12 +303,8 @@ def main() -> int:
             env["TORCHRUN"] = " ".join([a.torchrun, *shlex.split(a.torchrun_flags)])
         cmd = [a.two_nodes_script, a.program, *prog_args]
     else:
-        # A rendezvous of this run's own: a port picked beforehand can be taken by a run started
-        # at the same moment, whose store this torchrun would then join (and wait in).
-        port = 0 if a.rdzv_port0 else free_port()
-        cmd = [a.torchrun, f"--nproc_per_node={a.nproc}", "--rdzv_backend=c10d",
-               f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={uuid.uuid4()}",
-               *shlex.split(a.torchrun_flags), "--no_python", a.program, *prog_args]
+        cmd = torchrun_cmd(a.torchrun, a.torchrun_flags, a.rdzv_port0, a.nproc, a.program,
+                           prog_args)
     print("$", " ".join(cmd), flush=True)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
