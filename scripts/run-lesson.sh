@@ -12,8 +12,13 @@ case "$nn" in
   01|01_solution|02|02_solution) exec "$program" "$@" ;;  # one process: no ranks
 esac
 nproc=${NPROC:-2}
+# Lesson 12 survives a failed rank: torchrun restarts the job (MAX_RESTARTS times, default 1).
+restarts=()
+case "$nn" in 12|12_solution) restarts=(--max_restarts="${MAX_RESTARTS:-1}") ;; esac
 if [ -x "$DTC_VENV/bin/torchrun" ] && [ "$build" != "build-light" ]; then
-  exec "$DTC_VENV/bin/torchrun" --standalone --nproc_per_node="$nproc" --no_python "$program" "$@"
+  exec "$DTC_VENV/bin/torchrun" --standalone --nproc_per_node="$nproc" "${restarts[@]}" \
+    --no_python "$program" "$@"
 fi
 # Debian's torchrun 1.13 crashes under Python 3.11 unless output redirection is explicit.
-exec torchrun --standalone --nproc_per_node="$nproc" --redirects 2 --tee 2 --no_python "$program" "$@"
+exec torchrun --standalone --nproc_per_node="$nproc" "${restarts[@]}" --redirects 2 --tee 2 \
+  --no_python "$program" "$@"

@@ -277,6 +277,12 @@ TEST(L12Corrupt, EveryCorruptionIsAnErrorNamingTheFile) {
       expect_error_naming(*fs, 2, name, "truncated " + name);
       ++tried;
     }
+    {  // longer than the metadata says (another save's file in its place): not this checkpoint
+      auto fs = fresh();
+      fs->corrupt(path, fs->contents(path) + std::string(4, '\0'));
+      expect_error_naming(*fs, 2, name, "4 bytes appended to " + name);
+      ++tried;
+    }
     {  // missing
       auto fs = fresh();
       fs->remove(path);

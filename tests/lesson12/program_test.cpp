@@ -35,6 +35,8 @@ TEST(L12ProgramGiven, BadFlagsNameThemselves) {
        {{"--checkpoint-every", "-1", "--checkpoint-dir", "x"}, "--checkpoint-every"},
        {{"--steps", "4", "--fail-at-step", "4"}, "--fail-at-step"},
        {{"--fail-rank", "1", "--fail-at-step", "1"}, "--fail-rank"},
+       {{"--hang-at-step", "20"}, "--hang-at-step"},
+       {{"--backend", "nccl"}, "--backend"},
        {{"--mix", "2x1x1x1"}, "--mix"}},
       run_program);
 }
