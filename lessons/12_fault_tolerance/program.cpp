@@ -55,10 +55,10 @@ std::optional<int64_t> agreed_latest(Fs& fs, const std::string& root, Comm& worl
 int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& err) {
   // 1. Configuration, checked on every rank before the network is touched.
   if (t.train.backend != "gloo") {
-    throw UsageError("--backend",
-                     fmt::format("{}: lesson 12's save exchanges its records as CPU tensors",
-                                 t.train.backend),
-                     "run it on gloo (--backend gloo, the default)");
+    throw UsageError(
+        "--backend",
+        fmt::format("{}: lesson 12's save exchanges its records as CPU tensors", t.train.backend),
+        "run it on gloo (--backend gloo, the default)");
   }
   Job job = Job::prepare(t.train.backend, std::chrono::seconds(t.timeout_s));
   const int world = job.env.world_size;
