@@ -9,11 +9,11 @@
 //                                         CRC-32 of its bytes; every file's bytes; the run's
 //                                         training state (step, seed, losses, the mesh)
 //
-// metadata.json is the commit marker, as in PyTorch's Distributed Checkpoint (DCP): written last,
-// only when every rank's shard is durable, to a temporary name, fsync'd, renamed, and the rename
-// itself made durable (fsync of the directory). A step directory without it is a save that did
-// not finish, and loading never looks at it: a crash at any point leaves the previous checkpoint
-// as it was.
+// metadata.json is the commit marker, as .metadata is in PyTorch's Distributed Checkpoint (DCP):
+// written last, only when every rank's shard is durable, to a temporary name, fsync'd, renamed;
+// here the rename itself is made durable too (fsync of the directory, which DCP does not do). A
+// step directory without it is a save that did not finish, and loading never looks at it: a crash
+// at any point leaves the previous checkpoint as it was.
 //
 // The pieces: every tensor of a rank's state (parameters and AdamW's two moments) is a box of a
 // tensor of the whole model, under one key on every mesh: "model/h.0.attn.c_attn.weight",
@@ -197,7 +197,8 @@ std::vector<ShardFile> all_gather_files(const ShardFile& mine, Comm& comm);
 std::optional<Box> intersect(const Box& a, const Box& b);
 
 /// @brief Writes the pieces of @p pieces whose `write` is set into @p dir / shard_name(@p rank),
-///   one after the other (their tensors' bytes, fp32), and makes the file durable.
+///   one after the other (their tensors' bytes, fp32), and makes the file's bytes durable (its
+///   name becomes durable with the commit's fsync of @p dir).
 /// @return the file's record: its name and size, and for every piece written its key, shape,
 ///   box, dtype, offset, bytes and crc32_of() its bytes.
 /// @throws std::invalid_argument for a piece whose tensor is not float32, not contiguous, or not
@@ -208,6 +209,7 @@ ShardFile write_shard(Fs& fs, const std::string& dir, int rank,
 /// @brief Makes @p metadata the committed metadata of @p dir, atomically: after a crash at any
 ///   point, dir/metadata.json is either absent or whole; once commit() returns, it survives a
 ///   crash (and so does @p dir's own name in its parent directory, the checkpoints' root).
+///   @p dir is step_dir(root, step): the root is @p dir up to its last '/'.
 void commit(Fs& fs, const std::string& dir, const Metadata& metadata);
 
 /// @brief Saves step @p step of a run: every rank of @p comm calls it with its pieces, and when
@@ -218,19 +220,22 @@ void save_checkpoint(Fs& fs, const std::string& root, int64_t step,
                      const std::vector<StatePiece>& pieces, Comm& comm,
                      const nlohmann::json& train);
 
-/// @brief The newest committed checkpoint under @p root: the largest step of a directory
-///   step_NNNNNNNN that holds a metadata.json; nothing when there is none (or no @p root).
+/// @brief The newest committed checkpoint under @p root: the largest step of a directory named
+///   exactly as step_dir() names one (step_ and 8 digits) that holds a metadata.json; nothing
+///   when there is none (or no @p root).
 std::optional<int64_t> latest_checkpoint(Fs& fs, const std::string& root);
 
 /// @brief Fills every piece of @p pieces (those this rank writes and those it does not) from the
 ///   checkpoint in @p dir, on whatever mesh it was saved: each element from the saved piece of
-///   the same key that holds it. Reads only the saved pieces that overlap one of @p pieces, each
-///   of them once, whole (their CRC-32 covers the whole piece).
+///   the same key that holds it, copied into the piece's tensor in place (a view of the rank's
+///   parameter or moment). Reads metadata.json once and only the saved pieces that overlap one of
+///   @p pieces, each of them once, whole (their CRC-32 covers the whole piece).
 /// @return the metadata it read (its step and train state)
 /// @throws CheckpointError naming the file: no metadata.json, metadata of another step than the
-///   directory's name, a shard file missing or of another size than the metadata's, a piece
-///   whose bytes' CRC-32 is not the metadata's; or a key of @p pieces whose elements the
-///   checkpoint does not all hold, or holds in another global shape
+///   directory's (step_dir(root, metadata's step) is not @p dir), a shard file missing or of
+///   another size than the metadata's, a piece whose bytes' CRC-32 is not the metadata's; a saved
+///   piece of a key of @p pieces in another global shape; or a piece of @p pieces some of whose
+///   elements no saved piece holds (count the elements you fill: saved pieces never overlap)
 Metadata load_checkpoint(Fs& fs, const std::string& dir, std::vector<StatePiece>& pieces);
 
 }  // namespace dtc::l12

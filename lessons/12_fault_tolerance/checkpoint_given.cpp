@@ -191,6 +191,20 @@ Metadata metadata_from_json(const std::string& text, const std::string& path) {
         piece.offset = p.at("offset").get<int64_t>();
         piece.bytes = p.at("bytes").get<int64_t>();
         piece.crc32 = p.at("crc32").get<uint32_t>();
+        // What the load will trust: each piece inside its tensor and its file, in float32.
+        const size_t d = piece.global_shape.size();
+        bool inside = piece.box.offsets.size() == d && piece.box.sizes.size() == d;
+        for (size_t i = 0; inside && i < d; ++i) {
+          inside = piece.box.offsets[i] >= 0 && piece.box.sizes[i] >= 0 &&
+                   piece.box.offsets[i] + piece.box.sizes[i] <= piece.global_shape[i];
+        }
+        if (!inside || piece.dtype != "float32" || piece.bytes != piece.box.numel() * 4 ||
+            piece.offset < 0 || piece.offset + piece.bytes > file.bytes) {
+          throw CheckpointError(path,
+                                fmt::format("{}'s record in {} is inconsistent (a box outside "
+                                            "its tensor, a size, an offset or a dtype)",
+                                            piece.key, file.file));
+        }
         file.pieces.push_back(std::move(piece));
       }
       m.files.push_back(std::move(file));

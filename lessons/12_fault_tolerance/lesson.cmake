@@ -10,16 +10,16 @@ dtc_add_lesson(12 DIR 12_fault_tolerance SOURCES checkpoint.cpp
 
 # End-to-end: the real program under torchrun (tests/lesson12/e2e_restart.py). A rank killed
 # (SIGKILL of its own process) at step 3 of 5, a checkpoint every 2 steps: torchrun restarts the
-# job (--max-restarts=1), which resumes from step 2 and ends with the losses and parameter digest
-# of the run that never failed, bit for bit. elastic: 4 ranks save step 2, 2 ranks of another
-# mix resume from it (within fp32 rounding of the straight run).
+# job (--max_restarts=1), which resumes from step 2 and ends with the losses and parameter digest
+# of the run that never failed, bit for bit. elastic: 4 ranks (dp 2 x pp 2) save step 2, 2 ranks
+# of tp 2 resume from it, each reading its slices (within fp32 rounding of the straight run).
 set(l12_model --layers 4 --hidden 32 --heads 2 --seq 16)
 if(DTC_TORCHRUN)
   set(l12_e2e Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson12/e2e_restart.py"
       --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${_dtc_e2e_flags}" ${_dtc_e2e_port0})
   dtc_add_e2e(12 NAME torchrun_restart_elastic TIMEOUT 240 PRIMARY COMMAND ${l12_e2e}
     --program @PROGRAM@ --nproc 4 --mix 2x1x2x1 --steps 5 --every 2 --fail-at-step 3
-    --fail-rank 2 --elastic-nproc 2 --elastic-mix 1x1x2x1 --elastic-step 2 -- ${l12_model})
+    --fail-rank 2 --elastic-nproc 2 --elastic-mix 1x2x1x1 --elastic-step 2 -- ${l12_model})
   # A rank that stops communicating at step 3 (tp 2 x pp 2): the others' collectives time out
   # after 5 s, they exit, torchrun restarts the job, which resumes from step 2.
   dtc_add_e2e(12 NAME torchrun_hang TIMEOUT 180 PRIMARY COMMAND ${l12_e2e}

@@ -12,12 +12,15 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <optional>
 #include <ostream>
+#include <thread>
 
 #include "checkpoint.h"
 #include "dtc/cli.h"
+#include "dtc/dist.h"
 #include "dtc/errors.h"
 #include "dtc/program.h"
 #include "state.h"
@@ -30,6 +33,7 @@ struct Flags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool no_resume = false;
+  bool async_save = false;
   int64_t fail_at_step = -1;
   int64_t hang_at_step = -1;
   int fail_rank = 0;
@@ -140,11 +144,33 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
                                o.lr, o.steps, o.batch, o.seed, restarts + 1)}});
   }
 
-  // 4. The loop, a checkpoint every --checkpoint-every steps.
+  // 4. The loop, a checkpoint every --checkpoint-every steps. The saves run on a communicator of
+  // their own: with --async-save they run on a thread beside the training's collectives, and two
+  // threads must not share one communicator.
+  std::vector<int> all(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) all[static_cast<size_t>(r)] = r;
+  const c10::intrusive_ptr<Comm> save_comm =
+      new_subgroup(job.store, "checkpoint", all, job.rank(), BackendKind::kGloo, job.timeout,
+                   job.env.master_addr);
   StepLog log(err, talk, first, o.steps, o.batch * o.model.ctx);
   std::vector<int64_t> saved;
-  double save_s = 0;
+  double stall_s = 0;  // what the saves kept training waiting
   int64_t saved_bytes = 0;
+  std::thread writer;  // --async-save: the save in flight
+  std::exception_ptr writer_error;
+  // On every way out (a collective failed because a peer died): the writer joined, never a
+  // joinable thread destroyed (std::terminate).
+  struct JoinOnExit {
+    std::thread& t;
+    ~JoinOnExit() {
+      if (t.joinable()) t.join();
+    }
+  } join_on_exit{writer};
+  const auto wait_for_writer = [&] {
+    if (writer.joinable()) writer.join();
+    if (writer_error) std::rethrow_exception(writer_error);
+  };
+  const auto loop_start = std::chrono::steady_clock::now();
   for (int64_t step = first; step < o.steps; ++step) {
     if (job.rank() == f.fail_rank && restarts == 0) {  // the faults: the first attempt only
       if (step == f.fail_at_step) {
@@ -170,20 +196,47 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     log.end_step(step, step_out.loss);
     if (f.checkpoint_every > 0 && (step + 1) % f.checkpoint_every == 0) {
       const auto start = std::chrono::steady_clock::now();
-      const std::vector<StatePiece> pieces = rank_state(trainer, groups, o);
+      std::vector<StatePiece> pieces = rank_state(trainer, groups, o);
       const nlohmann::json train = {{"step", step + 1},
                                     {"seed", o.seed},
                                     {"losses", losses},
                                     {"mix", o.mix.text()},
                                     {"world", world}};
-      save_checkpoint(fs, f.checkpoint_dir, step + 1, pieces, *job.comm, train);
-      save_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       for (const StatePiece& p : pieces) {
         if (p.write) saved_bytes += p.box.numel() * 4;
       }
+      if (f.async_save) {
+        wait_for_writer();  // one save in flight at a time
+        // Staged: a copy of every piece this rank writes, which the next steps cannot change.
+        std::vector<StatePiece> staged;
+        for (const StatePiece& p : pieces) {
+          if (!p.write) continue;
+          StatePiece copy = p;
+          copy.tensor = p.tensor.detach().clone();
+          staged.push_back(std::move(copy));
+        }
+        writer = std::thread(
+            [&fs, &f, &save_comm, &writer_error, staged = std::move(staged), train, at = step + 1] {
+              try {
+                save_checkpoint(fs, f.checkpoint_dir, at, staged, *save_comm, train);
+              } catch (...) {
+                writer_error = std::current_exception();
+              }
+            });
+      } else {
+        save_checkpoint(fs, f.checkpoint_dir, step + 1, pieces, *save_comm, train);
+      }
+      stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       saved.push_back(step + 1);
     }
   }
+  {
+    const auto start = std::chrono::steady_clock::now();
+    wait_for_writer();  // the last save committed before the run reports it
+    stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const double train_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
   const l11::NdResult result = trainer.finish();
 
   // 5. Report.
@@ -197,7 +250,9 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     j["restarts"] = restarts;
     j["resumed_from_step"] = resumed ? nlohmann::json(*resumed) : nlohmann::json(nullptr);
     j["checkpoints"] = saved;
-    j["checkpoint"] = {{"save_s", save_s},
+    j["checkpoint"] = {{"stall_s", stall_s},
+                       {"async", f.async_save},
+                       {"train_s", train_s},
                        {"load_s", load_s},
                        {"rank0_bytes_per_save",
                         saved.empty() ? 0 : saved_bytes / static_cast<int64_t>(saved.size())}};
@@ -207,8 +262,11 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
   fmt::print(out, "\n  trained steps {} to {} on {}: loss {:.4f} -> {:.4f}\n", first, o.steps - 1,
              mesh.describe(), losses.front(), losses.back());
   if (!saved.empty()) {
-    fmt::print(out, "  saved {} checkpoint(s) (after steps {}), {:.3f} s in all on rank 0\n",
-               saved.size(), fmt::join(saved, ", "), save_s);
+    fmt::print(out,
+               "  saved {} checkpoint(s) (after steps {}){}: training waited {:.3f} s for them "
+               "on rank 0, of {:.3f} s\n",
+               saved.size(), fmt::join(saved, ", "), f.async_save ? " in the background" : "",
+               stall_s, train_s);
   }
   if (resumed) {
     fmt::print(out, "  resumed from step {} (attempt {}), loaded in {:.3f} s\n", *resumed,
@@ -238,6 +296,9 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--checkpoint-every", f.checkpoint_every, "save after every N steps (0: never)")
       ->check(non_negative_count("--checkpoint-every 10"))
       ->capture_default_str();
+  app.add_flag("--async-save", f.async_save,
+               "save in the background: the pieces copied (staged), then written by a thread "
+               "while training goes on; one save in flight at a time");
   app.add_flag("--no-resume", f.no_resume,
                "start from step 0 even when --checkpoint-dir holds a checkpoint");
   app.add_option("--fail-at-step", f.fail_at_step,

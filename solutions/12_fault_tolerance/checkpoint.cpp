@@ -102,6 +102,14 @@ void save_checkpoint(Fs& fs, const std::string& root, int64_t step,
                      const nlohmann::json& train) {
   const std::string dir = step_dir(root, step);
   fs.mkdirs(dir);
+  // A step saved a second time (a run started afresh, --no-resume, over an older one): its commit
+  // is withdrawn first, durably, and nobody writes before that, so that a crash while its shards
+  // are rewritten cannot leave a committed step whose files are half new.
+  if (comm.getRank() == 0 && fs.size(dir + "/" + kMetadata) >= 0) {
+    fs.rename(dir + "/" + kMetadata, dir + "/metadata.json.withdrawn");
+    fs.fsync_dir(dir);
+  }
+  comm.barrier()->wait();
   // BEGIN SOLUTION: write this rank's shard; commit on rank 0 only once every rank's shard is
   //   durable, with every rank's records; return on no rank before the commit is durable
   //   (L12Save.*, L12Crash.*; README section 2)

@@ -187,8 +187,10 @@ TEST(L12Save, AShardIsItsPiecesBytesWithTheirChecksums) {
 }
 
 // A crash before every operation of a save of step 2 over three ranks, with step 1 committed: the
-// newest loadable checkpoint is step 1 or (once the commit's rename is durable) step 2, whole, and
-// never anything else; a save that returned survives the crash.
+// newest committed checkpoint is step 1 or (once the commit is durable) step 2, and it loads whole;
+// a save that returned survives the crash. Each crash point twice: with only the durable names
+// left, and with every name left but the bytes that no fsync made durable gone (a metadata.json
+// renamed into place before its bytes were durable comes back empty, and hides step 1).
 TEST(L12Crash, ACrashAtEveryPointOfTheSaveLeavesACheckpointThatLoads) {
   int cases = 0, old_kept = 0, new_kept = 0, total_ops = 0;
   {
@@ -200,31 +202,43 @@ TEST(L12Crash, ACrashAtEveryPointOfTheSaveLeavesACheckpointThatLoads) {
   }
   ASSERT_GE(total_ops, 9) << "three shards written and made durable, and the metadata committed";
   for (int k = 1; k <= total_ops + 1; ++k) {
-    SCOPED_TRACE(fmt::format("a crash before operation {} of {}", k, total_ops));
-    MemoryFs fs("ckpt");
-    save_in_order(fs, small_state(3, 100), 1);
-    fs.crash_at(k);
-    bool returned = false;
-    try {
-      save_in_order(fs, small_state(3, 200), 2);
-      returned = true;
-    } catch (const Crashed&) {
+    for (const MemoryFs::Names names : {MemoryFs::Names::kDurable, MemoryFs::Names::kAll}) {
+      SCOPED_TRACE(fmt::format(
+          "a crash before operation {} of {}, {}", k, total_ops,
+          names == MemoryFs::Names::kAll ? "every name kept" : "the durable names kept"));
+      MemoryFs fs("ckpt");
+      save_in_order(fs, small_state(3, 100), 1);
+      fs.crash_at(k);
+      bool returned = false;
+      try {
+        save_in_order(fs, small_state(3, 200), 2);
+        returned = true;
+      } catch (const Crashed&) {
+      }
+      fs.crash(names);
+      ++cases;
+      const std::optional<int64_t> latest = latest_checkpoint(fs, "ckpt");
+      ASSERT_TRUE(latest.has_value()) << "no checkpoint left";
+      if (returned) EXPECT_EQ(*latest, 2) << "a save that returned was lost";
+      float base = 0;
+      try {
+        base = loaded_base(fs, *latest);
+      } catch (const CheckpointError& e) {
+        ADD_FAILURE() << "the newest committed checkpoint, step " << *latest
+                      << ", does not load: " << e.what();
+        continue;
+      }
+      EXPECT_EQ(base, *latest == 1 ? 100.f : 200.f);
+      (*latest == 1 ? old_kept : new_kept)++;
     }
-    fs.crash();
-    ++cases;
-    const std::optional<int64_t> latest = latest_checkpoint(fs, "ckpt");
-    ASSERT_TRUE(latest.has_value()) << "no checkpoint left";
-    if (returned) EXPECT_EQ(*latest, 2) << "a save that returned was lost";
-    const float base = loaded_base(fs, *latest);
-    EXPECT_EQ(base, *latest == 1 ? 100.f : 200.f);
-    (*latest == 1 ? old_kept : new_kept)++;
   }
   // Both outcomes happen: before the commit the old one, after it the new one.
   EXPECT_GT(old_kept, 0);
   EXPECT_GT(new_kept, 0);
-  EXPECT_EQ(cases, total_ops + 1);
-  std::cout << "[ crashes  ] " << cases << " crash points tried, " << old_kept << " kept step 1, "
-            << new_kept << " kept step 2, none lost data\n";
+  EXPECT_EQ(cases, 2 * (total_ops + 1));
+  std::cout << "[ crashes  ] " << cases << " crashes tried (" << total_ops + 1
+            << " points, two ways), " << old_kept << " kept step 1, " << new_kept
+            << " kept step 2, every one loads\n";
 }
 
 TEST(L12Latest, OnlyCommittedStepDirectoriesCount) {
@@ -324,10 +338,27 @@ TEST(L12Corrupt, EveryCorruptionIsAnErrorNamingTheFile) {
     expect_error_naming(*fs, 2, "metadata.json", "no metadata");
     ++tried;
   }
-  {  // a tensor the checkpoint holds only part of
+  {  // a tensor the checkpoint does not hold
     auto fs = fresh();
     std::vector<StatePiece> pieces = whole_state();
     pieces.push_back({"model/absent", {2}, {{0}, {2}}, torch::zeros({2})});
+    EXPECT_THROW(load_checkpoint(*fs, step_dir("ckpt", 2), pieces), CheckpointError);
+    ++tried;
+  }
+  {  // a tensor it holds only part of: rank 2 never wrote its rows of w
+    MemoryFs fs("ckpt");
+    auto state = small_state(3, 100);
+    state[2][0].write = false;
+    save_in_order(fs, state, 2);
+    std::vector<StatePiece> pieces = whole_state();
+    EXPECT_THROW(load_checkpoint(fs, step_dir("ckpt", 2), pieces), CheckpointError)
+        << "rows 4 and 5 of w are in no saved piece";
+    ++tried;
+  }
+  {  // a tensor of another whole shape (another model)
+    auto fs = fresh();
+    std::vector<StatePiece> pieces = whole_state();
+    pieces[0] = {"model/w", {8, 3}, {{0, 0}, {6, 3}}, torch::zeros({6, 3})};
     EXPECT_THROW(load_checkpoint(*fs, step_dir("ckpt", 2), pieces), CheckpointError);
     ++tried;
   }
@@ -366,7 +397,8 @@ TEST(L12Load, ARankReadsOnlyTheSavedPiecesThatOverlapItsOwn) {
 // every shard is durable, and no rank returns before the commit is durable.
 TEST(L12Save, TheCommitWaitsForEveryShardAndEveryRankForTheCommit) {
   MemoryFs fs("ckpt");
-  fs.slow_writes("shard_00002", std::chrono::milliseconds(300));
+  fs.slow_writes("shard_00002", std::chrono::milliseconds(300));        // the last shard is late
+  fs.slow_writes("metadata.json.tmp", std::chrono::milliseconds(300));  // and so is the commit
   const auto state = small_state(3, 100);
   std::vector<size_t> returned_at(3);
   run_ranks(3, [&](RankContext& ctx) {
@@ -387,8 +419,16 @@ TEST(L12Save, TheCommitWaitsForEveryShardAndEveryRankForTheCommit) {
     ASSERT_LT(synced, log.size()) << shard_name(r) << " was never made durable";
     EXPECT_LT(synced, rename) << "committed before " << shard_name(r) << " was durable";
   }
-  const size_t dir_synced = index_of("fsync_dir " + dir);
-  EXPECT_LT(rename, dir_synced) << "the rename was never made durable";
+  // The first fsync of the step directory after the rename (one before it, for the shards' names,
+  // is allowed: it does not make the rename durable).
+  size_t dir_synced = log.size();
+  for (size_t i = rename + 1; i < log.size(); ++i) {
+    if (log[i] == "fsync_dir " + dir) {
+      dir_synced = i;
+      break;
+    }
+  }
+  ASSERT_LT(dir_synced, log.size()) << "the rename was never made durable";
   for (int r = 0; r < 3; ++r) {
     EXPECT_GT(returned_at[static_cast<size_t>(r)], dir_synced)
         << "rank " << r << " returned before the commit was durable";

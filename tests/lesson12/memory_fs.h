@@ -4,8 +4,9 @@
 // code: what a crash leaves, and which bytes a load read, are observed, not reported.
 //
 // What survives a crash: a file's bytes as of its last fsync() (none: the file is empty); a name
-// in a directory (made by write(), mkdirs() or rename()) as of that directory's last fsync_dir().
-// The root directory (the constructor's) always exists.
+// in a directory (made by write(), mkdirs() or rename()) as of that directory's last fsync_dir(),
+// or, in the other mode (Names::kAll), every name as it was: a name may outlive its bytes, which
+// is what a rename before the fsync of its file meets. The root directory always exists.
 #pragma once
 
 #include <fmt/format.h>
@@ -54,13 +55,21 @@ class MemoryFs : public l12::Fs {
     std::lock_guard<std::mutex> lock(mu_);
     return ops_;
   }
+  /// What a crash keeps of the names (files' bytes always go back to their last fsync()).
+  enum class Names {
+    kDurable,  ///< only what fsync_dir() made durable
+    kAll,      ///< every name as it was (the journal had committed them), with their bytes
+               ///< reverted all the same: ext4's zero-length files after a rename
+  };
   /// The machine restarts: only what was durable is left, and operations run again.
-  void crash() {
+  void crash(Names names = Names::kDurable) {
     std::lock_guard<std::mutex> lock(mu_);
-    std::map<std::string, Dir> after;
-    keep(root_, after);
-    live_ = after;
-    durable_ = after;
+    if (names == Names::kDurable) {
+      std::map<std::string, Dir> after;
+      keep(root_, after);
+      live_ = after;
+    }
+    durable_ = live_;
     for (auto& [id, file] : files_) file.data = file.durable;
     crash_at_ = 0;
     crashed_ = false;
@@ -105,8 +114,7 @@ class MemoryFs : public l12::Fs {
   /// Writes of a path that contains @p part wait @p delay first (a slow rank).
   void slow_writes(const std::string& part, std::chrono::milliseconds delay) {
     std::lock_guard<std::mutex> lock(mu_);
-    slow_part_ = part;
-    slow_delay_ = delay;
+    slow_[part] = delay;
   }
 
   // --- Fs ------------------------------------------------------------------------------------
@@ -129,7 +137,9 @@ class MemoryFs : public l12::Fs {
     std::chrono::milliseconds delay{0};
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!slow_part_.empty() && path.find(slow_part_) != std::string::npos) delay = slow_delay_;
+      for (const auto& [part, d] : slow_) {
+        if (path.find(part) != std::string::npos) delay = d;
+      }
     }
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
     step("write " + path);
@@ -254,8 +264,7 @@ class MemoryFs : public l12::Fs {
   bool crashed_ = false;
   std::map<int, int64_t> read_;
   std::vector<std::string> log_;
-  std::string slow_part_;
-  std::chrono::milliseconds slow_delay_{0};
+  std::map<std::string, std::chrono::milliseconds> slow_;
 };
 
 }  // namespace dtc::test

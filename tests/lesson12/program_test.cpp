@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -44,10 +46,9 @@ TEST(L12ProgramGiven, BadFlagsNameThemselves) {
 // A temporary directory, removed at the end.
 struct TempDir {
   std::string path;
-  TempDir() {
+  explicit TempDir(const std::string& name) {
     path = (std::filesystem::temp_directory_path() /
-            ("dtc-l12-" + std::to_string(::getpid()) + "-" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+            ("dtc-l12-" + std::to_string(::getpid()) + "-" + name))
                .string();
     std::filesystem::remove_all(path);
   }
@@ -58,7 +59,7 @@ struct TempDir {
 // and ends with the losses and digest of six steps that never stopped; --no-resume starts again.
 TEST(L12Program, AResumedRunPrintsTheUninterruptedRunsNumbers) {
   clear_launch_env();
-  TempDir dir;
+  TempDir dir("sync");
   const auto straight = run_in_process("lesson12", with({"--steps", "6"}), run_program);
   ASSERT_EQ(straight.code, 0) << straight.err;
   const auto first = run_in_process(
@@ -82,6 +83,28 @@ TEST(L12Program, AResumedRunPrintsTheUninterruptedRunsNumbers) {
       "lesson12", with({"--steps", "3", "--checkpoint-dir", dir.path, "--no-resume"}), run_program);
   ASSERT_EQ(fresh.code, 0) << fresh.err;
   EXPECT_TRUE(last_json_line(fresh.out)["resumed_from_step"].is_null());
+  // The same saves in the background (--async-save): every file byte for byte the same.
+  TempDir async("async");
+  const auto in_background = run_in_process("lesson12",
+                                            with({"--steps", "4", "--checkpoint-dir", async.path,
+                                                  "--checkpoint-every", "2", "--async-save"}),
+                                            run_program);
+  ASSERT_EQ(in_background.code, 0) << in_background.err;
+  EXPECT_EQ(last_json_line(in_background.out)["checkpoint"]["async"], true);
+  int compared = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path)) {
+    if (!entry.is_regular_file()) continue;
+    const auto relative = std::filesystem::relative(entry.path(), dir.path);
+    SCOPED_TRACE(relative.string());
+    const auto other = std::filesystem::path(async.path) / relative;
+    ASSERT_TRUE(std::filesystem::exists(other));
+    std::ifstream a(entry.path(), std::ios::binary), b(other, std::ios::binary);
+    const std::string ba((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
+    const std::string bb((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(ba == bb) << "differs";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2 * 2) << "two steps of a shard and a metadata file";
   // A run whose steps the newest checkpoint already passed: a usage error, not a silent no-op.
   const auto done =
       run_in_process("lesson12", with({"--steps", "3", "--checkpoint-dir", dir.path}), run_program);
