@@ -25,6 +25,15 @@ if(DTC_TORCHRUN)
   dtc_add_e2e(12 NAME torchrun_hang TIMEOUT 180 PRIMARY COMMAND ${l12_e2e}
     --program @PROGRAM@ --nproc 4 --mix 1x2x2x1 --steps 4 --every 2 --fail-at-step 3
     --fail-rank 3 --hang -- ${l12_model})
+  # Two "nodes" of 2 ranks (lesson 04's network namespaces) save step 2 of dp 2 x pp 2; one node of
+  # 2 ranks, tp 2, resumes (skipped where namespaces cannot be made).
+  dtc_add_e2e(12 NAME two_nodes_to_one TIMEOUT 240 PRIMARY SKIP_RETURN_CODE 77 COMMAND
+    Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson12/e2e_two_nodes.py"
+    --e2e-run "${PROJECT_SOURCE_DIR}/tests/support/e2e_run.py"
+    --two-nodes-script "${PROJECT_SOURCE_DIR}/scripts/two-nodes.sh"
+    --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${_dtc_e2e_flags}" ${_dtc_e2e_port0}
+    --program @PROGRAM@ --baseline $<TARGET_FILE:lesson02_solution>
+    --mix 2x1x2x1 --resume-mix 1x2x1x1 -- ${l12_model})
   # Both paths: ZeRO-1 over dp 2, rank 1 killed at step 2 (right after the checkpoint of step 2).
   dtc_add_e2e(12 NAME torchrun_restart_zero1 TIMEOUT 180 COMMAND ${l12_e2e}
     --program @PROGRAM@ --nproc 2 --mix 2x1x1x1:1 --steps 4 --every 2 --fail-at-step 2

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <optional>
 #include <ostream>
+#include <random>
 #include <thread>
 
 #include "checkpoint.h"
@@ -35,6 +36,7 @@ struct Flags {
   bool no_resume = false;
   bool async_save = false;
   int64_t fail_at_step = -1;
+  int64_t fail_every = 0;
   int64_t hang_at_step = -1;
   int fail_rank = 0;
 };
@@ -82,6 +84,11 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     throw UsageError("--fail-at-step",
                      fmt::format("step {} of a run of {} steps", f.fail_at_step, o.steps),
                      fmt::format("pass a step from 0 to {}", o.steps - 1));
+  }
+  if (f.fail_every > 0 && f.fail_at_step >= 0) {
+    throw UsageError("--fail-every", "with --fail-at-step too",
+                     "pass one of them: --fail-every N fails every attempt, --fail-at-step K "
+                     "the first");
   }
   if (f.hang_at_step >= o.steps) {
     throw UsageError("--hang-at-step",
@@ -170,8 +177,23 @@ int run(const TrainOptions& t, const Flags& f, std::ostream& out, std::ostream& 
     if (writer.joinable()) writer.join();
     if (writer_error) std::rethrow_exception(writer_error);
   };
+  int64_t fail_after = -1;  // --fail-every: the steps this attempt lives
+  if (f.fail_every > 0) {
+    std::mt19937_64 draw(o.seed + 1000003ULL * static_cast<uint64_t>(restarts + 1));
+    fail_after =
+        f.fail_every / 2 + static_cast<int64_t>(draw() % static_cast<uint64_t>(f.fail_every));
+  }
   const auto loop_start = std::chrono::steady_clock::now();
   for (int64_t step = first; step < o.steps; ++step) {
+    // --fail-every M: each attempt is killed after M/2 + u steps of its own, u in [0, M) drawn
+    // from (seed, attempt): a failure every M steps of progress on average, at no fixed place
+    // relative to the saves (goodput, README section 5).
+    if (job.rank() == f.fail_rank && f.fail_every > 0 && step == first + fail_after) {
+      fmt::print(err, "[rank {}] --fail-every {}: attempt {} killed before step {} of the log\n",
+                 job.rank(), f.fail_every, restarts + 1, step + 1);
+      err.flush();
+      ::kill(::getpid(), SIGKILL);
+    }
     if (job.rank() == f.fail_rank && restarts == 0) {  // the faults: the first attempt only
       if (step == f.fail_at_step) {
         fmt::print(err,
@@ -305,6 +327,11 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "kill --fail-rank's own process (SIGKILL) as step K starts, in the first attempt "
                  "only (TORCHELASTIC_RESTART_COUNT 0)")
       ->check(non_negative_count("--fail-at-step 3"));
+  app.add_option("--fail-every", f.fail_every,
+                 "kill --fail-rank's process in every attempt, after M/2 + u of its steps (u in "
+                 "[0, M) drawn from the seed and the attempt): a failure every M steps on "
+                 "average, under torchrun --max_restarts (goodput)")
+      ->check(non_negative_count("--fail-every 50"));  // M
   app.add_option("--hang-at-step", f.hang_at_step,
                  "--fail-rank stops communicating (sleeps) as step K starts, in the first attempt "
                  "only: the others' collectives time out after --timeout-s, they exit, and "

@@ -38,6 +38,7 @@ TEST(L12ProgramGiven, BadFlagsNameThemselves) {
        {{"--steps", "4", "--fail-at-step", "4"}, "--fail-at-step"},
        {{"--fail-rank", "1", "--fail-at-step", "1"}, "--fail-rank"},
        {{"--hang-at-step", "20"}, "--hang-at-step"},
+       {{"--fail-every", "5", "--fail-at-step", "2"}, "--fail-every"},
        {{"--backend", "nccl"}, "--backend"},
        {{"--mix", "2x1x1x1"}, "--mix"}},
       run_program);
