@@ -30,7 +30,14 @@
 #             `torchrun --redirects 2 --tee 2`, which 1.13 needs under Python 3.11)
 #   NPROC     ranks per node (default 2)
 #   TIMEOUT   seconds before a node is stopped (default 90)
-# Exit status: 0 both nodes succeeded; 1 a node failed (its log is printed); 2 bad usage;
+#   NNODES    torchrun's --nnodes (default 2; 1:2 lets the job go on with one node)
+#   LOSE_NODE1_WHEN  a path: once it exists, node1 is lost (every process in its namespace
+#             killed, SIGKILL), and only node0's exit status counts (lesson 12: a file its
+#             checkpoint commits, so that the loss comes after a save)
+#   RDZV_CONF more of torchrun's --rdzv_conf, e.g. last_call_timeout=2 (how long a smaller
+#             rendezvous waits for more nodes; 30 s by default)
+# Exit status: 0 both nodes succeeded (node0, with LOSE_NODE1_WHEN); 1 a node failed (its log is
+# printed); 2 bad usage;
 # 77 network namespaces are not permitted here (not root, or a container without
 # CAP_SYS_ADMIN): the reason is printed, and ctest reports the test as skipped.
 set -uo pipefail
@@ -55,6 +62,9 @@ shift
 program=$(cd "$(dirname "$program")" && pwd)/$(basename "$program")
 nproc=${NPROC:-2}
 timeout_s=${TIMEOUT:-90}
+nnodes=${NNODES:-2}
+lose_when=${LOSE_NODE1_WHEN:-}
+rdzv_conf=${RDZV_CONF:-}
 [[ "$nproc" =~ ^[1-9][0-9]*$ ]] || { echo "two-nodes: NPROC='$nproc' is not a positive number" >&2; exit 2; }
 [[ "$timeout_s" =~ ^[1-9][0-9]*$ ]] || { echo "two-nodes: TIMEOUT='$timeout_s' is not a positive number" >&2; exit 2; }
 if [ -z "${TORCHRUN:-}" ]; then
@@ -115,17 +125,28 @@ for i in 0 1; do
   setsid ip netns exec "${nodes[$i]}" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$i" \
     env GLOO_SOCKET_IFNAME="veth$i" \
     timeout --kill-after=5 "$timeout_s" "${torchrun[@]}" \
-    --nnodes=2 --nproc_per_node="$nproc" \
-    --rdzv_backend=c10d --rdzv_endpoint=node0:29400 --rdzv_id="$tag" --rdzv_conf "is_host=$is_host" \
+    --nnodes="$nnodes" --nproc_per_node="$nproc" \
+    --rdzv_backend=c10d --rdzv_endpoint=node0:29400 --rdzv_id="$tag" --rdzv_conf "is_host=$is_host${rdzv_conf:+,$rdzv_conf}" \
     --no_python "$program" "$@" \
     >"$work/node$i.out" 2>"$work/node$i.err" &
   pids+=($!)
 done
 
+lost=0
+if [ -n "$lose_when" ]; then  # node1 lost once the file exists (or node0 has ended)
+  while [ ! -e "$lose_when" ] && kill -0 "${pids[0]}" 2>/dev/null; do sleep 0.2; done
+  if [ -e "$lose_when" ]; then
+    # Every process of node1's namespace (timeout puts torchrun in a process group of its own).
+    ip netns pids "${nodes[1]}" | xargs -r kill -KILL 2>/dev/null
+    lost=1
+    echo "two-nodes: $lose_when exists: node1 lost (SIGKILL of every process in it)" >&2
+  fi
+fi
 status=0
 for i in 0 1; do
   wait "${pids[$i]}"
   rc[$i]=$?
+  [ "$i" -eq 1 ] && [ "$lost" -eq 1 ] && continue
   [ "${rc[$i]}" -eq 0 ] || status=1
 done
 pids=()
@@ -133,8 +154,9 @@ pids=()
 # stderr: each node's log, prefixed; stdout: the programs' own output (rank 0's is last).
 for i in 0 1; do
   sed "s/^/[node$i] /" "$work/node$i.err" >&2
+  [ "$i" -eq 1 ] && [ "$lost" -eq 1 ] && continue
   [ "${rc[$i]}" -eq 0 ] || echo "two-nodes: node$i FAILED with exit status ${rc[$i]}$([ "${rc[$i]}" -eq 124 ] && echo " (timed out after ${timeout_s} s)")" >&2
 done
 cat "$work/node1.out" "$work/node0.out"
-[ "$status" -eq 0 ] && echo "two-nodes: both nodes finished" >&2
+[ "$status" -eq 0 ] && echo "two-nodes: $([ "$lost" -eq 1 ] && echo "node0 finished alone" || echo "both nodes finished")" >&2
 exit "$status"

@@ -34,6 +34,14 @@ if(DTC_TORCHRUN)
     --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${_dtc_e2e_flags}" ${_dtc_e2e_port0}
     --program @PROGRAM@ --baseline $<TARGET_FILE:lesson02_solution>
     --mix 2x1x2x1 --resume-mix 1x2x1x1 -- ${l12_model})
+  # One job of torchrun --nnodes=1:2 on the two "nodes": node1 lost after step 5's commit, node0's
+  # ranks restarted alone (dp 4 to dp 2), resumed from step 5.
+  dtc_add_e2e(12 NAME lose_a_node TIMEOUT 240 PRIMARY SKIP_RETURN_CODE 77 COMMAND
+    Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/lesson12/e2e_two_nodes.py"
+    --e2e-run "${PROJECT_SOURCE_DIR}/tests/support/e2e_run.py"
+    --two-nodes-script "${PROJECT_SOURCE_DIR}/scripts/two-nodes.sh"
+    --torchrun "${DTC_TORCHRUN}" "--torchrun-flags=${_dtc_e2e_flags}" ${_dtc_e2e_port0}
+    --program @PROGRAM@ --baseline $<TARGET_FILE:lesson02_solution> --lose-node1 -- ${l12_model})
   # Both paths: ZeRO-1 over dp 2, rank 1 killed at step 2 (right after the checkpoint of step 2).
   dtc_add_e2e(12 NAME torchrun_restart_zero1 TIMEOUT 180 COMMAND ${l12_e2e}
     --program @PROGRAM@ --nproc 2 --mix 2x1x1x1:1 --steps 4 --every 2 --fail-at-step 2
