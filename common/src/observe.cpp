@@ -174,6 +174,40 @@ double wire_bytes(const std::string& op, int64_t bytes, int64_t n) {
   return 0;  // recv, barrier, the marks of a group
 }
 
+c10::intrusive_ptr<c10d::Work> RecordingComm::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                            std::vector<int64_t>& output_splits,
+                                                            std::vector<int64_t>& input_splits,
+                                                            const c10d::AllToAllOptions& opts) {
+  const int64_t n = getSize();
+  const int64_t rows = input.dim() == 0 ? 0 : input.size(0);
+  const int64_t row_bytes = rows == 0 ? 0 : tensor_bytes({input}) / rows;
+  std::vector<int64_t> sent(static_cast<size_t>(n), n == 0 ? 0 : rows / n * row_bytes);
+  if (!input_splits.empty()) {
+    for (size_t q = 0; q < sent.size() && q < input_splits.size(); ++q) {
+      sent[q] = input_splits[q] * row_bytes;
+    }
+  }
+  const int64_t id = record("alltoall", tensor_bytes({input}), -1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_[static_cast<size_t>(id)].sent_to = std::move(sent);
+  }
+  return wrap(inner_->alltoall_base(output, input, output_splits, input_splits, opts), id,
+              "alltoall");
+}
+
+int64_t RecordingComm::alltoall_bytes_to_others() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t total = 0;
+  const auto self = static_cast<size_t>(getRank());
+  for (const CommEvent& e : events_) {
+    for (size_t q = 0; q < e.sent_to.size(); ++q) {
+      if (q != self) total += e.sent_to[q];
+    }
+  }
+  return total;
+}
+
 void RecordingComm::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   events_.clear();

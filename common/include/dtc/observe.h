@@ -37,6 +37,9 @@ struct CommEvent {
   /// (dtc::thread_cpu_memory().current), or -1 without the counting allocator: what a rank
   /// holds at each collective, e.g. whether a gathered unit was released before the next.
   int64_t thread_bytes = -1;
+  /// alltoall: the bytes this rank sends to each rank of the group, itself included (its input's
+  /// split sizes times a row's bytes; even splits when none were given); empty otherwise.
+  std::vector<int64_t> sent_to;
   std::thread::id thread;                   ///< the thread that made the call
   std::chrono::steady_clock::time_point t;  ///< when the call was made (not when it finished)
 };
@@ -149,6 +152,14 @@ class RecordingComm : public ForwardingComm {
   double wire_bytes() const;
   /// Forgets every event.
   void clear();
+  /// The bytes this rank's all-to-alls sent to the other ranks of the group (CommEvent::sent_to
+  /// without its own entry), over every call so far.
+  int64_t alltoall_bytes_to_others() const;
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+      std::vector<int64_t>& input_splits,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
 
   // Groups are recorded on every backend, and passed on where the wrapped one has them.
 #if TORCH_VERSION_MAJOR >= 2

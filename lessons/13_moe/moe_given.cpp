@@ -1,0 +1,387 @@
+// Lesson 13, given: the router, the experts, the single-device MoE, the model, the groups and
+// the training loop (moe_given.h). The parallel parts are in moe.cpp.
+#include "moe_given.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dtc/data.h"
+#include "dtc/digest.h"
+#include "dtc/errors.h"
+#include "moe.h"
+
+namespace dtc::l13 {
+
+const char* score_func_name(ScoreFunc f) {
+  return f == ScoreFunc::kSoftmax ? "softmax" : "sigmoid";
+}
+
+const char* balance_name(Balance b) {
+  switch (b) {
+    case Balance::kNone: return "none";
+    case Balance::kAux: return "aux";
+    case Balance::kBias: return "bias";
+  }
+  return "?";
+}
+
+void check_moe(const MoeConfig& c, int world, int ep) {
+  if (c.experts < 1) {
+    throw UsageError("--experts", fmt::format("{} experts: a layer needs at least one", c.experts),
+                     "pass --experts 4 (or more)");
+  }
+  if (c.top_k < 1 || c.top_k > c.experts) {
+    throw UsageError("--top-k",
+                     fmt::format("top-{} of {} experts: each token picks between 1 and --experts",
+                                 c.top_k, c.experts),
+                     fmt::format("pass --top-k 1 to {}", c.experts));
+  }
+  if (c.shared < 0) {
+    throw UsageError("--shared-experts", fmt::format("{} shared experts", c.shared),
+                     "pass --shared-experts 0 (none) or more");
+  }
+  if (c.capacity_factor < 0 || !std::isfinite(c.capacity_factor)) {
+    throw UsageError("--capacity-factor",
+                     fmt::format("a capacity factor of {:g}: it must be 0 (dropless) or above",
+                                 c.capacity_factor),
+                     "pass --capacity-factor 0 (dropless) or e.g. 1.25 (Switch's range 1.0-1.25)");
+  }
+  const std::pair<double, const char*> nonneg[] = {
+      {c.aux_coef, "--aux-loss-coef"}, {c.z_coef, "--z-loss-coef"}, {c.bias_rate, "--bias-rate"}};
+  for (const auto& [v, flag] : nonneg) {
+    if (v < 0 || !std::isfinite(v)) {
+      throw UsageError(flag, fmt::format("{:g}: it must be 0 or above", v),
+                       fmt::format("pass e.g. {} 0.001", flag));
+    }
+  }
+  if (ep < 1) {
+    throw UsageError("--ep", fmt::format("ep {}: it must be 1 or more", ep), "pass --ep 2");
+  }
+  if (c.experts % ep != 0) {
+    throw UsageError("--ep",
+                     fmt::format("{} experts do not split evenly over ep {}", c.experts, ep),
+                     fmt::format("pass an --ep that divides --experts {} (or --experts {})",
+                                 c.experts, ep * std::max<int64_t>(1, c.experts / ep)));
+  }
+  if (world % ep != 0) {
+    throw UsageError(
+        "--ep",
+        fmt::format("ep {} does not divide the {} ranks: ep is folded over the data-parallel "
+                    "ranks, it never multiplies the world size",
+                    ep, world),
+        fmt::format("launch a multiple of {} ranks (--nproc_per_node={}), or pass an --ep that "
+                    "divides {}",
+                    ep, ep, world));
+  }
+}
+
+int64_t expert_capacity(const MoeConfig& c, int64_t tokens) {
+  if (c.capacity_factor <= 0) return -1;
+  return static_cast<int64_t>(std::ceil(c.capacity_factor * static_cast<double>(tokens * c.top_k) /
+                                        static_cast<double>(c.experts)));
+}
+
+bool is_expert(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+// ---------------------------------------------------------------------------------------------
+// The router
+// ---------------------------------------------------------------------------------------------
+
+Routing route(const torch::Tensor& x, const torch::Tensor& router_weight, const torch::Tensor& bias,
+              const MoeConfig& c, RouterStats& stats) {
+  const int64_t n = x.size(0);
+  const int64_t e = c.experts;
+  torch::Tensor logits = torch::matmul(x.to(torch::kFloat), router_weight.to(torch::kFloat).t());
+  torch::Tensor s = c.score == ScoreFunc::kSoftmax ? logits.softmax(-1) : logits.sigmoid();
+  Routing r;
+  // the bias picks experts, it never weights them (DeepSeek-V3 sec. 2.1.2)
+  r.experts = std::get<1>((s.detach() + bias.to(torch::kFloat)).topk(c.top_k, -1));
+  r.weights = s.gather(-1, r.experts);
+  if (c.route_norm) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
+  const torch::Tensor flat = r.experts.reshape({-1});
+  const int64_t cap = expert_capacity(c, n);
+  if (cap < 0) {
+    r.keep = torch::ones_like(r.experts, torch::kBool);
+  } else {
+    // copy (t, j)'s place among the copies of its expert, in token order, then choice order
+    const torch::Tensor onehot = torch::one_hot(flat, e);  // (N k, E)
+    const torch::Tensor before = (onehot.cumsum(0) - onehot) * onehot;
+    r.keep = (before.sum(1) < cap).reshape({n, c.top_k});
+  }
+  stats.logits = logits;
+  stats.shares = c.score == ScoreFunc::kSoftmax ? s : s / s.sum(-1, /*keepdim=*/true);
+  stats.counts = torch::bincount(flat, {}, e).to(torch::kLong);
+  stats.kept = torch::bincount(flat.masked_select(r.keep.reshape({-1})), {}, e).to(torch::kLong);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The experts
+// ---------------------------------------------------------------------------------------------
+
+StackedLinearImpl::StackedLinearImpl(int64_t n, int64_t in, int64_t out) {
+  weight = register_parameter("weight", torch::empty({n, out, in}));
+  bias = register_parameter("bias", torch::zeros({n, out}));
+}
+
+ExpertsImpl::ExpertsImpl(int64_t count, int64_t hidden, int64_t ffn, int64_t first)
+    : first_(first) {
+  c_fc = register_module("c_fc", StackedLinear(count, hidden, ffn));
+  c_proj = register_module("c_proj", StackedLinear(count, ffn, hidden));
+}
+
+torch::Tensor ExpertsImpl::forward(const torch::Tensor& tokens,
+                                   const std::vector<int64_t>& tokens_per_expert) {
+  TORCH_CHECK(static_cast<int64_t>(tokens_per_expert.size()) == count(),
+              "run the experts: ", tokens_per_expert.size(), " counts for ", count(), " experts");
+  int64_t total = 0;
+  for (int64_t n : tokens_per_expert) {
+    TORCH_CHECK(n >= 0, "run the experts: a negative count");
+    total += n;
+  }
+  TORCH_CHECK(total == tokens.size(0), "run the experts: the counts sum to ", total, " but ",
+              tokens.size(0), " rows came");
+  std::vector<torch::Tensor> out;
+  int64_t row = 0;
+  for (int64_t j = 0; j < count(); ++j) {
+    // every expert, even with no rows: the result stays in the autograd graph, so that this
+    // rank's backward all-to-all runs when its experts got nothing (a rank that skipped it would
+    // leave the others waiting: the zero-size hang of nccl#1593, torchtitan PR#1166)
+    const torch::Tensor x = tokens.narrow(0, row, tokens_per_expert[j]);
+    const torch::Tensor hid = torch::gelu(torch::matmul(x, c_fc->weight[j].t()) + c_fc->bias[j]);
+    out.push_back(torch::matmul(hid, c_proj->weight[j].t()) + c_proj->bias[j]);
+    row += tokens_per_expert[j];
+  }
+  return torch::cat(out, 0);
+}
+
+void ExpertsImpl::keep(int64_t first, int64_t n) {
+  TORCH_CHECK(first >= first_ && first + n <= first_ + count(), "keep experts [", first, ", ",
+              first + n, ") of the [", first_, ", ", first_ + count(), ") held");
+  for (StackedLinear* lin : {&c_fc, &c_proj}) {
+    torch::NoGradGuard no_grad;
+    (*lin)->weight.set_data((*lin)->weight.narrow(0, first - first_, n).clone());
+    (*lin)->bias.set_data((*lin)->bias.narrow(0, first - first_, n).clone());
+  }
+  first_ = first;
+}
+
+FfnImpl::FfnImpl(int64_t hidden, int64_t width) {
+  c_fc = register_module("c_fc", torch::nn::Linear(hidden, width));
+  c_proj = register_module("c_proj", torch::nn::Linear(width, hidden));
+}
+
+torch::Tensor FfnImpl::forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x))); }
+
+// ---------------------------------------------------------------------------------------------
+// The MoE layer
+// ---------------------------------------------------------------------------------------------
+
+MoeLayerImpl::MoeLayerImpl(const GptConfig& model, const MoeConfig& moe) : moe_(moe) {
+  router = register_module(
+      "router", torch::nn::Linear(torch::nn::LinearOptions(model.hidden, moe.experts).bias(false)));
+  experts = register_module("experts", Experts(moe.experts, model.hidden, model.ffn()));
+  if (moe.shared > 0)
+    shared = register_module("shared", Ffn(model.hidden, moe.shared * model.ffn()));
+  expert_bias = register_buffer("expert_bias", torch::zeros({moe.experts}));
+}
+
+void MoeLayerImpl::shard_experts(Comm* ep) {
+  if (ep == nullptr || ep->getSize() == 1) return;
+  const int64_t local = moe_.experts / ep->getSize();
+  experts->keep(ep->getRank() * local, local);
+  ep_ = ep;
+}
+
+torch::Tensor MoeLayerImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor xf = x.reshape({-1, x.size(-1)});
+  const Routing r = route(xf, router->weight, expert_bias, moe_, stats);
+  torch::Tensor out;
+  if (ep_ == nullptr) {
+    // The single-device MoE, expert by expert: the copies that chose e (and were kept), through
+    // expert e, each times its router weight, added into its token's row.
+    const int64_t n = xf.size(0);
+    const torch::Tensor flat = r.experts.reshape({-1});
+    const torch::Tensor token = torch::arange(n, flat.options()).repeat_interleave(moe_.top_k);
+    const torch::Tensor weight = r.weights.reshape({-1});
+    const torch::Tensor keep = r.keep.reshape({-1});
+    out = torch::zeros_like(xf);
+    for (int64_t e = 0; e < moe_.experts; ++e) {
+      const torch::Tensor sel = torch::nonzero(flat.eq(e).logical_and(keep)).reshape({-1});
+      if (sel.numel() == 0) continue;
+      const torch::Tensor t = token.index_select(0, sel);
+      const torch::Tensor in = xf.index_select(0, t);
+      const torch::Tensor hid =
+          torch::gelu(torch::matmul(in, experts->c_fc->weight[e].t()) + experts->c_fc->bias[e]);
+      const torch::Tensor y =
+          torch::matmul(hid, experts->c_proj->weight[e].t()) + experts->c_proj->bias[e];
+      out = out.index_add(0, t, y * weight.index_select(0, sel).unsqueeze(1).to(y.dtype()));
+    }
+  } else {
+    const Dispatch d = dispatch(xf, r, moe_.experts, *ep_);
+    if (on_experts) on_experts(d.tokens, d.tokens_per_expert);
+    out = combine(experts->forward(d.tokens, d.tokens_per_expert), d, r, *ep_);
+  }
+  if (shared) out = out + shared->forward(xf);
+  return out.reshape(x.sizes());
+}
+
+Gpt make_moe_gpt(const GptConfig& model, const MoeConfig& moe, uint64_t seed) {
+  Gpt gpt(model);
+  for (int64_t i = 0; i < model.layers; ++i) {
+    gpt->h[i]->as<Block>()->swap_mlp(MoeLayer(model, moe));
+  }
+  init_weights(gpt, seed);
+  return gpt;
+}
+
+MoeLayerImpl& moe_layer(Gpt& model, int64_t i) {
+  return model->h[i]->as<BlockImpl>()->part<MoeLayerImpl>("mlp");
+}
+
+void shard_experts(Gpt& model, Comm* ep) {
+  for (int64_t i = 0; i < model->config().layers; ++i) {
+    moe_layer(model, i).shard_experts(ep);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Groups and training
+// ---------------------------------------------------------------------------------------------
+
+std::vector<int> ep_group(int rank, int world, int ep) {
+  (void)world;
+  std::vector<int> ranks;
+  for (int p = 0; p < ep; ++p) ranks.push_back(rank - rank % ep + p);
+  return ranks;
+}
+
+std::vector<int> expert_data_group(int rank, int world, int ep) {
+  std::vector<int> ranks;
+  for (int r = rank % ep; r < world; r += ep) ranks.push_back(r);
+  return ranks;
+}
+
+MoeGroups make_moe_groups(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int ep,
+                          BackendKind backend, std::chrono::milliseconds timeout,
+                          const std::string& master_addr) {
+  std::vector<int> everyone(world);
+  for (int r = 0; r < world; ++r) everyone[r] = r;
+  MoeGroups g;
+  g.rank = rank;
+  g.world = world;
+  g.ep_size = ep;
+  auto sub = [&](const std::string& name, const std::vector<int>& ranks) {
+    std::string members;
+    for (int r : ranks) members += (members.empty() ? "" : "-") + std::to_string(r);
+    return c10::make_intrusive<RecordingComm>(
+        new_subgroup(store, name + "/" + members, ranks, rank, backend, timeout, master_addr));
+  };
+  g.data = sub("data", everyone);
+  g.ep = sub("ep", ep_group(rank, world, ep));
+  g.expert_data = sub("edp", expert_data_group(rank, world, ep));
+  return g;
+}
+
+MoeTrainer::MoeTrainer(const RunConfig& run, const MoeConfig& moe, MoeGroups& groups,
+                       torch::Device device)
+    : run_(run), moe_(moe), g_(groups), device_(device) {
+  model_ = make_moe_gpt(run.model, moe, run.seed);
+  for (const auto& p : model_->named_parameters()) names_.push_back(p.key());
+  if (g_.ep_size > 1) shard_experts(model_, g_.ep.get());
+  model_->to(device_);
+  adamw_ = std::make_unique<torch::optim::AdamW>(model_->parameters(), adamw_options(run_));
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> MoeTrainer::named_parameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+MoeStep MoeTrainer::step(int64_t step) {
+  const int64_t rows = run_.batch / g_.world;
+  const GptConfig& m = run_.model;
+  const Batch batch = ByteDataset::builtin()
+                          .batch(run_.seed, step, rows, m.ctx, static_cast<int64_t>(g_.rank) * rows)
+                          .to(device_);
+  adamw_->zero_grad();
+  const torch::Tensor logits = model_->forward(batch.inputs);
+  const torch::Tensor ce = torch::nn::functional::cross_entropy(logits.reshape({-1, m.vocab}),
+                                                                batch.targets.reshape({-1}));
+  std::vector<RouterStats> stats;
+  for (int64_t i = 0; i < m.layers; ++i) {
+    stats.push_back(moe_layer(model_, i).stats);
+  }
+  const torch::Tensor loss = moe_loss(ce, stats, moe_, *g_.data);
+  loss.backward();
+  if (after_backward) after_backward();
+  reduce_gradients(named_parameters(), *g_.data, *g_.expert_data);
+  if (after_reduce) after_reduce();
+  adamw_->step();
+  if (moe_.balance == Balance::kBias) {
+    for (int64_t i = 0; i < m.layers; ++i) {
+      MoeLayerImpl& layer = moe_layer(model_, i);
+      torch::NoGradGuard no_grad;
+      update_expert_bias(layer.expert_bias, stats[i].counts, moe_.bias_rate, *g_.data);
+    }
+  }
+
+  // The report, over the whole job (the unrecorded communicator under `data`: the learner's
+  // collectives are what the tests count).
+  Comm& report = *g_.data->inner();
+  std::vector<torch::Tensor> counts;
+  for (const RouterStats& s : stats) {
+    counts.push_back(s.counts.to(torch::kCPU));
+    counts.push_back(s.kept.to(torch::kCPU));
+  }
+  std::vector<torch::Tensor> all{
+      torch::cat({torch::stack(counts).to(torch::kDouble).reshape({-1}),
+                  loss.detach().to(torch::kCPU, torch::kDouble).reshape({1})})};
+  report.allreduce(all)->wait();
+  const torch::Tensor sums = all[0];
+  MoeStep out;
+  out.loss = static_cast<float>(sums[sums.size(0) - 1].item<double>() / g_.world);
+  const int64_t e = moe_.experts;
+  const int ep = g_.ep_size;
+  out.imbalance = 1;
+  out.expert_imbalance = 1;
+  for (int64_t i = 0; i < m.layers; ++i) {
+    const torch::Tensor c = sums.narrow(0, 2 * i * e, e);
+    const torch::Tensor k = sums.narrow(0, (2 * i + 1) * e, e);
+    std::vector<int64_t> cv, kv;
+    for (int64_t j = 0; j < e; ++j) {
+      cv.push_back(std::llround(c[j].item<double>()));
+      kv.push_back(std::llround(k[j].item<double>()));
+    }
+    out.counts.push_back(cv);
+    out.kept.push_back(kv);
+    const double mean = c.mean().item<double>();
+    if (mean > 0)
+      out.expert_imbalance = std::max(out.expert_imbalance, c.max().item<double>() / mean);
+    const torch::Tensor per_rank = k.reshape({ep, e / ep}).sum(1);
+    const double rank_mean = per_rank.mean().item<double>();
+    if (rank_mean > 0) {
+      out.imbalance = std::max(out.imbalance, per_rank.max().item<double>() / rank_mean);
+    }
+  }
+  return out;
+}
+
+nlohmann::json MoeTrainer::digest() {
+  // each element once over the job: the replicated parameters from rank 0, each expert shard from
+  // the first rank of its expert-data group
+  std::vector<NamedPiece> pieces;
+  const bool first_replica = g_.expert_data->getRank() == 0;
+  for (const auto& [name, p] : named_parameters()) {
+    if (is_expert(name) ? first_replica : g_.rank == 0) pieces.emplace_back(name, p.detach());
+  }
+  return param_digest(names_, pieces, g_.data->inner().get());
+}
+
+}  // namespace dtc::l13
