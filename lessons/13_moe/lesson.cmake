@@ -4,3 +4,42 @@
 dtc_add_lesson(13 DIR 13_moe SOURCES moe.cpp GIVEN moe_given.cpp DRIVER program.cpp
                TESTS tests/lesson13/moe_test.cpp
                LIBS dtc::dist TORCH)
+
+# End-to-end: the real program on real processes against its own single-process run (the
+# single-device MoE, itself checked against PyTorch in tests/lesson13): the losses, the parameter
+# digest, and the router's choices per step, layer and expert, identical.
+set(l13_model --steps 3 --layers 2 --hidden 32 --heads 2 --seq 16)
+string(JOIN " " l13_model_args ${l13_model})
+if(DTC_TORCHRUN)
+  dtc_add_e2e(13 NAME torchrun_ep2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ --json-equals ep=2 --json-equals edp=1 --json-same router_counts
+    --losses-like $<TARGET_FILE:lesson13_solution> "--losses-like-args=${l13_model_args}"
+    -- ${l13_model} --ep 2 --json)
+  # 4 ranks, ep 2 x edp 2: expert gradients reduced over their replicas; sigmoid scores, the
+  # auxiliary-loss-free bias, a shared expert and the z-loss
+  set(l13_bias --score-func sigmoid --route-norm --balance bias --bias-rate 0.01
+      --shared-experts 1 --z-loss-coef 0.001)
+  string(JOIN " " l13_bias_args ${l13_bias})
+  dtc_add_e2e(13 NAME torchrun_ep2_edp2_bias TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN}
+    --nproc 4 --program @PROGRAM@ --json-equals ep=2 --json-equals edp=2
+    --json-same router_counts --losses-like $<TARGET_FILE:lesson13_solution>
+    "--losses-like-args=${l13_model_args} ${l13_bias_args}"
+    -- ${l13_model} ${l13_bias} --ep 2 --json)
+  dtc_add_e2e(13 NAME torchrun_ep4_e8 TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 4
+    --program @PROGRAM@ --json-equals ep=4 --json-same router_counts
+    --losses-like $<TARGET_FILE:lesson13_solution>
+    "--losses-like-args=${l13_model_args} --experts 8"
+    -- ${l13_model} --experts 8 --ep 4 --json)
+  # Bad input: every rank exits 2 before touching the network, the flag to fix named.
+  dtc_add_e2e(13 NAME torchrun_ep_not_dividing TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 3
+    --program @PROGRAM@ --exit 1 --output "exitcode *: 2"
+    --output "--ep: 4 experts do not split evenly over ep 3"
+    -- ${l13_model})
+endif()
+find_program(DTC_MPIRUN mpirun)
+if(DTC_MPIRUN)
+  dtc_add_e2e(13 NAME mpirun_ep2 TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --launcher mpirun
+    --nproc 2 --program @PROGRAM@ --json-equals ep=2 "--json-equals=launcher=\"mpirun\""
+    --json-same router_counts --losses-like $<TARGET_FILE:lesson13_solution>
+    "--losses-like-args=${l13_model_args}" -- ${l13_model} --ep 2 --json)
+endif()

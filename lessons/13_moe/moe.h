@@ -9,7 +9,8 @@
 //   chosen = top-k of (s + expert_bias) per token                          --top-k; the bias
 //            (DeepSeek-V3's auxiliary-loss-free balancing, --balance bias) only picks experts
 //   w      = s at the chosen experts, divided by their sum with --route-norm
-//   y      = sum over the kept chosen experts e of w_e * expert_e(x)  (+ shared(x), --shared-experts)
+//   y      = sum over the kept chosen experts e of w_e * expert_e(x)   (+ shared(x): S shared
+//            experts, --shared-experts)
 //   expert_e(x) = c_proj_e(GELU(c_fc_e(x))), h -> 4h -> h, each with a bias
 //
 // Dropless by default (--capacity-factor 0). With a capacity factor c > 0 each expert takes at

@@ -12,7 +12,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+
 #include "digest_close.h"
+#include "dtc/data.h"
 #include "dtc/errors.h"
 #include "dtc/ranks.h"
 #include "dtc_test.h"
@@ -535,7 +541,132 @@ TEST(L13Training, ReplicatedExpertsMatchTheSingleDevice) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 7. The losses, in closed form
+// 7. The single-device MoE against PyTorch (tests/reference/lesson13_moe.py)
+// ---------------------------------------------------------------------------------------------
+
+nlohmann::json reference() {
+  std::ifstream in(source_path("tests/reference/lesson13_moe.json"));
+  EXPECT_TRUE(in.good()) << "tests/reference/lesson13_moe.json (tests/reference/lesson13_moe.py)";
+  return nlohmann::json::parse(in);
+}
+
+MoeConfig moe_of(const nlohmann::json& c) {
+  MoeConfig m;
+  m.experts = c.at("experts");
+  m.top_k = c.at("top_k");
+  m.shared = c.at("shared");
+  m.score = c.at("score") == "sigmoid" ? ScoreFunc::kSigmoid : ScoreFunc::kSoftmax;
+  m.route_norm = c.at("route_norm");
+  m.capacity_factor = c.at("capacity_factor");
+  const std::string balance = c.at("balance");
+  m.balance = balance == "bias"   ? Balance::kBias
+              : balance == "none" ? Balance::kNone
+                                  : Balance::kAux;
+  m.aux_coef = c.at("aux_coef");
+  m.z_coef = c.at("z_coef");
+  m.bias_rate = c.at("bias_rate");
+  return m;
+}
+
+torch::Tensor tensor_of(const nlohmann::json& values) {
+  return torch::tensor(values.get<std::vector<double>>(), torch::kDouble);
+}
+
+// One MoE layer, its output, its choices, and the gradients of x and of every parameter.
+TEST(L13Reference, TheLayerMatchesPyTorch) {
+  const nlohmann::json ref = reference().at("layer");
+  const nlohmann::json& c = ref.at("config");
+  MoeConfig moe;
+  moe.experts = c.at("experts");
+  moe.top_k = c.at("top_k");
+  MoeLayer layer = make_layer(c.at("hidden"), moe, c.at("seed"));
+  const int64_t t = c.at("tokens"), h = c.at("hidden");
+  const torch::Tensor x = field(t, h, 0.37, 0).requires_grad_(true);
+  const torch::Tensor wgt = field(t, h, 0.23, M_PI / 2);  // cos
+  const torch::Tensor out = layer->forward(x.unsqueeze(0));
+  (out * wgt.unsqueeze(0)).sum().backward();
+  EXPECT_TRUE(torch::equal(layer->stats.counts.sum(), torch::tensor(t * moe.top_k)));
+  const auto chosen = ref.at("chosen").get<std::vector<int64_t>>();
+  RouterStats again;
+  const Routing r = route(x.detach(), layer->router->weight, layer->expert_bias, moe, again);
+  EXPECT_EQ(std::vector<int64_t>(r.experts.data_ptr<int64_t>(),
+                                 r.experts.data_ptr<int64_t>() + r.experts.numel()),
+            chosen)
+      << "the router's choices (token by token, then choice by choice)";
+  EXPECT_TRUE(torch::allclose(out.detach().reshape({-1}).to(torch::kDouble),
+                              tensor_of(ref.at("out")), 1e-4, 1e-7))
+      << "the layer's output";
+  EXPECT_TRUE(torch::allclose(x.grad().reshape({-1}).to(torch::kDouble),
+                              tensor_of(ref.at("grad_x")), 1e-4, 1e-7))
+      << "x's gradient";
+  for (const auto& p : layer->named_parameters()) {
+    const torch::Tensor want = tensor_of(ref.at("grads").at("h.0.mlp." + p.key()));
+    EXPECT_TRUE(
+        torch::allclose(p.value().grad().reshape({-1}).to(torch::kDouble), want, 1e-4, 1e-7))
+        << p.key() << "'s gradient";
+  }
+}
+
+// Training the single-device MoE GPT (the program on one rank) for 5 steps: each step's loss, the
+// router's choices and drops, the first step's gradients and the final parameters.
+TEST(L13Reference, TrainingMatchesPyTorch) {
+  const nlohmann::json ref = reference();
+  for (const auto& [name, want] : ref.at("cases").items()) {
+    const nlohmann::json& c = want.at("config");
+    RunConfig run = small_run();
+    run.model.hidden = c.at("hidden");
+    run.model.layers = c.at("layers");
+    run.model.heads = c.at("heads");
+    run.model.ctx = c.at("ctx");
+    run.batch = c.at("batch");
+    run.seed = c.at("seed");
+    const int64_t steps = c.at("steps");
+    const Trained got = [&] {
+      Trained out;
+      run_ranks(1, [&](RankContext& ctx) {
+        MoeGroups g = make_moe_groups(ctx.store, 0, 1, 1, BackendKind::kGloo, kTimeout);
+        MoeTrainer trainer(run, moe_of(c), g);
+        trainer.after_reduce = [&] {
+          if (!out.grads.empty()) return;
+          for (const auto& [n, p] : trainer.named_parameters()) out.grads[n] = p.grad().clone();
+        };
+        for (int64_t s = 0; s < steps; ++s) out.steps.push_back(trainer.step(s));
+        for (const auto& [n, p] : trainer.named_parameters()) out.params[n] = p.detach().clone();
+      });
+      return out;
+    }();
+    for (int64_t s = 0; s < steps; ++s) {
+      const double loss = want.at("losses")[s];
+      EXPECT_NEAR(got.steps[s].loss, loss, 2e-5 * std::abs(loss)) << name << " step " << s;
+      EXPECT_EQ(nlohmann::json(got.steps[s].counts), want.at("counts")[s])
+          << name << " step " << s << ": the router's choices per layer and expert";
+      EXPECT_EQ(nlohmann::json(got.steps[s].kept), want.at("kept")[s])
+          << name << " step " << s << ": the copies kept within capacity";
+    }
+    for (const auto& [n, g] : want.at("grads0").items()) {
+      ASSERT_TRUE(got.grads.count(n)) << name << ": " << n;
+      const torch::Tensor mine = got.grads.at(n).to(torch::kDouble);
+      const double sumsq = g.at("sumsq"), absmax = g.at("absmax");
+      EXPECT_NEAR(mine.pow(2).sum().item<double>(), sumsq, 1e-4 * sumsq) << name << ": " << n;
+      EXPECT_NEAR(mine.abs().max().item<double>(), absmax, 1e-4 * absmax) << name << ": " << n;
+      if (g.contains("first")) {
+        EXPECT_TRUE(torch::allclose(mine.reshape({-1}).narrow(0, 0, 8), tensor_of(g.at("first")),
+                                    1e-3, 1e-4 * absmax))
+            << name << ": " << n << "'s first gradients";
+      }
+    }
+    for (const auto& [n, f] : want.at("final").items()) {
+      ASSERT_TRUE(got.params.count(n)) << name << ": " << n;
+      const torch::Tensor mine = got.params.at(n).to(torch::kDouble);
+      const double sum = f.at("sum"), sumsq = f.at("sumsq");
+      EXPECT_NEAR(mine.sum().item<double>(), sum, 1e-4 * (1 + std::abs(sum))) << name << ": " << n;
+      EXPECT_NEAR(mine.pow(2).sum().item<double>(), sumsq, 1e-4 * (1 + sumsq)) << name << ": " << n;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. The losses, in closed form
 // ---------------------------------------------------------------------------------------------
 
 // At perfect balance (every expert chosen equally, every share 1/E) Switch's loss is aux_coef:
@@ -585,7 +716,7 @@ TEST(L13Bias, StepsFromTheWholeJobsLoad) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 8. Bad input: an error naming the flag, before any networking
+// 9. Bad input: an error naming the flag, before any networking
 // ---------------------------------------------------------------------------------------------
 
 TEST(L13Config, ErrorsNameTheFlag) {

@@ -235,6 +235,8 @@ def main() -> int:
     ap.add_argument("--json-gap", action="append", default=[])
     ap.add_argument("--losses-like")
     ap.add_argument("--losses-like-args", default="")
+    ap.add_argument("--json-same", action="append", default=[],
+                    help="with --losses-like: this key of the JSON line equals the baseline's")
     ap.add_argument("--digest-rtol", type=float, default=RTOL)
     ap.add_argument("--launcher", choices=["torchrun", "mpirun", "two-nodes"],
                     default="torchrun")
@@ -359,6 +361,10 @@ def main() -> int:
             for i, (g, w) in enumerate(zip(got, want)):
                 check(abs(g - w) <= RTOL * abs(w) + ATOL,
                       f"step {i}: loss {g:.7f} vs baseline {w:.7f}")
+            for key in a.json_same:
+                v, w = dotted(j, key), dotted(jb or {}, key)
+                check(v is not None and v == w, f"{key} is the baseline's (got {v!r}, "
+                                                f"the baseline {w!r})")
             dw = (jb or {}).get("param_digest") or []
             ratios = digest_ratios(j.get("param_digest"), dw, a.digest_rtol, ATOL)
             check(bool(ratios), f"param_digest has the baseline's {len(dw)} parameters, "
