@@ -21,9 +21,20 @@ int64_t count_params(const ModelConfig& m) {
   // TODO(L01)
   DTC_TODO("L01",
            "return the exact count of section 4's table, every weight, bias and norm "
-           "vector (llama-7b: 6,738,415,616; gpt2: 124,439,808). Tests: L01Params.*; hints: "
-           "README "
-           "section 8");
+           "vector (llama-7b: 6,738,415,616; gpt2: 124,439,808), each of the moe_layers() blocks "
+           "holding all E routed experts, the shared ones and an h x E router instead of its MLP "
+           "(mixtral-8x7b: 46,702,792,704). Tests: L01Params.*, L01Moe.*; hints: README section "
+           "8");
+}
+
+int64_t active_params(const ModelConfig& m) {
+  // TODO(L01)
+  DTC_TODO("L01",
+           "return count_params(m) less the E - k routed experts that each MoE block "
+           "skips for a token (expert_params() each); the router and the shared experts are "
+           "active, "
+           "and a dense model's parameters all are (mixtral-8x7b: 12,879,925,248). Tests: "
+           "L01Moe.*");
 }
 
 BytesPerParam bytes_per_param(Precision precision, Optimizer optimizer, bool fp32_grad_accum) {
@@ -82,4 +93,4 @@ double train_time_seconds(double params, double tokens, double peak_flops, doubl
 }
 
 }  // namespace dtc::l01
-// generated from solutions/01_memory_ledger/ledger.cpp; checksum 7ecd92d2eefd192c
+// generated from solutions/01_memory_ledger/ledger.cpp; checksum 3a5407146d189cd0

@@ -8,6 +8,7 @@
 //   make run-lesson01           # the program: build/bin/lesson01 --help
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,7 +31,24 @@ enum class Arch {
   kGpt,
 };
 
+/// How a block projects its queries, keys and values.
+enum class AttentionKind {
+  /// Multi-head attention: Q and output projections h x h, K and V h x kv_dim (grouped-query
+  /// attention when kv_heads < heads).
+  kMultiHead,
+  /// Multi-head latent attention (MLA; DeepSeek-V2, arXiv:2405.04434, sec. 2.1): queries and
+  /// keys/values pass through narrow latents (q_lora_rank, kv_lora_rank) with their own
+  /// per-head widths; latent_attention_params() counts it.
+  kLatent,
+};
+
 /// The shape of a decoder-only transformer.
+///
+/// A mixture-of-experts (MoE) model replaces the MLP of each MoE block with `experts` routed
+/// experts (each an MLP of width expert_ffn(), of the block's kind: SwiGLU or GELU), a router
+/// (an h x E linear layer, no bias) that sends each token to top_k of them, and shared experts
+/// that every token goes through. The first first_dense_layers blocks keep a dense MLP of
+/// width ffn.
 struct ModelConfig {
   std::string name = "custom";  ///< preset name, or "custom"
   Arch arch = Arch::kLlama;
@@ -42,17 +60,43 @@ struct ModelConfig {
   int64_t vocab = 0;     ///< V, vocabulary size
   int64_t ctx = 0;       ///< maximum context; GPT learns one position embedding per position
 
+  // Mixture of experts (all 0: a dense model)
+  int64_t experts = 0;             ///< E, routed experts per MoE block; 0 or 1: a dense model
+  int64_t top_k = 0;               ///< k, routed experts each token goes through
+  int64_t shared_experts = 0;      ///< experts that every token goes through (DeepSeekMoE)
+  int64_t moe_ffn = 0;             ///< F_e, one expert's MLP width; 0: ffn
+  int64_t first_dense_layers = 0;  ///< leading blocks with a dense MLP (DeepSeek-V3: 3)
+
+  // Multi-head latent attention (used only when attention_kind is kLatent)
+  AttentionKind attention_kind = AttentionKind::kMultiHead;
+  int64_t q_lora_rank = 0;       ///< width of the query latent
+  int64_t kv_lora_rank = 0;      ///< width of the key/value latent
+  int64_t qk_nope_head_dim = 0;  ///< per head: the query/key width without rotary positions
+  int64_t qk_rope_head_dim = 0;  ///< per head: the rotary part (one rotary key for all heads)
+  int64_t v_head_dim = 0;        ///< per head: the value width
+
   /// h / a, the width of one head.
   int64_t head_dim() const { return hidden / heads; }
   /// kv_heads * head_dim: the width of the K and of the V projection.
   int64_t kv_dim() const { return kv_heads * head_dim(); }
   /// GPT blocks apply dropout (and store its masks); LLaMA blocks do not.
   bool has_dropout() const { return arch == Arch::kGpt; }
+  /// Whether the model is a mixture of experts: more than one routed expert.
+  bool is_moe() const { return experts > 1; }
+  /// F_e, the width of one expert's MLP.
+  int64_t expert_ffn() const { return moe_ffn > 0 ? moe_ffn : ffn; }
+  /// The blocks whose MLP is a mixture of experts: all but the first dense ones; 0 when dense.
+  int64_t moe_layers() const {
+    return is_moe() ? layers - std::min(std::max<int64_t>(first_dense_layers, 0), layers) : 0;
+  }
+  /// The MLP width one token goes through in an MoE block, (k + shared) F_e; ffn when dense.
+  int64_t active_ffn() const { return is_moe() ? (top_k + shared_experts) * expert_ffn() : ffn; }
 };
 
 /// The published configurations the course knows by name: llama-7b, llama-13b, llama-33b,
 /// llama-65b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, gpt2, gpt2-medium, gpt2-large,
-/// gpt2-xl, gpt3-175b (sources in ledger.cpp).
+/// gpt2-xl, gpt3-175b, course-gpt, and two mixtures of experts, mixtral-8x7b and deepseek-v3
+/// (sources in ledger_given.cpp).
 const std::vector<ModelConfig>& presets();
 
 /// The preset called @p name.
@@ -63,8 +107,24 @@ ModelConfig preset(const std::string& name);
 /// @throws dtc::UsageError naming the flag (--hidden, --layers, --heads, --kv-heads, --ffn,
 ///   --vocab) for a size that is zero or negative, heads that do not divide hidden, or
 ///   kv-heads that do not divide heads; --ctx when it is negative, or zero for a GPT model
-///   (which learns one position embedding per position).
+///   (which learns one position embedding per position); for a mixture of experts --experts
+///   when it is negative, or when a setting of experts is given for a dense model, --top-k
+///   outside 1..experts, --shared-experts or --moe-ffn negative, --first-dense-layers outside
+///   0..layers; --model for a latent-attention model whose latent widths are not positive.
 void validate(const ModelConfig& model);
+
+/// The parameters of one expert: an MLP of width F_e = expert_ffn(), of the block's kind
+/// (LLaMA: three h x F_e matrices, 3 h F_e; GPT: two, and their biases, 2 h F_e + F_e + h).
+/// Given.
+int64_t expert_params(const ModelConfig& model);
+
+/// The parameters of one block's multi-head latent attention (attention_kind kLatent), with
+/// a = heads, r_q = q_lora_rank, r_kv = kv_lora_rank, d_nope, d_rope, d_v the per-head widths
+/// (DeepSeek-V3's modeling_deepseek.py, DeepseekV3Attention; no biases):
+///   q_a_proj h x r_q, q_a_layernorm r_q, q_b_proj r_q x a (d_nope + d_rope),
+///   kv_a_proj_with_mqa h x (r_kv + d_rope), kv_a_layernorm r_kv,
+///   kv_b_proj r_kv x a (d_nope + d_v), o_proj a d_v x h. Given.
+int64_t latent_attention_params(const ModelConfig& model);
 
 // ---------------------------------------------------------------------------------------------
 // Training set-up
@@ -127,8 +187,8 @@ Attention resolved_attention(const ModelConfig& model, const TrainingSetup& setu
 /// Checks a set-up, and its fit with @p model when one is given (nullptr: a bare parameter
 /// count).
 /// @throws dtc::UsageError naming the flag: --dp/--tp/--pp/--seq/--micro-batch below 1,
-///   --zero outside 0-3, --tp not dividing heads, kv-heads or ffn, --pp greater than layers,
-///   --fp32-grad-accum without --precision mixed.
+///   --zero outside 0-3, --tp not dividing heads, kv-heads, ffn or an expert's ffn,
+///   --pp greater than layers, --fp32-grad-accum without --precision mixed.
 void validate(const TrainingSetup& setup, const ModelConfig* model);
 
 // ---------------------------------------------------------------------------------------------
@@ -137,14 +197,23 @@ void validate(const TrainingSetup& setup, const ModelConfig* model);
 
 /// Counts the parameters of @p model.
 ///
-/// Per block: attention (Q and output projections h x h; K and V projections h x kv_dim),
-/// the MLP (LLaMA: three h x F matrices; GPT: two), the norms (RMSNorm: h; LayerNorm: 2h),
-/// and for GPT the biases of every linear layer (Q/K/V/output, and the MLP's F and h).
-/// Then the embeddings: LLaMA has an input embedding and a separate output head (2 V h) and a
-/// final RMSNorm (h); GPT has one tied V x h matrix, ctx x h position embeddings and a final
-/// LayerNorm (2h).
-/// @return the exact count, e.g. 6,738,415,616 for llama-7b.
+/// Per block: attention (Q and output projections h x h; K and V projections h x kv_dim;
+/// latent_attention_params() for kLatent), the MLP (LLaMA: three h x F matrices; GPT: two),
+/// the norms (RMSNorm: h; LayerNorm: 2h), and for GPT the biases of every linear layer
+/// (Q/K/V/output, and the MLP's F and h). In each of the moe_layers() MoE blocks the MLP is
+/// replaced by all E routed experts and the shared ones (expert_params() each) and the router
+/// (h x E). Then the embeddings: LLaMA has an input embedding and a separate output head (2 V h)
+/// and a final RMSNorm (h); GPT has one tied V x h matrix, ctx x h position embeddings and a
+/// final LayerNorm (2h).
+/// @return the exact count, e.g. 6,738,415,616 for llama-7b, 46,702,792,704 for mixtral-8x7b.
 int64_t count_params(const ModelConfig& model);
+
+/// Counts the parameters one token goes through: count_params() without the E - k routed
+/// experts of each MoE block that the router does not pick for it (the router itself and the
+/// shared experts are active). A dense model's are all of them. Active parameters set the
+/// FLOPs (6 N D with N active); all of them take memory.
+/// @return the exact count, e.g. 12,879,925,248 for mixtral-8x7b.
+int64_t active_params(const ModelConfig& model);
 
 /// Bytes per parameter of each training state, before any sharding.
 struct BytesPerParam {
@@ -186,8 +255,9 @@ StateBytes zero_state_bytes(double params, const BytesPerParam& per_param, int z
 ///
 /// Korthikanti et al. 2022 (arXiv:2205.05198, Table 2) derive s*b*h*(34 + 5*a*s/h) for a GPT
 /// block with F = 4h. Generalise their derivation to this block's real shape (K and V of width
-/// kv_dim, the MLP's F and its matrices, dropout only where the block has it), and apply
-/// tensor parallelism (tp), sequence parallelism and recomputation as Table 2 does:
+/// kv_dim, the MLP's F = active_ffn() and its matrices, dropout only where the block has it;
+/// an MoE block stores the F-wide tensors of the k + shared experts each token goes through),
+/// and apply tensor parallelism (tp), sequence parallelism and recomputation as Table 2 does:
 ///   - tp splits the tensors inside the attention and MLP (Q, K, V, the attention scores, the
 ///     MLP's F-wide tensors, the output projections' inputs); the rest is replicated unless
 ///     sequence_parallel, which splits it by tp as well;
@@ -224,7 +294,8 @@ int64_t first_stage_embedding_params(const ModelConfig& model);
 /// Tensor and pipeline parallelism split the model. With a bare parameter count (@p model
 /// nullptr) one GPU's share of a replica is params / (tp * pp), an even split, and there are no
 /// activations. With @p model and pp > 1 a stage holds whole blocks: the first holds
-/// ceil(layers / pp) of them (each of count_params() with 1 layer minus with 0 layers) and the
+/// ceil(layers / pp) of them (each of count_params() with 1 layer minus with 0 layers; an MoE
+/// block, the heavier kind, when the model has any: first_dense_layers 0 in that count) and the
 /// input embedding (first_stage_embedding_params()), split by tp; with pp = 1 the GPU holds
 /// params / tp. ZeRO then shards that share's states over dp ranks. Activations, with @p model:
 /// per_layer x ceil(layers / pp) x pp, the first stage's under 1F1B: it keeps pp micro-batches
@@ -233,7 +304,8 @@ int64_t first_stage_embedding_params(const ModelConfig& model);
 Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelConfig* model);
 
 /// Seconds to train a model of @p params parameters on @p tokens tokens: 6 * N * D FLOPs
-/// (forward 2ND + backward 4ND) at @p mfu of @p peak_flops per GPU, on @p gpus GPUs.
+/// (forward 2ND + backward 4ND) at @p mfu of @p peak_flops per GPU, on @p gpus GPUs. For a
+/// mixture of experts N is active_params(): a token's FLOPs go through those only.
 /// @throws std::invalid_argument for a non-positive argument or an mfu above 1.
 double train_time_seconds(double params, double tokens, double peak_flops, double mfu,
                           int64_t gpus);

@@ -37,6 +37,40 @@ const std::vector<ModelConfig>& presets() {
       {"gpt3-175b", Arch::kGpt, 12288, 96, 96, 96, 49152, 50257, 2048},
       // The course's own GPT (dtc::GptConfig's defaults, lesson 02's model): 834,304 parameters.
       {"course-gpt", Arch::kGpt, 128, 4, 4, 4, 512, 256, 64},
+      // Mixtures of experts; after ctx: experts, top_k, shared_experts, moe_ffn,
+      // first_dense_layers.
+      // Mixtral 8x7B: Jiang et al. 2024 (arXiv:2401.04088) Table 1, and the released config
+      // (mistralai/Mixtral-8x7B-v0.1 config.json: num_local_experts 8, num_experts_per_tok 2,
+      // max_position_embeddings 32768, untied embeddings); every block is an MoE block.
+      {"mixtral-8x7b", Arch::kLlama, 4096, 32, 32, 8, 14336, 32000, 32768, 8, 2, 0, 14336, 0},
+      // DeepSeek-V3: DeepSeek-AI 2024 (arXiv:2412.19437) sec. 4.2, and the released config
+      // (deepseek-ai/DeepSeek-V3 config.json: intermediate_size 18432 for the first_k_dense_replace
+      // 3 dense blocks, moe_intermediate_size 2048, n_routed_experts 256, n_shared_experts 1,
+      // num_experts_per_tok 8, untied embeddings); 4K-token pre-training sequences. Multi-head
+      // latent attention: q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128,
+      // qk_rope_head_dim 64, v_head_dim 128. Its multi-token-prediction module (14B, not in the
+      // 671B) is left out, and so are the routers' per-expert bias terms (256 a block, set by
+      // DeepSeek's balancing rule, not by the optimizer).
+      {"deepseek-v3",
+       Arch::kLlama,
+       7168,
+       61,
+       128,
+       128,
+       18432,
+       129280,
+       4096,
+       256,
+       8,
+       1,
+       2048,
+       3,
+       AttentionKind::kLatent,
+       1536,
+       512,
+       128,
+       64,
+       128},
   };
   return all;
 }
@@ -87,6 +121,60 @@ void validate(const ModelConfig& m) {
   if (m.ctx < 0) {
     throw UsageError("--ctx", fmt::format("{} is negative", m.ctx), "pass --ctx 0 or more");
   }
+  if (m.experts < 0) {
+    throw UsageError("--experts", fmt::format("{} experts", m.experts),
+                     "pass the routed experts of a mixture of experts, e.g. --experts 8, or "
+                     "leave it out for a dense model");
+  }
+  if (!m.is_moe() &&
+      (m.top_k != 0 || m.shared_experts != 0 || m.moe_ffn != 0 || m.first_dense_layers != 0)) {
+    throw UsageError("--experts",
+                     "--top-k, --shared-experts, --moe-ffn and --first-dense-layers describe "
+                     "a mixture of experts, but the model has fewer than 2 routed experts",
+                     "add --experts E (E >= 2), or drop those flags for a dense model");
+  }
+  if (m.is_moe()) {
+    if (m.top_k < 1 || m.top_k > m.experts) {
+      throw UsageError("--top-k",
+                       fmt::format("each token goes to {} of {} experts", m.top_k, m.experts),
+                       fmt::format("pass --top-k between 1 and {}, e.g. --top-k 2", m.experts));
+    }
+    if (m.shared_experts < 0) {
+      throw UsageError("--shared-experts", fmt::format("{} is negative", m.shared_experts),
+                       "pass --shared-experts 0 or more");
+    }
+    if (m.moe_ffn < 0) {
+      throw UsageError("--moe-ffn", fmt::format("{} is negative", m.moe_ffn),
+                       "pass an expert's MLP width, or 0 for --ffn's");
+    }
+    if (m.first_dense_layers < 0 || m.first_dense_layers > m.layers) {
+      throw UsageError("--first-dense-layers",
+                       fmt::format("{} dense blocks of {}", m.first_dense_layers, m.layers),
+                       fmt::format("pass 0 to {}", m.layers));
+    }
+  }
+  if (m.attention_kind == AttentionKind::kLatent &&
+      (m.q_lora_rank <= 0 || m.kv_lora_rank <= 0 || m.qk_nope_head_dim <= 0 ||
+       m.qk_rope_head_dim <= 0 || m.v_head_dim <= 0)) {
+    throw UsageError("--model", "latent attention needs positive latent and head widths",
+                     "set q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and "
+                     "v_head_dim, as a published config.json gives them");
+  }
+}
+
+int64_t expert_params(const ModelConfig& m) {
+  const int64_t h = m.hidden;
+  const int64_t f = m.expert_ffn();
+  return m.arch == Arch::kLlama ? 3 * h * f : 2 * h * f + f + h;
+}
+
+int64_t latent_attention_params(const ModelConfig& m) {
+  const int64_t h = m.hidden, a = m.heads;
+  const int64_t q = h * m.q_lora_rank + m.q_lora_rank +                             // q_a, its norm
+                    m.q_lora_rank * a * (m.qk_nope_head_dim + m.qk_rope_head_dim);  // q_b
+  const int64_t kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank +   // kv_a, norm
+                     m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim);      // kv_b
+  return q + kv + a * m.v_head_dim * h;                                             // o_proj
 }
 
 int64_t first_stage_embedding_params(const ModelConfig& m) {
@@ -127,6 +215,7 @@ void validate(const TrainingSetup& s, const ModelConfig* m) {
   divides(m->heads, "attention heads");
   divides(m->kv_heads, "key/value heads");
   divides(m->ffn, "MLP columns");
+  if (m->is_moe()) divides(m->expert_ffn(), "expert MLP columns");  // tp splits each expert too
   if (s.pp > m->layers) {
     throw UsageError(
         "--pp",

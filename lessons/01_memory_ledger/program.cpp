@@ -102,11 +102,20 @@ struct Options {
 };
 
 nlohmann::json model_json(const ModelConfig& m) {
-  return {{"name", m.name},     {"arch", name_of(kArchs, m.arch)},
-          {"hidden", m.hidden}, {"layers", m.layers},
-          {"heads", m.heads},   {"kv_heads", m.kv_heads},
-          {"ffn", m.ffn},       {"vocab", m.vocab},
-          {"ctx", m.ctx}};
+  nlohmann::json j = {{"name", m.name},     {"arch", name_of(kArchs, m.arch)},
+                      {"hidden", m.hidden}, {"layers", m.layers},
+                      {"heads", m.heads},   {"kv_heads", m.kv_heads},
+                      {"ffn", m.ffn},       {"vocab", m.vocab},
+                      {"ctx", m.ctx}};
+  j["attention"] = m.attention_kind == AttentionKind::kLatent ? "latent" : "multi-head";
+  if (m.is_moe()) {
+    j["experts"] = m.experts;
+    j["top_k"] = m.top_k;
+    j["shared_experts"] = m.shared_experts;
+    j["moe_ffn"] = m.expert_ffn();
+    j["first_dense_layers"] = m.first_dense_layers;
+  }
+  return j;
 }
 
 nlohmann::json ledger_json(const Ledger& l, const ModelConfig* model, const Options& o) {
@@ -114,6 +123,8 @@ nlohmann::json ledger_json(const Ledger& l, const ModelConfig* model, const Opti
   nlohmann::json j;
   j["model"] = model ? model_json(*model) : nlohmann::json(nullptr);
   j["params"] = l.params;
+  // The parameters a token goes through: all of them in a dense model (or a bare count).
+  j["active_params"] = model ? active_params(*model) : l.params;
   j["setup"] = {{"precision", name_of(kPrecisions, s.precision)},
                 {"fp32_grad_accum", s.fp32_grad_accum},
                 {"optimizer", name_of(kOptimizers, s.optimizer)},
@@ -144,7 +155,21 @@ nlohmann::json ledger_json(const Ledger& l, const ModelConfig* model, const Opti
 
 void print_ledger(std::ostream& out, const Ledger& l, const ModelConfig* model, const Options& o) {
   const TrainingSetup& s = o.setup;
-  if (model) {
+  if (model && model->is_moe()) {
+    const int64_t active = active_params(*model);
+    fmt::print(out,
+               "Training memory ledger: {} ({} mixture of experts, {:.1f}B parameters, {:.1f}B "
+               "active per token)\n",
+               model->name, model->arch == Arch::kLlama ? "LLaMA-style" : "GPT-style",
+               static_cast<double>(l.params) / 1e9, static_cast<double>(active) / 1e9);
+    fmt::print(out,
+               "  {} of {} blocks route each token to {} of {} experts{}: {} parameters, {} "
+               "active\n",
+               model->moe_layers(), model->layers, model->top_k, model->experts,
+               model->shared_experts > 0 ? fmt::format(" + {} shared", model->shared_experts)
+                                         : std::string(),
+               with_commas(l.params), with_commas(active));
+  } else if (model) {
     fmt::print(out, "Training memory ledger: {} ({}, {} parameters)\n", model->name,
                model->arch == Arch::kLlama ? "LLaMA-style" : "GPT-style", with_commas(l.params));
   } else {
@@ -340,6 +365,7 @@ nlohmann::json plan_json(const PlanRequest& req, const Plan& p,
   const Cluster& c = req.cluster;
   return {{"model", model_json(req.model)},
           {"params", count_params(req.model)},
+          {"active_params", active_params(req.model)},
           {"cluster",
            {{"name", c.name},
             {"gpus_per_node", c.gpus_per_node},
@@ -408,7 +434,8 @@ void print_plan(std::ostream& out, const PlanRequest& req, const Plan& p,
              req.max_micro_batch, name_of(kPrecisions, s.precision),
              name_of(kOptimizers, s.optimizer), req.mfu * 100);
 
-  const double compute_s = train_time_seconds(params, static_cast<double>(req.batch() * s.seq),
+  const double compute_s = train_time_seconds(static_cast<double>(active_params(req.model)),
+                                              static_cast<double>(req.batch() * s.seq),
                                               c.peak_tflops * 1e12, req.mfu, n);
   fmt::print(out,
              "The five strategies, each alone on {} GPUs: one step computes for {:.3g} s there\n"
@@ -632,14 +659,16 @@ int run(const Options& o_in, std::ostream& out) {
   validate(s, shape);  // all input checked before any arithmetic
   if (model) params = count_params(*model);
   const Ledger ledger = compute_ledger(params, s, shape);
+  // Training FLOPs follow the parameters a token goes through: the active ones of an MoE.
+  const int64_t flops_params = model ? active_params(*model) : params;
 
   nlohmann::json j = ledger_json(ledger, shape, o);
   std::optional<double> time_s;
   const int64_t gpus = o.gpus > 0 ? o.gpus : s.dp * s.tp * s.pp;
   if (!o.tokens.empty()) {
     const double tokens = parse_count(o.tokens, "--tokens");
-    time_s =
-        train_time_seconds(static_cast<double>(params), tokens, o.peak_tflops * 1e12, o.mfu, gpus);
+    time_s = train_time_seconds(static_cast<double>(flops_params), tokens, o.peak_tflops * 1e12,
+                                o.mfu, gpus);
     j["train_time_s"] = *time_s;
     j["train"] = {
         {"tokens", tokens}, {"gpus", gpus}, {"peak_tflops", o.peak_tflops}, {"mfu", o.mfu}};
@@ -685,6 +714,20 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   for (auto* opt : shape) arch->needs(opt);
   app.add_option("--kv-heads", o.shape.kv_heads, "key/value heads (default: heads)")->needs(arch);
   app.add_option("--ctx", o.shape.ctx, "context length (GPT's position embeddings)")->needs(arch);
+  app.add_option("--experts", o.shape.experts,
+                 "a mixture of experts: routed experts E per MoE block (default: dense)")
+      ->needs(arch);
+  app.add_option("--top-k", o.shape.top_k, "with --experts: experts each token goes through")
+      ->needs(arch);
+  app.add_option("--shared-experts", o.shape.shared_experts,
+                 "with --experts: experts every token goes through (default 0)")
+      ->needs(arch);
+  app.add_option("--moe-ffn", o.shape.moe_ffn,
+                 "with --experts: one expert's MLP width (default: --ffn)")
+      ->needs(arch);
+  app.add_option("--first-dense-layers", o.shape.first_dense_layers,
+                 "with --experts: leading blocks that keep a dense MLP (default 0)")
+      ->needs(arch);
 
   app.add_option("--precision", o.precision,
                  "fp32, mixed (16-bit weights and gradients) or mixed-fp32-grads (16-bit weights, "

@@ -638,7 +638,7 @@ Plan plan(const PlanRequest& req) {
     }
   }
   for (Branch& b : p.branches) b.verdict = verdict(req, b, p);
-  const double params = static_cast<double>(count_params(req.model));
+  const double params = static_cast<double>(active_params(req.model));  // the FLOPs' N
   const double peak = req.cluster.peak_tflops * 1e12;
   p.train_time_s = train_time_seconds(params, req.tokens, peak, req.mfu, req.gpus);
   p.train_time_1gpu_s = train_time_seconds(params, req.tokens, peak, req.mfu, 1);

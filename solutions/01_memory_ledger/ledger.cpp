@@ -19,22 +19,37 @@ namespace dtc::l01 {
 
 int64_t count_params(const ModelConfig& m) {
   // BEGIN SOLUTION: return the exact count of section 4's table, every weight, bias and norm
-  //   vector (llama-7b: 6,738,415,616; gpt2: 124,439,808). Tests: L01Params.*; hints: README
-  //   section 8
+  //   vector (llama-7b: 6,738,415,616; gpt2: 124,439,808), each of the moe_layers() blocks
+  //   holding all E routed experts, the shared ones and an h x E router instead of its MLP
+  //   (mixtral-8x7b: 46,702,792,704). Tests: L01Params.*, L01Moe.*; hints: README section 8
   const int64_t h = m.hidden;
   const int64_t kv = m.kv_dim();
-  const int64_t attention = 2 * h * h + 2 * h * kv;  // Q and output: h x h; K and V: h x kv
+  // Q and output: h x h; K and V: h x kv (latent attention has its own shapes, counted for you)
+  const int64_t attention = m.attention_kind == AttentionKind::kLatent ? latent_attention_params(m)
+                                                                       : 2 * h * h + 2 * h * kv;
+  // An MoE block's MLP: every routed expert and the shared ones, and the router (h x E, no bias)
+  const int64_t moe = (m.experts + m.shared_experts) * expert_params(m) + h * m.experts;
   if (m.arch == Arch::kLlama) {
     const int64_t mlp = 3 * h * m.ffn;  // SwiGLU: gate, up (h x F) and down (F x h)
     const int64_t norms = 2 * h;        // two RMSNorms, one weight vector each
     const int64_t block = attention + mlp + norms;
-    return m.layers * block + 2 * m.vocab * h + h;  // untied embedding and head, final norm
+    return m.layers * block + m.moe_layers() * (moe - mlp) +  // the MoE blocks' MLPs swapped
+           2 * m.vocab * h + h;  // untied embedding and head, final norm
   }
   const int64_t attention_bias = h + 2 * kv + h;  // Q, K, V and output biases
   const int64_t mlp = 2 * h * m.ffn + m.ffn + h;  // two matrices and their biases
   const int64_t norms = 2 * 2 * h;                // two LayerNorms: weight and bias
   const int64_t block = attention + attention_bias + mlp + norms;
-  return m.layers * block + m.vocab * h + m.ctx * h + 2 * h;  // tied embedding, positions, norm
+  return m.layers * block + m.moe_layers() * (moe - mlp) +  // the MoE blocks' MLPs swapped
+         m.vocab * h + m.ctx * h + 2 * h;                   // tied embedding, positions, norm
+  // END SOLUTION
+}
+
+int64_t active_params(const ModelConfig& m) {
+  // BEGIN SOLUTION: return count_params(m) less the E - k routed experts that each MoE block
+  //   skips for a token (expert_params() each); the router and the shared experts are active,
+  //   and a dense model's parameters all are (mixtral-8x7b: 12,879,925,248). Tests: L01Moe.*
+  return count_params(m) - m.moe_layers() * (m.experts - m.top_k) * expert_params(m);
   // END SOLUTION
 }
 
@@ -89,7 +104,7 @@ double activation_bytes_per_layer(const ModelConfig& m, const TrainingSetup& set
   const double b = static_cast<double>(setup.micro_batch);
   const double h = static_cast<double>(m.hidden);
   const double kv = static_cast<double>(m.kv_dim());
-  const double f = static_cast<double>(m.ffn);
+  const double f = static_cast<double>(m.active_ffn());  // MoE: the k + shared experts a token uses
   const double a = static_cast<double>(m.heads);
   const double t = static_cast<double>(setup.tp);
   const double sbh = s * b * h;
@@ -134,6 +149,7 @@ Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelCon
   if (model != nullptr && setup.pp > 1) {
     ModelConfig one = *model, none = *model;
     one.layers = 1;
+    one.first_dense_layers = 0;  // an MoE block, when the model has them: the heavier kind
     none.layers = 0;
     const double block = static_cast<double>(count_params(one) - count_params(none));
     out.params_per_replica = (static_cast<double>(stage_layers) * block +

@@ -186,7 +186,7 @@ Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
   add(Strategy::kPp, mix.pp);
   add(Strategy::kCp, mix.cp);
   const double tokens = static_cast<double>(req.batch() * req.setup.seq);
-  e.compute_time_s = train_time_seconds(static_cast<double>(e.ledger.params), tokens,
+  e.compute_time_s = train_time_seconds(static_cast<double>(active_params(req.model)), tokens,
                                         req.cluster.peak_tflops * 1e12, req.mfu, mix.gpus()) *
                      recompute_flops_factor(req.model, req.setup.seq, mix.recompute);
   e.bubble =

@@ -383,6 +383,142 @@ TEST(L01Time, SixNDOverDeliveredFlops) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Mixtures of experts: total and active parameters, expert parallelism
+// ---------------------------------------------------------------------------------------------
+
+// A small LLaMA-style mixture of experts whose every count is worked out by hand below: h 64,
+// 3 blocks of which the first is dense (F 128), 4 heads, 4 routed experts of F_e 32 (top-2)
+// and 1 shared expert per MoE block, V 100.
+ModelConfig tiny_moe() {
+  ModelConfig m;
+  m.name = "tiny-moe";
+  m.arch = Arch::kLlama;
+  m.hidden = 64;
+  m.layers = 3;
+  m.heads = 4;
+  m.kv_heads = 4;
+  m.ffn = 128;
+  m.vocab = 100;
+  m.experts = 4;
+  m.top_k = 2;
+  m.shared_experts = 1;
+  m.moe_ffn = 32;
+  m.first_dense_layers = 1;
+  return m;
+}
+
+TEST(L01Moe, Mixtral8x7bExact) {
+  // Mixtral 8x7B from its released config (mistralai/Mixtral-8x7B-v0.1; Jiang et al. 2024,
+  // arXiv:2401.04088, Table 1): h 4096, 32 blocks, 32 heads of 128, 8 kv heads, 8 experts of
+  // F 14336, top-2, V 32000, untied. Per block:
+  //   attention 2 h^2 + 2 h (8 x 128)       = 33,554,432 + 8,388,608  =    41,943,040
+  //   experts   8 x 3 h F = 8 x 176,160,768                            = 1,409,286,144
+  //   router    h x 8                                                  =        32,768
+  //   norms     2 h                                                    =         8,192
+  //   block                                                            = 1,451,270,144
+  // Outside the blocks: 2 V h + h = 262,144,000 + 4,096 = 262,148,096.
+  // Total: 32 x 1,451,270,144 + 262,148,096 = 46,440,644,608 + 262,148,096 = 46,702,792,704.
+  // Active: each token goes through 2 experts, so a block holds 41,943,040 + 2 x 176,160,768 +
+  //   32,768 + 8,192 = 394,305,536; 32 x 394,305,536 + 262,148,096 = 12,879,925,248.
+  // (The paper rounds them to "47B" and "13B active", sec. 1 and 2.1.)
+  const ModelConfig m = preset("mixtral-8x7b");
+  EXPECT_EQ(count_params(m), 46702792704LL) << "Mixtral 8x7B: 46,702,792,704 (config, by hand)";
+  EXPECT_EQ(active_params(m), 12879925248LL)
+      << "Mixtral 8x7B: 12,879,925,248 active (2 of 8 experts, router and the rest)";
+}
+
+TEST(L01Moe, DeepSeekV3Exact) {
+  // DeepSeek-V3 from its released config (deepseek-ai/DeepSeek-V3 config.json;
+  // modeling_deepseek.py for the shapes): h 7168, 61 blocks, the first 3 dense (F 18432), the
+  // other 58 with 256 routed experts (top-8) and 1 shared, F_e 2048; V 129280, untied.
+  // Multi-head latent attention, a = 128 heads, per block:
+  //   q_a_proj  h x 1536                          =  11,010,048
+  //   q_a_layernorm                               =       1,536
+  //   q_b_proj  1536 x 128 (128 + 64)             =  37,748,736
+  //   kv_a_proj_with_mqa  h x (512 + 64)          =   4,128,768
+  //   kv_a_layernorm                              =         512
+  //   kv_b_proj 512 x 128 (128 + 128)             =  16,777,216
+  //   o_proj    128 x 128 x h                     = 117,440,512
+  //   attention                                   = 187,107,328
+  // Norms 2h = 14,336. Dense MLP 3 h 18432 = 396,361,728. One expert 3 h 2048 = 44,040,192.
+  //   dense block  187,107,328 + 396,361,728 + 14,336                             =    583,483,392
+  //   MoE block    187,107,328 + (256 + 1) x 44,040,192 + h x 256 (1,835,008) + 14,336
+  //              = 187,107,328 + 11,318,329,344 + 1,835,008 + 14,336            = 11,507,286,016
+  //   outside: 2 V h + h = 2 x 926,679,040 + 7,168                              =  1,853,365,248
+  // Total: 3 x 583,483,392 + 58 x 11,507,286,016 + 1,853,365,248
+  //      = 1,750,450,176 + 667,422,588,928 + 1,853,365,248 = 671,026,404,352.
+  // Active MoE block: 187,107,328 + (8 + 1) x 44,040,192 + 1,835,008 + 14,336 = 585,318,400;
+  //   3 x 583,483,392 + 58 x 585,318,400 + 1,853,365,248 = 37,552,282,624.
+  const ModelConfig m = preset("deepseek-v3");
+  EXPECT_EQ(count_params(m), 671026404352LL) << "DeepSeek-V3: 671,026,404,352 (config, by hand)";
+  EXPECT_EQ(active_params(m), 37552282624LL) << "DeepSeek-V3: 37,552,282,624 active (by hand)";
+  // Published (DeepSeek-V3 technical report, arXiv:2412.19437, abstract): 671B total, 37B
+  // activated for each token. Its README_WEIGHTS.md gives 36.6B activated without the input
+  // embedding (a table lookup: no FLOPs): 37,552,282,624 - 926,679,040 = 36,625,603,584.
+  EXPECT_NEAR(static_cast<double>(count_params(m)) / 1e9, 671.0, 0.05) << "DeepSeek-V3: 671B";
+  EXPECT_NEAR(static_cast<double>(active_params(m) - m.vocab * m.hidden) / 1e9, 36.6, 0.05)
+      << "DeepSeek-V3 README_WEIGHTS.md: 36.6B activated, input embedding aside";
+}
+
+TEST(L01Moe, SharedExpertsAndDenseFirstBlocks) {
+  // tiny_moe() by hand: attention 4 h^2 = 16,384; norms 2h = 128; dense MLP 3 h 128 = 24,576;
+  // one expert 3 h 32 = 6,144; a MoE block's MLP (4 + 1) x 6,144 + router h x 4 = 30,976.
+  //   dense block 16,384 + 24,576 + 128 = 41,088; MoE block 16,384 + 30,976 + 128 = 47,488;
+  //   outside 2 V h + h = 12,864. Total 41,088 + 2 x 47,488 + 12,864 = 148,928.
+  // Active: each MoE block skips 4 - 2 routed experts: 148,928 - 2 x 2 x 6,144 = 124,352.
+  const ModelConfig m = tiny_moe();
+  EXPECT_EQ(m.moe_layers(), 2);
+  EXPECT_EQ(count_params(m), 148928) << "closed form (by hand): 41,088 + 2 x 47,488 + 12,864";
+  EXPECT_EQ(active_params(m), 124352) << "closed form (by hand): 148,928 - 2 x 2 x 6,144";
+}
+
+TEST(L01Moe, GptStyleExperts) {
+  // GPT-style experts are GELU MLPs with biases. h 8, 2 blocks, both MoE, 4 experts of F_e 16,
+  // top-1, V 10, ctx 4. Per block: attention 4 h^2 + 4 h biases = 288, LayerNorms 4h = 32, one
+  // expert 2 h 16 + 16 + 8 = 280, router h x 4 = 32: 288 + 32 + 4 x 280 + 32 = 1,472.
+  // Total: 2 x 1,472 + V h + ctx h + 2h = 2,944 + 80 + 32 + 16 = 3,072.
+  // Active: 3,072 - 2 blocks x 3 skipped experts x 280 = 1,392.
+  ModelConfig m;
+  m.arch = Arch::kGpt;
+  m.hidden = 8;
+  m.layers = 2;
+  m.heads = 2;
+  m.kv_heads = 2;
+  m.ffn = 32;
+  m.vocab = 10;
+  m.ctx = 4;
+  m.experts = 4;
+  m.top_k = 1;
+  m.moe_ffn = 16;
+  EXPECT_EQ(count_params(m), 3072) << "closed form (by hand)";
+  EXPECT_EQ(active_params(m), 1392) << "closed form (by hand)";
+}
+
+TEST(L01Moe, DenseModelsAreAllActive) {
+  // A dense model's every parameter is active; one routed expert is a dense MLP.
+  EXPECT_EQ(active_params(preset("llama-7b")), 6738415616LL) << "LLaMA-7B (Touvron et al. 2023)";
+  EXPECT_EQ(active_params(preset("gpt2")), 124439808LL) << "GPT-2 small (Hugging Face)";
+  ModelConfig one = preset("llama-7b");
+  one.experts = 1;
+  EXPECT_EQ(count_params(one), 6738415616LL) << "experts 1 is dense";
+}
+
+TEST(L01Moe, ActivationsFollowTheExpertsATokenUses) {
+  // A MoE block stores, for each token, the F_e-wide tensors of the k experts it goes through:
+  // Mixtral's MLP tensors are those of a 2 x 14,336-wide SwiGLU MLP. The LLaMA closed form of
+  // L01Activations.LlamaBlockShape with eager attention, K and V 8 x 128 = 1,024 wide:
+  //   8 sbh outside the TP regions + 4 sbh + 4 sb 1024 + 6 sb (2 x 14336) + 2 a s^2 b.
+  const ModelConfig m = preset("mixtral-8x7b");
+  TrainingSetup setup = mixed_adam();
+  setup.attention = Attention::kEager;
+  const double s = 2048, b = 1, h = 4096, a = 32;
+  const double expected =
+      12 * s * b * h + 4 * s * b * 1024 + 6 * s * b * 2 * 14336 + 2 * a * s * s * b;
+  EXPECT_CLOSE_REL(activation_bytes_per_layer(m, setup), expected, 1e-12,
+                   "closed form: a LLaMA block with a 2 x F_e-wide MLP");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Given code: presets and validation (these pass on the untouched exercise)
 // ---------------------------------------------------------------------------------------------
 
@@ -451,7 +587,39 @@ TEST(L01ValidationGiven, PresetsAreValid) {
     SCOPED_TRACE(m.name);
     EXPECT_EQ(usage_subject([&] { validate(m); }), "(no error)");
   }
-  EXPECT_EQ(presets().size(), 14u);
+  EXPECT_EQ(presets().size(), 16u);
+}
+
+TEST(L01ValidationGiven, MixtureOfExperts) {
+  const ModelConfig mixtral = preset("mixtral-8x7b");  // 8 experts, top-2
+  auto bad = mixtral;
+  bad.top_k = 9;
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--top-k");
+  bad = mixtral;
+  bad.top_k = 0;
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--top-k");
+  bad = mixtral;
+  bad.experts = -8;
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--experts");
+  bad = mixtral;
+  bad.first_dense_layers = 33;
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--first-dense-layers");
+  bad = preset("llama-7b");
+  bad.top_k = 2;  // experts' settings on a dense model
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--experts");
+  bad = preset("deepseek-v3");
+  bad.kv_lora_rank = 0;
+  EXPECT_EQ(usage_subject([&] { validate(bad); }), "--model");
+}
+
+TEST(L01ValidationGiven, TensorParallelSplitsEachExpert) {
+  const ModelConfig mixtral = preset("mixtral-8x7b");
+  TrainingSetup s;
+  s.tp = 8;  // 14,336 / 8 expert columns: fine
+  EXPECT_EQ(usage_subject([&] { validate(s, &mixtral); }), "(no error)");
+  ModelConfig narrow = mixtral;
+  narrow.moe_ffn = 100;  // 100 expert columns over tp 8
+  EXPECT_EQ(usage_subject([&] { validate(s, &narrow); }), "--tp");
 }
 
 }  // namespace

@@ -55,6 +55,35 @@ TEST(L01Program, ModelJson) {
   EXPECT_GT(j.at("per_layer_activation_bytes").get<double>(), 0.0);
 }
 
+TEST(L01Program, MixtureOfExpertsTotalAndActive) {
+  // Mixtral 8x7B: 46,702,792,704 parameters, 12,879,925,248 active per token (by hand from its
+  // config: L01Moe.Mixtral8x7bExact).
+  const Result r = run_lesson01({"--model", "mixtral-8x7b", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = last_json_line(r.out);
+  EXPECT_EQ(j.at("params").get<int64_t>(), 46702792704LL) << "Mixtral 8x7B, total";
+  EXPECT_EQ(j.at("active_params").get<int64_t>(), 12879925248LL) << "Mixtral 8x7B, active";
+  const Result text = run_lesson01({"--model", "mixtral-8x7b"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("46.7B parameters, 12.9B active per token"), std::string::npos)
+      << text.out;
+  // A dense model: every parameter is active, and the table does not mention it.
+  const auto dense = last_json_line(run_lesson01({"--model", "llama-7b", "--json"}).out);
+  EXPECT_EQ(dense.at("active_params").get<int64_t>(), 6738415616LL) << "LLaMA-7B";
+  EXPECT_EQ(run_lesson01({"--model", "llama-7b"}).out.find("active"), std::string::npos);
+}
+
+TEST(L01Program, TheFlopsOfAMixtureOfExpertsFollowItsActiveParameters) {
+  // 6 N D with N the active parameters (Kaplan et al. 2020: N is what a token goes through):
+  // Mixtral 8x7B's 12,879,925,248 (L01Moe.Mixtral8x7bExact).
+  const Result r =
+      run_lesson01({"--model", "mixtral-8x7b", "--tokens", "1e12", "--gpus", "1024", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_CLOSE_REL(last_json_line(r.out).at("train_time_s").get<double>(),
+                   6 * 12879925248.0 * 1e12 / (1024 * 989e12 * 0.4), 1e-12,
+                   "closed form: 6 N_active D / (gpus peak mfu)");
+}
+
 TEST(L01Program, TableAndTimeToTrain) {
   const Result r = run_lesson01({"--model", "llama3-70b", "--tokens", "1e12", "--gpus", "1"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -278,6 +307,12 @@ TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
       {{"--model", "llama-7b", "--params", "7e9"}, "--params"},
       {{"--optimizer", "lion"}, "--optimizer"},
       {{"--mfu", "1.5"}, "--mfu"},
+      {{"--arch", "llama", "--hidden", "64", "--layers", "2", "--heads", "4", "--ffn", "128",
+        "--vocab", "10", "--top-k", "2"},
+       "--experts"},
+      {{"--arch", "llama", "--hidden", "64", "--layers", "2", "--heads", "4", "--ffn", "128",
+        "--vocab", "10", "--experts", "4", "--top-k", "5"},
+       "--top-k"},
   };
   expect_usage_errors(cases);
 }
