@@ -72,8 +72,13 @@ Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelCon
            "fill the rest of out as Ledger documents it: one device's share of a "
            "replica split by tp * pp (whole blocks and the embedding on the first stage when the "
            "model "
-           "is known), its states sharded by ZeRO, and the first stage's activations under 1F1B. "
-           "Tests: L01Ledger.*; hints: README section 8");
+           "is known), with E/ep of each MoE block's routed experts (expert_params; the shared "
+           "ones "
+           "stay whole), its states sharded by ZeRO (the experts' over dp/ep, the rest over dp), "
+           "and "
+           "the first stage's activations under 1F1B. Tests: L01Ledger.*, L01Moe.*; hints: "
+           "README "
+           "section 8");
   return out;
 }
 
@@ -93,4 +98,4 @@ double train_time_seconds(double params, double tokens, double peak_flops, doubl
 }
 
 }  // namespace dtc::l01
-// generated from solutions/01_memory_ledger/ledger.cpp; checksum 3a5407146d189cd0
+// generated from solutions/01_memory_ledger/ledger.cpp; checksum f8fbd803b0c1ae6d

@@ -168,10 +168,16 @@ struct TrainingSetup {
   /// Mixed precision only: accumulate gradients in an extra fp32 buffer (4 bytes/param).
   bool fp32_grad_accum = false;
   Optimizer optimizer = Optimizer::kAdam;
-  int zero_stage = 0;       ///< ZeRO stage 0 (plain data parallel) .. 3
-  int64_t dp = 1;           ///< data-parallel degree: ZeRO shards over these ranks
-  int64_t tp = 1;           ///< tensor-parallel degree
-  int64_t pp = 1;           ///< pipeline-parallel degree
+  int zero_stage = 0;  ///< ZeRO stage 0 (plain data parallel) .. 3
+  int64_t dp = 1;      ///< data-parallel degree: ZeRO shards over these ranks
+  int64_t tp = 1;      ///< tensor-parallel degree
+  int64_t pp = 1;      ///< pipeline-parallel degree
+  /// Expert-parallel degree (mixtures of experts): each GPU holds E/ep of every MoE block's
+  /// routed experts. The ep ranks are data-parallel ranks: the MoE blocks fold their expert
+  /// groups over the ranks that replicate the rest (Megatron Core's MoE parallel folding,
+  /// arXiv:2504.14960; torchtitan takes ep from its data-parallel shard ranks), so ep divides
+  /// dp and adds no GPUs.
+  int64_t ep = 1;
   int64_t seq = 2048;       ///< s, tokens per sequence
   int64_t micro_batch = 1;  ///< b, sequences per micro-batch on one GPU
   Recompute recompute = Recompute::kNone;
@@ -186,9 +192,10 @@ Attention resolved_attention(const ModelConfig& model, const TrainingSetup& setu
 
 /// Checks a set-up, and its fit with @p model when one is given (nullptr: a bare parameter
 /// count).
-/// @throws dtc::UsageError naming the flag: --dp/--tp/--pp/--seq/--micro-batch below 1,
+/// @throws dtc::UsageError naming the flag: --dp/--tp/--pp/--ep/--seq/--micro-batch below 1,
 ///   --zero outside 0-3, --tp not dividing heads, kv-heads, ffn or an expert's ffn,
-///   --pp greater than layers, --fp32-grad-accum without --precision mixed.
+///   --pp greater than layers, --fp32-grad-accum without --precision mixed; --ep above 1
+///   without a model, for a dense model, or not dividing the experts or dp.
 void validate(const TrainingSetup& setup, const ModelConfig* model);
 
 // ---------------------------------------------------------------------------------------------
@@ -274,8 +281,12 @@ double activation_bytes_per_layer(const ModelConfig& model, const TrainingSetup&
 struct Ledger {
   int64_t params = 0;  ///< parameters of the whole model
   /// Parameters one GPU holds of its replica, before ZeRO: P/(tp*pp) for a bare count; with the
-  /// model, the first stage's share (compute_ledger()).
+  /// model, the first stage's share, with only E/ep of each MoE block's routed experts
+  /// (compute_ledger()).
   double params_per_replica = 0;
+  /// Of params_per_replica, the routed experts' parameters, which ZeRO shards over the dp/ep
+  /// ranks that hold the same experts (0 for a dense model).
+  double expert_params = 0;
   BytesPerParam per_param;                ///< bytes per parameter before sharding
   StateBytes state;                       ///< parameters, gradients, optimizer states per device
   double per_layer_activation_bytes = 0;  ///< activation_bytes_per_layer(); 0 without a shape
@@ -297,10 +308,12 @@ int64_t first_stage_embedding_params(const ModelConfig& model);
 /// ceil(layers / pp) of them (each of count_params() with 1 layer minus with 0 layers; an MoE
 /// block, the heavier kind, when the model has any: first_dense_layers 0 in that count) and the
 /// input embedding (first_stage_embedding_params()), split by tp; with pp = 1 the GPU holds
-/// params / tp. ZeRO then shards that share's states over dp ranks. Activations, with @p model:
-/// per_layer x ceil(layers / pp) x pp, the first stage's under 1F1B: it keeps pp micro-batches
-/// in flight, each through its ceil(layers / pp) blocks (Korthikanti sec. 4.2.3: L layers'
-/// worth when pp divides L).
+/// params / tp. Expert parallelism then keeps E/ep of the routed experts of each MoE block the
+/// GPU holds (their tp share; the shared experts and the rest stay whole): expert_params.
+/// ZeRO shards the states of expert_params over dp/ep ranks and those of the rest of the share
+/// over dp. Activations, with @p model: per_layer x ceil(layers / pp) x pp, the first stage's
+/// under 1F1B: it keeps pp micro-batches in flight, each through its ceil(layers / pp) blocks
+/// (Korthikanti sec. 4.2.3: L layers' worth when pp divides L).
 Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelConfig* model);
 
 /// Seconds to train a model of @p params parameters on @p tokens tokens: 6 * N * D FLOPs

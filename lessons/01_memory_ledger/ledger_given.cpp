@@ -190,6 +190,7 @@ void validate(const TrainingSetup& s, const ModelConfig* m) {
   require_positive(s.dp, "--dp", "the data-parallel degree");
   require_positive(s.tp, "--tp", "the tensor-parallel degree");
   require_positive(s.pp, "--pp", "the pipeline-parallel degree");
+  require_positive(s.ep, "--ep", "the expert-parallel degree");
   require_positive(s.seq, "--seq", "the sequence length");
   require_positive(s.micro_batch, "--micro-batch", "the micro-batch size");
   if (s.zero_stage < 0 || s.zero_stage > 3) {
@@ -201,6 +202,30 @@ void validate(const TrainingSetup& s, const ModelConfig* m) {
     throw UsageError("--fp32-grad-accum", "only applies to mixed precision",
                      "add --precision mixed, or drop --fp32-grad-accum (fp32 gradients are "
                      "already fp32)");
+  }
+  if (s.ep > 1) {
+    if (m == nullptr || !m->is_moe()) {
+      throw UsageError("--ep",
+                       fmt::format("expert parallelism over {} GPUs needs a mixture of experts, "
+                                   "but {} has no routed experts",
+                                   s.ep, m ? m->name : "a bare parameter count"),
+                       "give an MoE model (e.g. --model mixtral-8x7b), or drop --ep");
+    }
+    if (m->experts % s.ep != 0) {
+      throw UsageError("--ep",
+                       fmt::format("{} GPUs cannot share {} experts evenly", s.ep, m->experts),
+                       fmt::format("each GPU holds E/ep whole experts: use an --ep that divides {}",
+                                   m->experts));
+    }
+    if (s.dp % s.ep != 0) {
+      throw UsageError("--ep",
+                       fmt::format("expert parallelism over {} GPUs does not divide the {} "
+                                   "data-parallel ranks it folds over",
+                                   s.ep, s.dp),
+                       fmt::format("the ep ranks are dp ranks (ep adds no GPUs): use a --dp that "
+                                   "is a multiple of {}, or an --ep that divides {}",
+                                   s.ep, s.dp));
+    }
   }
   if (m == nullptr) return;
   const auto divides = [&](int64_t what, const char* name) {

@@ -132,12 +132,14 @@ nlohmann::json ledger_json(const Ledger& l, const ModelConfig* model, const Opti
                 {"dp", s.dp},
                 {"tp", s.tp},
                 {"pp", s.pp},
+                {"ep", s.ep},
                 {"seq", s.seq},
                 {"micro_batch", s.micro_batch},
                 {"recompute", name_of(kRecomputes, s.recompute)},
                 {"sequence_parallel", s.sequence_parallel}};
   if (model) j["setup"]["attention"] = name_of(kAttentions, resolved_attention(*model, s));
   j["params_per_replica"] = l.params_per_replica;
+  j["expert_params_per_gpu"] = l.expert_params;
   j["bytes_per_param"] = {{"params", l.per_param.params},
                           {"grads", l.per_param.grads},
                           {"optimizer", l.per_param.optimizer},
@@ -169,6 +171,11 @@ void print_ledger(std::ostream& out, const Ledger& l, const ModelConfig* model, 
                model->shared_experts > 0 ? fmt::format(" + {} shared", model->shared_experts)
                                          : std::string(),
                with_commas(l.params), with_commas(active));
+    fmt::print(out,
+               "  expert parallelism {}: this GPU holds {} of each MoE block's {} routed experts "
+               "({:.4g}B of the {:.4g}B parameters it holds)\n",
+               s.ep, model->experts / s.ep, model->experts, l.expert_params / 1e9,
+               l.params_per_replica / 1e9);
   } else if (model) {
     fmt::print(out, "Training memory ledger: {} ({}, {} parameters)\n", model->name,
                model->arch == Arch::kLlama ? "LLaMA-style" : "GPT-style", with_commas(l.params));
@@ -176,9 +183,10 @@ void print_ledger(std::ostream& out, const Ledger& l, const ModelConfig* model, 
     fmt::print(out, "Training memory ledger: {:.4g} parameters (no shape: no activations)\n",
                static_cast<double>(l.params));
   }
-  fmt::print(out, "  set-up: {} precision{}, {}, ZeRO stage {}, dp {} x tp {} x pp {}",
+  fmt::print(out, "  set-up: {} precision{}, {}, ZeRO stage {}, dp {} x tp {} x pp {}{}",
              name_of(kPrecisions, s.precision), s.fp32_grad_accum ? " (+fp32 grad accum)" : "",
-             name_of(kOptimizers, s.optimizer), s.zero_stage, s.dp, s.tp, s.pp);
+             name_of(kOptimizers, s.optimizer), s.zero_stage, s.dp, s.tp, s.pp,
+             s.ep > 1 ? fmt::format(", ep {} (of the dp ranks)", s.ep) : std::string());
   if (model) {
     fmt::print(out, ", seq {}, micro-batch {}, recompute {}, {} attention{}", s.seq, s.micro_batch,
                name_of(kRecomputes, s.recompute),
@@ -743,6 +751,10 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--dp", o.setup.dp, "data-parallel degree")->capture_default_str();
   app.add_option("--tp", o.setup.tp, "tensor-parallel degree")->capture_default_str();
   app.add_option("--pp", o.setup.pp, "pipeline-parallel degree")->capture_default_str();
+  app.add_option("--ep", o.setup.ep,
+                 "expert-parallel degree (MoE): each GPU holds E/ep of the routed experts; the "
+                 "ep ranks are dp ranks, so ep divides --dp")
+      ->capture_default_str();
   app.add_option("--seq", o.setup.seq, "sequence length s")->capture_default_str();
   app.add_option("--micro-batch", o.setup.micro_batch,
                  "micro-batch size b (with --plan: the comparison table's; the plan searches it)")

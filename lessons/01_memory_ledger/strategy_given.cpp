@@ -103,6 +103,13 @@ void validate(const PlanRequest& r) {
   TrainingSetup chosen_by_plan = r.setup;  // the degrees are the plan's to choose
   chosen_by_plan.dp = chosen_by_plan.tp = chosen_by_plan.pp = 1;
   chosen_by_plan.zero_stage = 0;
+  if (r.setup.ep > 1) {
+    throw UsageError("--ep",
+                     "the plan chooses its degrees itself, and does not cost expert "
+                     "parallelism",
+                     "drop --ep from --plan (the plan replicates the experts over dp and shards "
+                     "their states with ZeRO); the ledger alone takes --ep");
+  }
   validate(chosen_by_plan, &r.model);
   validate(r.cluster, r.gpus);
   if (r.global_batch < 0) {

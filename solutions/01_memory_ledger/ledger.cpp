@@ -140,12 +140,15 @@ Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelCon
   out.params = params;
   // BEGIN SOLUTION: fill the rest of out as Ledger documents it: one device's share of a
   //   replica split by tp * pp (whole blocks and the embedding on the first stage when the model
-  //   is known), its states sharded by ZeRO, and the first stage's activations under 1F1B.
-  //   Tests: L01Ledger.*; hints: README section 8
+  //   is known), with E/ep of each MoE block's routed experts (expert_params; the shared ones
+  //   stay whole), its states sharded by ZeRO (the experts' over dp/ep, the rest over dp), and
+  //   the first stage's activations under 1F1B. Tests: L01Ledger.*, L01Moe.*; hints: README
+  //   section 8
   const double tp = static_cast<double>(setup.tp);
   out.params_per_replica = static_cast<double>(params) / (tp * static_cast<double>(setup.pp));
   // Whole blocks per stage: the first holds ceil(L / pp) of them and the input embedding.
   const int64_t stage_layers = model ? (model->layers + setup.pp - 1) / setup.pp : 0;
+  int64_t moe_blocks = model ? model->moe_layers() : 0;  // the MoE blocks this GPU holds
   if (model != nullptr && setup.pp > 1) {
     ModelConfig one = *model, none = *model;
     one.layers = 1;
@@ -155,9 +158,24 @@ Ledger compute_ledger(int64_t params, const TrainingSetup& setup, const ModelCon
     out.params_per_replica = (static_cast<double>(stage_layers) * block +
                               static_cast<double>(first_stage_embedding_params(*model))) /
                              tp;
+    if (model->is_moe()) moe_blocks = stage_layers;
+  }
+  if (model != nullptr && model->is_moe()) {
+    // The routed experts of those blocks (tp splits each); this GPU keeps E/ep of them.
+    const double routed =
+        static_cast<double>(moe_blocks * model->experts * expert_params(*model)) / tp;
+    out.expert_params = routed / static_cast<double>(setup.ep);
+    out.params_per_replica -= routed - out.expert_params;
   }
   out.per_param = bytes_per_param(setup.precision, setup.optimizer, setup.fp32_grad_accum);
-  out.state = zero_state_bytes(out.params_per_replica, out.per_param, setup.zero_stage, setup.dp);
+  // ZeRO shards the experts over the dp / ep ranks that hold the same ones, the rest over dp.
+  const StateBytes rest = zero_state_bytes(out.params_per_replica - out.expert_params,
+                                           out.per_param, setup.zero_stage, setup.dp);
+  const StateBytes experts =
+      zero_state_bytes(out.expert_params, out.per_param, setup.zero_stage, setup.dp / setup.ep);
+  out.state.params = rest.params + experts.params;
+  out.state.grads = rest.grads + experts.grads;
+  out.state.optimizer = rest.optimizer + experts.optimizer;
   if (model != nullptr) {
     out.per_layer_activation_bytes = activation_bytes_per_layer(*model, setup);
     out.activation_bytes =

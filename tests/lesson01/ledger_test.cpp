@@ -503,6 +503,64 @@ TEST(L01Moe, DenseModelsAreAllActive) {
   EXPECT_EQ(count_params(one), 6738415616LL) << "experts 1 is dense";
 }
 
+TEST(L01Moe, ExpertParallelismHoldsEOverEpRoutedExperts) {
+  // Mixtral 8x7B's routed experts: 32 blocks x 8 x 176,160,768 = 45,097,156,608 parameters;
+  // the rest (attention, routers, norms, embeddings) 46,702,792,704 - 45,097,156,608 =
+  // 1,605,636,096.
+  const ModelConfig m = preset("mixtral-8x7b");
+  TrainingSetup setup = mixed_adam();
+  Ledger l = compute_ledger(count_params(m), setup, &m);
+  EXPECT_DOUBLE_EQ(l.params_per_replica, 46702792704.0) << "ep 1: the whole model";
+  EXPECT_DOUBLE_EQ(l.expert_params, 45097156608.0) << "32 x 8 x 176,160,768 routed";
+  // ep 8 over dp 8: each GPU holds 1 of each block's 8 experts, 45,097,156,608 / 8 =
+  // 5,637,144,576, and the rest whole: 1,605,636,096 + 5,637,144,576 = 7,242,780,672, at 16
+  // bytes each without ZeRO: 115,884,490,752 bytes.
+  setup.dp = 8;
+  setup.ep = 8;
+  l = compute_ledger(count_params(m), setup, &m);
+  EXPECT_DOUBLE_EQ(l.expert_params, 5637144576.0) << "45,097,156,608 / 8";
+  EXPECT_DOUBLE_EQ(l.params_per_replica, 7242780672.0) << "1,605,636,096 + 5,637,144,576";
+  EXPECT_DOUBLE_EQ(l.state.total(), 16 * 7242780672.0) << "16 bytes a parameter, no ZeRO";
+  // ZeRO-1 over dp 16 with ep 8: the rest's optimizer states shard over all 16 ranks, the
+  // experts' over the 16 / 8 = 2 ranks that hold the same experts:
+  //   12 x (1,605,636,096 / 16 + 5,637,144,576 / 2) = 12 x (100,352,256 + 2,818,572,288)
+  //   = 12 x 2,918,924,544 = 35,027,094,528 bytes; weights and gradients 2 bytes x 7,242,780,672
+  //   each.
+  setup.dp = 16;
+  setup.zero_stage = 1;
+  l = compute_ledger(count_params(m), setup, &m);
+  EXPECT_DOUBLE_EQ(l.state.optimizer, 35027094528.0) << "12 x (100,352,256 + 2,818,572,288)";
+  EXPECT_DOUBLE_EQ(l.state.params, 2 * 7242780672.0);
+  EXPECT_DOUBLE_EQ(l.state.grads, 2 * 7242780672.0);
+  // ZeRO-3: every state is sharded, and E/ep experts over dp/ep ranks is E/dp of them, the same
+  // as without ep: 16 x 46,702,792,704 / 16 = 46,702,792,704 bytes.
+  setup.zero_stage = 3;
+  l = compute_ledger(count_params(m), setup, &m);
+  EXPECT_DOUBLE_EQ(l.state.total(), 46702792704.0) << "ZeRO-3: 16 bytes x P / dp, ep or not";
+}
+
+TEST(L01Moe, SharedExpertsStayWholeUnderExpertParallelism) {
+  // tiny_moe() (SharedExpertsAndDenseFirstBlocks: 148,928 parameters) with ep 4 over dp 4: its 2
+  // MoE blocks' 4 routed experts, 2 x 4 x 6,144 = 49,152 parameters, leave 1 a block on each
+  // GPU, 12,288; the shared expert stays whole: 148,928 - 49,152 + 12,288 = 112,064.
+  const ModelConfig m = tiny_moe();
+  TrainingSetup setup = mixed_adam();
+  setup.dp = 4;
+  setup.ep = 4;
+  Ledger l = compute_ledger(count_params(m), setup, &m);
+  EXPECT_DOUBLE_EQ(l.expert_params, 12288.0) << "2 blocks x 4 experts x 6,144 / ep 4";
+  EXPECT_DOUBLE_EQ(l.params_per_replica, 112064.0) << "148,928 - 49,152 + 12,288";
+  // With 3 pipeline stages each stage holds 1 block; the ledger sizes the heaviest, a MoE
+  // block (47,488) with the input embedding (V h = 6,400): 53,888, of which the block's 4
+  // routed experts (24,576) are split over ep 2: 53,888 - 24,576 + 12,288 = 41,600.
+  setup.pp = 3;
+  setup.dp = 2;
+  setup.ep = 2;
+  l = compute_ledger(count_params(m), setup, &m);
+  EXPECT_DOUBLE_EQ(l.expert_params, 12288.0) << "1 block x 4 experts x 6,144 / ep 2";
+  EXPECT_DOUBLE_EQ(l.params_per_replica, 41600.0) << "47,488 + 6,400 - 24,576 + 12,288";
+}
+
 TEST(L01Moe, ActivationsFollowTheExpertsATokenUses) {
   // A MoE block stores, for each token, the F_e-wide tensors of the k experts it goes through:
   // Mixtral's MLP tensors are those of a 2 x 14,336-wide SwiGLU MLP. The LLaMA closed form of
@@ -620,6 +678,25 @@ TEST(L01ValidationGiven, TensorParallelSplitsEachExpert) {
   ModelConfig narrow = mixtral;
   narrow.moe_ffn = 100;  // 100 expert columns over tp 8
   EXPECT_EQ(usage_subject([&] { validate(s, &narrow); }), "--tp");
+}
+
+TEST(L01ValidationGiven, ExpertParallelism) {
+  const ModelConfig mixtral = preset("mixtral-8x7b");
+  const ModelConfig dense = preset("llama-7b");
+  TrainingSetup s;
+  s.dp = 8;
+  s.ep = 8;
+  EXPECT_EQ(usage_subject([&] { validate(s, &mixtral); }), "(no error)");
+  EXPECT_EQ(usage_subject([&] { validate(s, &dense); }), "--ep") << "a dense model has no experts";
+  EXPECT_EQ(usage_subject([&] { validate(s, nullptr); }), "--ep") << "a bare count has no experts";
+  s.ep = 0;
+  EXPECT_EQ(usage_subject([&] { validate(s, &mixtral); }), "--ep");
+  s.dp = 6;
+  s.ep = 3;  // 8 experts over 3 GPUs
+  EXPECT_EQ(usage_subject([&] { validate(s, &mixtral); }), "--ep");
+  s.dp = 2;
+  s.ep = 4;  // folded over the dp ranks: ep must divide dp
+  EXPECT_EQ(usage_subject([&] { validate(s, &mixtral); }), "--ep");
 }
 
 }  // namespace

@@ -84,6 +84,24 @@ TEST(L01Program, TheFlopsOfAMixtureOfExpertsFollowItsActiveParameters) {
                    "closed form: 6 N_active D / (gpus peak mfu)");
 }
 
+TEST(L01Program, ExpertParallelismJson) {
+  // --ep 8 over --dp 8: each GPU holds 1 of Mixtral's 8 experts a block: 1,605,636,096 +
+  // 45,097,156,608 / 8 = 7,242,780,672 parameters, 2 bytes each in bf16; 5,637,144,576 of them
+  // routed experts (by hand: L01Moe.ExpertParallelismHoldsEOverEpRoutedExperts).
+  const Result r = run_lesson01({"--model", "mixtral-8x7b", "--dp", "8", "--ep", "8", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = last_json_line(r.out);
+  EXPECT_EQ(j.at("setup").at("ep").get<int64_t>(), 8);
+  EXPECT_DOUBLE_EQ(j.at("params_per_replica").get<double>(), 7242780672.0);
+  EXPECT_DOUBLE_EQ(j.at("expert_params_per_gpu").get<double>(), 5637144576.0);
+  EXPECT_DOUBLE_EQ(j.at("per_device_bytes").at("params").get<double>(), 2 * 7242780672.0)
+      << "1,605,636,096 + 45,097,156,608 / 8 parameters, 2 bytes each";
+  const Result text = run_lesson01({"--model", "mixtral-8x7b", "--dp", "8", "--ep", "8"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("holds 1 of each MoE block's 8 routed experts"), std::string::npos)
+      << text.out;
+}
+
 TEST(L01Program, TableAndTimeToTrain) {
   const Result r = run_lesson01({"--model", "llama3-70b", "--tokens", "1e12", "--gpus", "1"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -307,6 +325,12 @@ TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
       {{"--model", "llama-7b", "--params", "7e9"}, "--params"},
       {{"--optimizer", "lion"}, "--optimizer"},
       {{"--mfu", "1.5"}, "--mfu"},
+      {{"--model", "llama-7b", "--dp", "2", "--ep", "2"}, "--ep"},      // dense: no experts
+      {{"--model", "mixtral-8x7b", "--dp", "3", "--ep", "3"}, "--ep"},  // 8 experts over 3
+      {{"--model", "mixtral-8x7b", "--dp", "2", "--ep", "4"}, "--ep"},  // ep divides dp
+      {{"--model", "mixtral-8x7b", "--ep", "0"}, "--ep"},
+      {{"--params", "7e9", "--dp", "2", "--ep", "2"}, "--ep"},
+      {{"--plan", "--model", "mixtral-8x7b", "--ep", "2"}, "--ep"},
       {{"--arch", "llama", "--hidden", "64", "--layers", "2", "--heads", "4", "--ffn", "128",
         "--vocab", "10", "--top-k", "2"},
        "--experts"},
