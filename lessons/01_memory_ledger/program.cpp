@@ -317,6 +317,7 @@ nlohmann::json evaluation_json(const Evaluation& e) {
           {"micro_batch", e.mix.micro_batch},
           {"virtual_stages", e.mix.virtual_stages},
           {"shard", e.mix.shard},
+          {"ep", e.mix.ep},
           {"per_gpu_bytes", e.ledger.total_bytes()},
           {"fits", e.fits && e.batch_ok},
           {"bubble", e.bubble},
@@ -402,6 +403,7 @@ std::string mix_line(const Mix& m) {
   line += fmt::format(", recompute {}, micro-batch {}", name_of(kRecomputes, m.recompute),
                       m.micro_batch);
   if (m.virtual_stages > 1) line += fmt::format(", {} virtual stages", m.virtual_stages);
+  if (m.ep > 1) line += fmt::format(", ep {}", m.ep);
   return line;
 }
 
@@ -546,6 +548,7 @@ Mix parse_compare(const std::string& text, const PlanRequest& req) {
   m.recompute = kRecomputes.at(spec.recompute);
   m.micro_batch = spec.micro_batch;
   m.virtual_stages = spec.virtual_stages;
+  m.ep = req.setup.ep;  // --ep, as every mix of the plan has it
   if (m.gpus() != req.gpus) {
     throw bad(fmt::format("uses {} GPUs, not the --gpus {} of the plan", m.gpus(), req.gpus));
   }
@@ -566,6 +569,7 @@ Mix parse_compare(const std::string& text, const PlanRequest& req) {
   s.dp = m.dp;
   s.tp = m.tp;
   s.pp = m.pp;
+  s.ep = m.ep;
   try {
     validate(s, &req.model);
   } catch (const UsageError& e) {
@@ -753,7 +757,7 @@ int run_program(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_option("--pp", o.setup.pp, "pipeline-parallel degree")->capture_default_str();
   app.add_option("--ep", o.setup.ep,
                  "expert-parallel degree (MoE): each GPU holds E/ep of the routed experts; the "
-                 "ep ranks are dp ranks, so ep divides --dp")
+                 "ep ranks are dp ranks, so ep divides --dp (with --plan: every mix's dp)")
       ->capture_default_str();
   app.add_option("--seq", o.setup.seq, "sequence length s")->capture_default_str();
   app.add_option("--micro-batch", o.setup.micro_batch,

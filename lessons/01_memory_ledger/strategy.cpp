@@ -63,9 +63,9 @@ Evaluation evaluate(const PlanRequest& req, const Mix& mix) {
   // TODO(L01)
   DTC_TODO("L01",
            "fill every other field of e as Evaluation documents it (traffic: one entry "
-           "per group of degree > 1, in the order dp, tp, pp, cp; step = compute x (1 + bubble) "
-           "+ "
-           "comm). Tests: L01Evaluate.*; hints: README part 2, \"The exercise\"");
+           "per group of degree > 1, in the order dp, tp, pp, cp, ep; step = compute x (1 + "
+           "bubble) "
+           "+ comm). Tests: L01Evaluate.*; hints: README part 2, \"The exercise\"");
   return e;
 }
 
@@ -94,4 +94,4 @@ Plan choose_mix(const PlanRequest& req) {
 }
 
 }  // namespace dtc::l01
-// generated from solutions/01_memory_ledger/strategy.cpp; checksum c8b55a0b9d564e18
+// generated from solutions/01_memory_ledger/strategy.cpp; checksum c9ae486930b3e8e9

@@ -57,7 +57,8 @@ void validate(const Cluster& cluster, int64_t gpus);
 // Strategies, collectives, mixes
 // ---------------------------------------------------------------------------------------------
 
-/// The outline's five strategies; data parallelism comes in four ZeRO flavours.
+/// The outline's five strategies; data parallelism comes in four ZeRO flavours. Besides them,
+/// expert parallelism (kEp) for a mixture of experts.
 enum class Strategy {
   kDdp,    ///< data parallel: full replica per GPU, allreduce of gradients
   kZero1,  ///< + optimizer states sharded over the data-parallel ranks
@@ -66,11 +67,14 @@ enum class Strategy {
   kTp,     ///< tensor parallel (Megatron), with sequence parallelism for the norms/dropout
   kPp,     ///< pipeline parallel: consecutive layers on consecutive GPUs (1F1B)
   kCp,     ///< context parallel: the sequence split over GPUs (all-gather of K and V)
+  /// expert parallel (MoE): each GPU of ep holds E/ep routed experts; all-to-alls send each
+  /// token to its experts' GPUs and the results back
+  kEp,
 };
 
-/// All seven, in the order above.
+/// The seven of the outline's table, kDdp to kCp, in the order above (kEp aside).
 const std::vector<Strategy>& all_strategies();
-/// "DP/DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3/FSDP", "TP(+SP)", "PP", "SP/CP".
+/// "DP/DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3/FSDP", "TP(+SP)", "PP", "SP/CP", "EP".
 std::string strategy_name(Strategy s);
 /// The data-parallel flavour for a ZeRO stage: 0 -> kDdp, 1 -> kZero1, ...
 Strategy zero_strategy(int zero_stage);
@@ -81,12 +85,13 @@ enum class Collective {
   kReduceScatter,  ///< every rank ends with 1/n of the summed array
   kAllGather,      ///< every rank ends with everyone's 1/n pieces, concatenated
   kSendRecv,       ///< point to point: one rank sends its array to one other
+  kAllToAll,       ///< every rank sends 1/n of its array to each rank (itself included)
 };
 
 /// A parallel layout: the degrees multiply to the GPU count. Ranks are ordered tp (fastest
 /// varying, neighbours), then cp, then pp, then dp (Llama 3 paper, sec. 3.3.2: [TP, CP, PP, DP]).
 /// Besides the degrees, the levers a real run turns: the micro-batch size, the interleaved
-/// schedule's virtual stages, and HSDP's shard group.
+/// schedule's virtual stages, HSDP's shard group, and a mixture of experts' expert parallelism.
 struct Mix {
   int64_t dp = 1;  ///< data-parallel replicas
   int64_t tp = 1;  ///< tensor-parallel degree (with sequence parallelism when > 1)
@@ -103,6 +108,10 @@ struct Mix {
   /// states over groups of this many data-parallel ranks and replicate them across the
   /// dp * cp / shard groups. 0: one group of all dp * cp ranks (plain ZeRO-3).
   int64_t shard = 0;
+  /// Expert parallelism (mixtures of experts): each GPU holds E/ep of every MoE block's routed
+  /// experts. The ep ranks are ep consecutive data-parallel ranks (TrainingSetup::ep: ep divides
+  /// dp, and the shard group under HSDP), so ep adds no GPUs.
+  int64_t ep = 1;
   /// dp * tp * pp * cp.
   int64_t gpus() const { return dp * tp * pp * cp; }
   /// The ranks ZeRO shards over: shard when set, else dp * cp.
@@ -112,9 +121,9 @@ struct Mix {
 /// What to plan for.
 struct PlanRequest {
   ModelConfig model;
-  /// Precision, optimizer, fp32_grad_accum, seq and attention are used; dp, tp, pp,
-  /// micro_batch, zero_stage, recompute and sequence_parallel are what the plan chooses (in
-  /// a Mix), and are ignored here.
+  /// Precision, optimizer, fp32_grad_accum, seq and attention are used, and ep, which every
+  /// candidate mix keeps (Mix::ep); dp, tp, pp, micro_batch, zero_stage, recompute and
+  /// sequence_parallel are what the plan chooses (in a Mix), and are ignored here.
   TrainingSetup setup;
   Cluster cluster;
   int64_t gpus = 8;          ///< G, the GPUs to use
@@ -130,7 +139,8 @@ struct PlanRequest {
 /// Checks a request: the model, the set-up, the cluster and the GPU count.
 /// @throws dtc::UsageError naming the flag (see validate() above and in ledger.h), and
 ///   --global-batch when B is negative, --max-micro-batch below 1, --mfu outside (0, 1],
-///   --tokens not positive.
+///   --tokens not positive, --ep (above 1) for a dense model, not dividing the experts or not
+///   dividing the GPUs.
 void validate(const PlanRequest& req);
 
 // ---------------------------------------------------------------------------------------------
@@ -188,7 +198,15 @@ double gradient_wire_bytes(const TrainingSetup& setup);
 ///   - kCp, n = cp: per layer and micro-batch, an all-gather of K and V (2 s b kv_dim values,
 ///     split over tp) in the forward and a reduce-scatter of their gradients in the backward
 ///     (Llama 3 paper sec. 3.3.2); full recomputation gathers again: 3.
+///   - kEp, n = mix.ep: per MoE block this GPU holds (moe_layers()/pp) and micro-batch, the
+///     T = (s/cp) b / tp tokens it routes (its sequence-parallel share) go each to k experts:
+///     an all-to-all of T k h 16-bit values dispatches them to the experts' GPUs and another
+///     combines the results back, in the forward and again (their gradients) in the backward:
+///     4 all-to-alls, 4 (n-1)/n T k h 2 bytes (uniform routing, no deduplication of a token
+///     sent twice to one GPU; full recomputation repeats the forward's 2: 6).
 /// A strategy whose degree is 1 sends nothing; kDdp..kZero3 are costed whatever mix.zero_stage.
+/// With ep > 1 the data-parallel flavours still reduce every expert's gradient over all their
+/// ranks, an upper bound (the experts' gradients need only the dp/ep ranks that share them).
 double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix);
 
 /// Whether the group of @p s spans more than one node, so that its ring runs at the inter-node
@@ -198,7 +216,7 @@ double step_bytes_per_gpu(Strategy s, const PlanRequest& req, const Mix& mix);
 /// (kDdp..kZero3) reduce over the dp x cp ranks: they cross when the dp group or the cp group
 /// does. In an HSDP mix (shard > 0, cp 1) the ZeRO flavours run in the shard group, the first
 /// shard dp ranks (stride tp * pp), and kDdp across the groups (dp / shard ranks, stride
-/// tp * pp * shard).
+/// tp * pp * shard). kEp's group is ep consecutive dp ranks (stride tp * cp * pp).
 bool crosses_nodes(Strategy s, const Mix& mix, int64_t gpus_per_node);
 
 /// The GPUs of @p s's group (the one that holds rank 0) that sit on one node, for the rank
@@ -216,8 +234,8 @@ int64_t group_ranks_per_node(Strategy s, const Mix& mix, int64_t gpus_per_node);
 double link_gbps(const Cluster& cluster, Strategy s, const Mix& mix);
 
 /// The per-GPU ledger of @p mix: compute_ledger() with mix.zero_degree() as ZeRO's sharding
-/// degree (the context-parallel ranks hold the same weights), tp, pp, the mix's micro-batch,
-/// ZeRO stage and recompute, sequence parallelism whenever tp > 1; then:
+/// degree (the context-parallel ranks hold the same weights), tp, pp, ep, the mix's
+/// micro-batch, ZeRO stage and recompute, sequence parallelism whenever tp > 1; then:
 ///   - context parallelism divides the activations (per layer and in total) by cp: each GPU
 ///     holds s/cp of the tokens, and its queries' rows of the attention scores; but the
 ///     all-gather CP the planner costs (kCp below) keeps the WHOLE sequence's K and V for
@@ -238,7 +256,7 @@ Ledger mix_ledger(const PlanRequest& req, const Mix& mix);
 
 /// The traffic of one group of a mix in one step.
 struct GroupTraffic {
-  /// The data-parallel flavour (kDdp also HSDP's replication), or kTp, kPp, kCp.
+  /// The data-parallel flavour (kDdp also HSDP's replication), or kTp, kPp, kCp, kEp.
   Strategy strategy = Strategy::kDdp;
   int64_t degree = 1;          ///< the group's size n
   double bytes_per_gpu = 0;    ///< step_bytes_per_gpu()
@@ -261,10 +279,12 @@ struct Evaluation {
   double micro_batches = 0;  ///< micro_batches()
   /// One entry per group of degree > 1, in the order data-parallel (the mix's ZeRO flavour,
   /// its degree mix.zero_degree()), HSDP's replication (kDdp, dp * cp / shard; only when
-  /// shard > 0), tp, pp, cp.
+  /// shard > 0), tp, pp, cp, ep.
   std::vector<GroupTraffic> traffic;
-  double comm_time_s = 0;     ///< the sum of traffic[].seconds (no overlap: an upper bound)
-  double compute_time_s = 0;  ///< train_time_seconds(P, B s, peak, mfu, G) * recompute factor
+  double comm_time_s = 0;  ///< the sum of traffic[].seconds (no overlap: an upper bound)
+  /// train_time_seconds(N, B s, peak, mfu, G) * recompute factor, N = active_params(): a
+  /// mixture of experts computes with the experts a token goes through only
+  double compute_time_s = 0;
   /// The 1F1B pipeline bubble, (pp - 1) / (v m): idle time over compute time (Narayanan et
   /// al. 2021 sec. 2.2.1-2.2.2; v = mix.virtual_stages).
   double bubble = 0;
@@ -310,7 +330,9 @@ std::string family_name(Family f);
 /// req.max_micro_batch with dp * b <= B, and b > 1 only where dp * b divides B; with pp > 1
 /// virtual stages v = 1, 2, 4, ..., v > 1 only where v divides a stage's ceil(layers / pp)
 /// layers (whole layers per chunk; the last chunks may be short, as Llama 3's 126 layers in 16
-/// stages of 8) and m is a whole multiple of pp (Megatron's interleaved schedule requires it).
+/// stages of 8) and m is a whole multiple of pp (Megatron's interleaved schedule requires it);
+/// every mix with ep = req.setup.ep, and only the layouts whose dp (and HSDP shard) it divides;
+/// the tp degrees also divide an MoE's expert_ffn().
 std::vector<Mix> candidates(const PlanRequest& req, Family f);
 
 /// The fewest tokens of a sequence a context-parallel GPU keeps: the cost model prices s/cp
@@ -338,13 +360,14 @@ struct Plan {
   Evaluation eval;  ///< the chosen mix, costed
   Family family = Family::kDdp;
   /// One reason per choice, in this order and each starting with its name: "dp N: ...",
-  /// "tp N: ...", "pp N: ...", "cp N: ...", "zero K: ...", "recompute R: ...".
+  /// "tp N: ...", "pp N: ...", "cp N: ...", "zero K: ...", "recompute R: ...",
+  /// "micro-batch B: ...", and with expert parallelism "ep N: ...".
   std::vector<std::string> reasons;
   /// The five branches of the tree, in the order of Family.
   std::vector<Branch> branches;
   bool fits = false;        ///< eval.fits && eval.batch_ok: some mix fits on G GPUs
   int64_t needs_gpus = 0;   ///< when !fits: the smallest G * 2^k that fits; 0 if none up to 2^20
-  double train_time_s = 0;  ///< train_time_seconds(P, tokens, peak, mfu, G)
+  double train_time_s = 0;  ///< train_time_seconds(N, tokens, peak, mfu, G), N active params
   double train_time_1gpu_s = 0;  ///< the same on one GPU: "won't finish"
   /// When fits: the fastest mix, over the candidates of every costed branch, that fits, feeds
   /// every replica and has another layout (dp, tp, pp, cp) than eval's: the best alternative

@@ -103,14 +103,20 @@ void validate(const PlanRequest& r) {
   TrainingSetup chosen_by_plan = r.setup;  // the degrees are the plan's to choose
   chosen_by_plan.dp = chosen_by_plan.tp = chosen_by_plan.pp = 1;
   chosen_by_plan.zero_stage = 0;
-  if (r.setup.ep > 1) {
-    throw UsageError("--ep",
-                     "the plan chooses its degrees itself, and does not cost expert "
-                     "parallelism",
-                     "drop --ep from --plan (the plan replicates the experts over dp and shards "
-                     "their states with ZeRO); the ledger alone takes --ep");
-  }
+  chosen_by_plan.ep = 1;
   validate(chosen_by_plan, &r.model);
+  if (r.setup.ep != 1) {  // ep is the request's: the model's checks with dp = ep, then the GPUs
+    TrainingSetup with_ep = chosen_by_plan;
+    with_ep.dp = with_ep.ep = r.setup.ep;
+    validate(with_ep, &r.model);
+    if (r.gpus % r.setup.ep != 0) {
+      throw UsageError("--ep",
+                       fmt::format("expert parallelism over {} GPUs does not divide the {} GPUs "
+                                   "of the plan",
+                                   r.setup.ep, r.gpus),
+                       "the ep ranks are data-parallel ranks: use an --ep that divides --gpus");
+    }
+  }
   validate(r.cluster, r.gpus);
   if (r.global_batch < 0) {
     throw UsageError("--global-batch", fmt::format("{} sequences per step", r.global_batch),
@@ -150,6 +156,7 @@ std::string strategy_name(Strategy s) {
     case Strategy::kTp: return "TP(+SP)";
     case Strategy::kPp: return "PP";
     case Strategy::kCp: return "SP/CP";
+    case Strategy::kEp: return "EP";
   }
   return "?";
 }
@@ -210,6 +217,7 @@ int64_t group_ranks_per_node(Strategy s, const Mix& mix, int64_t gpus_per_node) 
       case Strategy::kTp: member = c == 0 && p == 0 && d == 0; break;
       case Strategy::kCp: member = t == 0 && p == 0 && d == 0; break;
       case Strategy::kPp: member = t == 0 && c == 0 && d == 0; break;
+      case Strategy::kEp: member = t == 0 && c == 0 && p == 0 && d < mix.ep; break;
       case Strategy::kDdp:
         member = t == 0 && p == 0 && (mix.shard > 0 ? c == 0 && d % mix.shard == 0 : true);
         break;
@@ -240,7 +248,7 @@ std::vector<int64_t> tp_degrees(const PlanRequest& r) {
   const int64_t limit = std::min(r.cluster.gpus_per_node, r.gpus);
   for (int64_t t = 2; t <= limit; t *= 2) {
     if (r.model.heads % t == 0 && r.model.kv_heads % t == 0 && r.model.ffn % t == 0 &&
-        r.gpus % t == 0) {
+        r.model.expert_ffn() % t == 0 && r.gpus % t == 0) {
       out.push_back(t);
     }
   }
@@ -269,6 +277,8 @@ std::vector<Mix> candidates(const PlanRequest& req, Family f) {
   const auto push = [&](int64_t tp, int64_t pp, int64_t cp, int min_zero, int max_zero,
                         int64_t shard) {
     const int64_t dp = G / (tp * pp * cp);
+    const int64_t ep = req.setup.ep;  // folded over dp (and the shard group)
+    if (dp % ep != 0 || (shard > 0 && shard % ep != 0)) return;
     const int64_t stage_layers = (req.model.layers + pp - 1) / pp;
     for (int z = min_zero; z <= max_zero; ++z) {
       for (Recompute r : kRecomputes) {
@@ -289,6 +299,7 @@ std::vector<Mix> candidates(const PlanRequest& req, Family f) {
             m.micro_batch = b;
             m.virtual_stages = v;
             m.shard = shard;
+            m.ep = ep;
             out.push_back(m);
           }
         }
@@ -536,6 +547,16 @@ std::vector<std::string> explain(const PlanRequest& req, const Evaluation& e, Fa
     mb += "; fewer, larger ones cut ZeRO's per-micro-batch traffic";
   }
   out.push_back(mb);
+
+  // ep (only with expert parallelism)
+  if (const GroupTraffic* t = traffic(Strategy::kEp)) {
+    out.push_back(fmt::format(
+        "ep {}: each GPU holds {} of each MoE block's {} routed experts ({:.3g}B parameters); "
+        "the all-to-alls that send every token to its {} experts and back send {} per GPU a "
+        "step, {} on {}",
+        mix.ep, req.model.experts / mix.ep, req.model.experts, l.expert_params / 1e9,
+        req.model.top_k, gb(t->bytes_per_gpu), secs(t->seconds), link(t)));
+  }
   return out;
 }
 
@@ -680,13 +701,15 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
         break;
       case Strategy::kTp:
         mix.tp = row.degree = largest([&](int64_t t) {
-          return req.model.heads % t == 0 && req.model.kv_heads % t == 0 && req.model.ffn % t == 0;
+          return req.model.heads % t == 0 && req.model.kv_heads % t == 0 &&
+                 req.model.ffn % t == 0 && req.model.expert_ffn() % t == 0;
         });
         break;
       case Strategy::kPp: mix.pp = row.degree = std::min(n, req.model.layers); break;
       case Strategy::kCp:
         mix.cp = row.degree = largest([&](int64_t c) { return req.setup.seq % (2 * c) == 0; });
         break;
+      case Strategy::kEp: break;  // not a row of the outline's table (all_strategies())
     }
     switch (s) {
       case Strategy::kDdp:
@@ -724,6 +747,7 @@ std::vector<StrategyRow> strategy_table(const PlanRequest& req, int64_t n) {
         row.collectives = "all-gather(K,V) fwd + reduce-scatter(dK,dV) bwd per layer";
         row.formula = "2mL (n-1)/n 4sb kv";
         break;
+      case Strategy::kEp: break;
     }
     const Ledger l = mix_ledger(req, mix);
     const auto shrinks = [](double got, double was) { return got < was * (1 - 1e-9); };

@@ -102,6 +102,31 @@ TEST(L01Program, ExpertParallelismJson) {
       << text.out;
 }
 
+TEST(L01Program, PlanWithExpertParallelism) {
+  // --plan --ep 8: every mix keeps ep 8 over its dp ranks, and costs the all-to-alls
+  // (L01Traffic.ExpertAllToAll: 30,064,771,072 bytes a step for dp 16 at 4096 tokens, 64 a step).
+  const Result r = run_lesson01({"--plan", "--model", "mixtral-8x7b", "--gpus", "16", "--ep", "8",
+                                 "--seq", "4096", "--global-batch", "64", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = last_json_line(r.out);
+  EXPECT_EQ(j.at("params").get<int64_t>(), 46702792704LL);
+  EXPECT_EQ(j.at("active_params").get<int64_t>(), 12879925248LL);
+  const auto& plan = j.at("plan");
+  EXPECT_EQ(plan.at("ep").get<int64_t>(), 8);
+  EXPECT_EQ(plan.at("dp").get<int64_t>() % 8, 0) << "ep folds over the dp ranks";
+  bool costed = false;
+  for (const auto& t : plan.at("traffic")) costed |= t.at("strategy") == "EP";
+  EXPECT_TRUE(costed) << plan.at("traffic");
+  const auto& reasons = plan.at("reasons");
+  ASSERT_EQ(reasons.size(), 8u) << "dp, tp, pp, cp, zero, recompute, micro-batch, ep";
+  EXPECT_EQ(reasons[7].get<std::string>().rfind("ep 8: ", 0), 0u) << reasons[7];
+  const Result cmp =
+      run_lesson01({"--plan", "--model", "mixtral-8x7b", "--gpus", "16", "--ep", "8", "--seq",
+                    "4096", "--global-batch", "64", "--compare", "16x1x1x1:1", "--json"});
+  ASSERT_EQ(cmp.code, 0) << cmp.err;
+  EXPECT_EQ(last_json_line(cmp.out).at("compare").at("ep").get<int64_t>(), 8);
+}
+
 TEST(L01Program, TableAndTimeToTrain) {
   const Result r = run_lesson01({"--model", "llama3-70b", "--tokens", "1e12", "--gpus", "1"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -330,7 +355,11 @@ TEST(L01ProgramGiven, BadInputExitsWithTwoAndNamesTheFlag) {
       {{"--model", "mixtral-8x7b", "--dp", "2", "--ep", "4"}, "--ep"},  // ep divides dp
       {{"--model", "mixtral-8x7b", "--ep", "0"}, "--ep"},
       {{"--params", "7e9", "--dp", "2", "--ep", "2"}, "--ep"},
-      {{"--plan", "--model", "mixtral-8x7b", "--ep", "2"}, "--ep"},
+      {{"--plan", "--model", "mixtral-8x7b", "--ep", "3"}, "--ep"},  // 8 experts over 3
+      {{"--plan", "--model", "llama-7b", "--ep", "2"}, "--ep"},
+      {{"--plan", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "16"}, "--ep"},
+      {{"--plan", "--model", "mixtral-8x7b", "--gpus", "16", "--ep", "8", "--compare", "2x8x1x1"},
+       "--compare"},  // dp 2: ep 8 does not fold over it
       {{"--arch", "llama", "--hidden", "64", "--layers", "2", "--heads", "4", "--ffn", "128",
         "--vocab", "10", "--top-k", "2"},
        "--experts"},

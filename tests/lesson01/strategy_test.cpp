@@ -167,7 +167,12 @@ TEST(L01Collectives, NcclTestsBusBandwidthFactors) {
                      "nccl-tests: all-gather (n-1)/n");
     EXPECT_CLOSE_REL(collective_bytes(Collective::kSendRecv, bytes, n), bytes, 1e-12,
                      "nccl-tests: sendrecv 1");
+    // nccl-tests src/alltoall.cu: size = a rank's whole send buffer, busbw factor (n-1)/n (the
+    // 1/n it keeps for itself does not travel).
+    EXPECT_CLOSE_REL(collective_bytes(Collective::kAllToAll, bytes, n), (k - 1) / k * bytes, 1e-12,
+                     "nccl-tests: alltoall (n-1)/n");
   }
+  EXPECT_EQ(collective_bytes(Collective::kAllToAll, bytes, 1), 0.0) << "one rank keeps it all";
   EXPECT_EQ(collective_bytes(Collective::kAllReduce, bytes, 1), 0.0) << "one rank sends nothing";
   EXPECT_EQ(collective_bytes(Collective::kAllGather, bytes, 1), 0.0);
 }
@@ -368,6 +373,65 @@ TEST(L01Links, RankOrderTpCpPpDp) {
   m.shard = 4;
   EXPECT_FALSE(crosses_nodes(Strategy::kZero3, m, 8)) << "HSDP's shard group inside a node";
   EXPECT_TRUE(crosses_nodes(Strategy::kDdp, m, 8)) << "its replicas across nodes";
+  // Expert parallelism folds over ep consecutive dp ranks (stride tp * cp * pp): ep 8 beside
+  // tp 1 fills one 8-GPU node; beside tp 2 it spans 16 GPUs.
+  m = Mix{};
+  m.dp = 16;
+  m.ep = 8;
+  EXPECT_FALSE(crosses_nodes(Strategy::kEp, m, 8)) << "ep 8, stride 1: one node";
+  m.tp = 2;
+  EXPECT_TRUE(crosses_nodes(Strategy::kEp, m, 8)) << "ep 8, stride 2: two nodes";
+  m.ep = 4;
+  EXPECT_FALSE(crosses_nodes(Strategy::kEp, m, 8)) << "ep 4, stride 2: one node";
+}
+
+TEST(L01Traffic, ExpertAllToAll) {
+  // Mixtral 8x7B (h 4096, top-2, 32 MoE blocks) on 16 GPUs, dp 16 with ep 8, 4096-token
+  // sequences, 64 a step: m = 64 / 16 = 4 micro-batches of 1 sequence. Per MoE block and
+  // micro-batch the GPU routes T = 4096 tokens to 2 experts each: T k h 2 bytes
+  // = 4096 x 2 x 4096 x 2 = 67,108,864 bytes, of which (8-1)/8 leave it: 58,720,256; dispatch
+  // and combine, forward and backward: 4 x 58,720,256 = 234,881,024; x 32 blocks x 4
+  // micro-batches = 30,064,771,072 bytes a step.
+  PlanRequest r = request("mixtral-8x7b", "dgx-h100", 16, 4096, 64);
+  r.setup.ep = 8;
+  Mix mix;
+  mix.dp = 16;
+  mix.ep = 8;
+  EXPECT_DOUBLE_EQ(step_bytes_per_gpu(Strategy::kEp, r, mix), 30064771072.0)
+      << "closed form (by hand): m L_moe 4 (ep-1)/ep T k h 2";
+  // tp 2 (dp 8): each GPU routes its sequence-parallel half, T = 2048, and m = 64 / 8 = 8:
+  // the same bytes a step, 8 x 32 x 4 x 7/8 x 2048 x 2 x 4096 x 2 = 30,064,771,072.
+  mix.dp = 8;
+  mix.tp = 2;
+  EXPECT_DOUBLE_EQ(step_bytes_per_gpu(Strategy::kEp, r, mix), 30064771072.0)
+      << "closed form (by hand): T = s b / tp";
+  // Full recomputation repeats the forward's dispatch and combine: 6 all-to-alls, not 4.
+  mix.recompute = Recompute::kFull;
+  EXPECT_DOUBLE_EQ(step_bytes_per_gpu(Strategy::kEp, r, mix), 30064771072.0 * 6 / 4);
+  mix = Mix{};
+  mix.dp = 16;  // ep 1: the experts are replicated, no all-to-all
+  EXPECT_EQ(step_bytes_per_gpu(Strategy::kEp, r, mix), 0.0);
+}
+
+TEST(L01Evaluate, ExpertParallelGroupCostsItsAllToAll) {
+  PlanRequest r = request("mixtral-8x7b", "dgx-h100", 16, 4096, 64);
+  r.setup.ep = 8;
+  Mix mix;
+  mix.dp = 16;
+  mix.ep = 8;
+  mix.zero_stage = 1;
+  const Evaluation e = evaluate(r, mix);
+  ASSERT_EQ(e.traffic.size(), 2u) << "the data-parallel group, then ep";
+  EXPECT_EQ(e.traffic[1].strategy, Strategy::kEp);
+  EXPECT_EQ(e.traffic[1].degree, 8);
+  EXPECT_FALSE(e.traffic[1].crosses_nodes) << "ep 8 consecutive ranks: one node";
+  EXPECT_DOUBLE_EQ(e.traffic[1].bytes_per_gpu, 30064771072.0) << "L01Traffic.ExpertAllToAll";
+  // The ledger holds E/ep experts a GPU: 45,097,156,608 / 8 = 5,637,144,576 (L01Moe).
+  EXPECT_DOUBLE_EQ(e.ledger.expert_params, 5637144576.0);
+  // Compute follows the active parameters: 6 x 12,879,925,248 x (64 x 4096 tokens) / (16 GPUs
+  // x 989e12 x 0.4).
+  EXPECT_CLOSE_REL(e.compute_time_s, 6 * 12879925248.0 * 64 * 4096 / (16 * 989e12 * 0.4), 1e-12,
+                   "closed form: 6 N_active D / (G peak mfu)");
 }
 
 TEST(L01MixLedger, ExtendsComputeLedger) {
