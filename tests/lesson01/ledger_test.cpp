@@ -420,7 +420,7 @@ TEST(L01Moe, Mixtral8x7bExact) {
   // Total: 32 x 1,451,270,144 + 262,148,096 = 46,440,644,608 + 262,148,096 = 46,702,792,704.
   // Active: each token goes through 2 experts, so a block holds 41,943,040 + 2 x 176,160,768 +
   //   32,768 + 8,192 = 394,305,536; 32 x 394,305,536 + 262,148,096 = 12,879,925,248.
-  // (The paper rounds them to "47B" and "13B active", sec. 1 and 2.1.)
+  // (The paper's abstract rounds them: 47B parameters, 13B active.)
   const ModelConfig m = preset("mixtral-8x7b");
   EXPECT_EQ(count_params(m), 46702792704LL) << "Mixtral 8x7B: 46,702,792,704 (config, by hand)";
   EXPECT_EQ(active_params(m), 12879925248LL)
