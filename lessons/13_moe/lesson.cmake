@@ -43,3 +43,15 @@ if(DTC_MPIRUN)
     --json-same router_counts --losses-like $<TARGET_FILE:lesson13_solution>
     "--losses-like-args=${l13_model_args}" -- ${l13_model} --ep 2 --json)
 endif()
+
+# Lesson 01's ledger against this lesson's model and memory (tests/lesson13/ledger_agreement_test.cpp):
+# both reference solutions, where lesson 01 is built (the light path leaves it out).
+if(TARGET lesson01_solution_lib)
+  add_executable(lesson13_ledger_tests tests/lesson13/ledger_agreement_test.cpp)
+  target_link_libraries(lesson13_ledger_tests PRIVATE lesson13_solution_lib lesson01_solution_lib
+                        dtc_test_support dtc_test_main)
+  set_target_properties(lesson13_ledger_tests PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
+  dtc_discover_tests(lesson13_ledger_tests PREFIX "course.ledger_vs_lesson13."
+                     LABELS "lesson13;solution;lesson13-solution")
+endif()

@@ -336,6 +336,40 @@ TEST(L13Bytes, EachPeerGetsItsCopiesAndNoMore) {
       kTimeout);
 }
 
+// Uniform routing (token t's j-th choice expert (t k + j) mod E): the token all-to-alls of one
+// forward and backward send the closed form, N k h 4 bytes (ep - 1) / ep each way, forward and
+// backward: 4 N k h 4 (ep - 1) / ep to the other ranks; the counts E/P int64 to each.
+TEST(L13Bytes, UniformRoutingSendsTheClosedForm) {
+  for (int world : {2, 4}) {
+    const int64_t n = 8, k = 2, e = 8, h = 5;
+    run_ranks(
+        world,
+        [&](RankContext& ctx) {
+          auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+          const torch::Tensor x = field(n, h, 0.3, ctx.rank).requires_grad_(true);
+          const Routing routing =
+              routing_of(n, k, [&](int64_t t, int64_t j) { return (t * k + j) % e; });
+          const Dispatch d = dispatch(x, routing, e, *rec);
+          combine(d.tokens * 2.0, d, routing, *rec).sum().backward();
+          const auto events = rec->events("alltoall");
+          ASSERT_EQ(events.size(), 5u);
+          int64_t tokens = 0, counts = 0;
+          for (size_t i = 0; i < events.size(); ++i) {
+            for (int q = 0; q < world; ++q) {
+              if (q != ctx.rank)
+                (i == 0 ? counts : tokens) += events[i].sent_to[static_cast<size_t>(q)];
+            }
+          }
+          EXPECT_EQ(tokens, 4 * n * k * h * 4 * (world - 1) / world)
+              << world << " ranks: 4 N k h 4 (ep-1)/ep bytes (closed form)";
+          EXPECT_EQ(counts, (e / world) * 8 * (world - 1))
+              << "the counts: E/P int64 to each other rank";
+          EXPECT_EQ(counts + tokens, rec->alltoall_bytes_to_others());
+        },
+        kTimeout);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. The layer against the single-device MoE
 // ---------------------------------------------------------------------------------------------
