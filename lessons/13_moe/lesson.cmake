@@ -55,3 +55,16 @@ if(TARGET lesson01_solution_lib)
   dtc_discover_tests(lesson13_ledger_tests PREFIX "course.ledger_vs_lesson13."
                      LABELS "lesson13;solution;lesson13-solution")
 endif()
+
+# A smoke run of bench/lesson13_vs_pytorch.py (one process and ep 2 against PyTorch, the same
+# losses and router counts, the all-to-all bytes and PyTorch's dispatch time): tiny sizes, one run
+# each. Primary path only: the script needs the venv's PyTorch 2.x.
+if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
+  get_filename_component(_l13_bin "${DTC_TORCHRUN}" DIRECTORY)
+  add_test(NAME lesson13.solution.bench_smoke
+    COMMAND "${_l13_bin}/python" "${PROJECT_SOURCE_DIR}/bench/lesson13_vs_pytorch.py"
+            --binary $<TARGET_FILE:lesson13_solution> --nproc 2 --steps 3 --layers 2
+            --hidden 32 --heads 2 --seq 16 --repeats 1)
+  set_tests_properties(lesson13.solution.bench_smoke PROPERTIES
+    LABELS "lesson13;solution;lesson13-solution" TIMEOUT 240)
+endif()
