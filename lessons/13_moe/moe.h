@@ -39,10 +39,10 @@
 //      token moves;
 //   3. dispatch() and combine(): the token copies to the ranks of their experts, grouped by local
 //      expert, and the experts' results back, in place, weighted by the router;
-//   4. moe_loss(): the training loss: cross-entropy + Switch's load-balancing loss over the global
-//      batch + the router z-loss;
-//   5. reduce_gradients(): every gradient the single-device gradient of the global batch's loss,
+//   4. reduce_gradients(): every gradient the single-device gradient of the global batch's loss,
 //      expert and non-expert parameters over their own groups, each divided exactly once;
+//   5. moe_loss(): the training loss: cross-entropy + Switch's load-balancing loss over the global
+//      batch + the router z-loss;
 //   6. update_expert_bias(): the auxiliary-loss-free bias step, the same on every rank.
 //
 // What must hold: after any number of steps (dropless), every rank's parameters are the
@@ -85,7 +85,8 @@ torch::Tensor all_to_all(const torch::Tensor& x, const std::vector<int64_t>& sen
 ///
 /// @p send_counts is (E,) int64 on this rank: the copies it sends to each expert, in global
 /// expert order (experts [q E/P, (q+1) E/P) live on ep rank q). Returns (P, E/P) int64: row q is
-/// what ep rank q sends to each of this rank's E/P experts. One collective over @p ep.
+/// what ep rank q sends to each of this rank's E/P experts. One all-to-all over @p ep (the tests
+/// count it: E/P int64 to each rank).
 torch::Tensor exchange_counts(const torch::Tensor& send_counts, Comm& ep);
 
 /// What dispatch() hands the local experts, and what combine() needs to undo it.
@@ -99,7 +100,7 @@ struct Dispatch {
   // Yours, filled by dispatch() for combine(); the names are a suggestion.
   torch::Tensor copies;              ///< the kept copies' indices into the N x k choices, sent
                                      ///< in this order
-  torch::Tensor regroup;             ///< received row -> its row in `tokens`
+  torch::Tensor regroup;             ///< row i of `tokens` is received row regroup[i]
   std::vector<int64_t> send_splits;  ///< copies sent to each ep rank
   std::vector<int64_t> recv_splits;  ///< copies received from each ep rank
 };

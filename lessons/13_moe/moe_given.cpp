@@ -198,11 +198,117 @@ void MoeLayerImpl::shard_experts(Comm* ep) {
   ep_ = ep;
 }
 
+void MoeLayerImpl::split_experts(Comm* group) {
+  if (group == nullptr || group->getSize() == 1) return;
+  const int64_t p = group->getSize();
+  const int64_t ffn = experts->c_fc->weight.size(1);
+  TORCH_CHECK(ffn % p == 0, "tensor-parallel experts: 4h = ", ffn, " does not split over ", p,
+              " ranks");
+  const int64_t w = ffn / p, at = group->getRank() * w;
+  torch::NoGradGuard no_grad;
+  experts->c_fc->weight.set_data(experts->c_fc->weight.narrow(1, at, w).clone());
+  experts->c_fc->bias.set_data(experts->c_fc->bias.narrow(1, at, w).clone());
+  experts->c_proj->weight.set_data(experts->c_proj->weight.narrow(2, at, w).clone());
+  tp_ = group;
+}
+
+namespace {
+
+// An all-to-all of equal splits: rows [q n, (q+1) n) of x to rank q.
+torch::Tensor even_exchange(const torch::Tensor& x, Comm& comm) {
+  torch::Tensor in = x.contiguous();
+  torch::Tensor out = torch::empty_like(in);
+  std::vector<int64_t> none;
+  comm.alltoall_base(out, in, none, none)->wait();
+  return out;
+}
+
+torch::Tensor repeat_rows(const torch::Tensor& x, int64_t p) {
+  std::vector<torch::Tensor> copies(static_cast<size_t>(p), x);
+  return torch::cat(copies, 0);
+}
+
+torch::Tensor sum_blocks(const torch::Tensor& x, int64_t p) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] /= p;
+  shape.insert(shape.begin(), p);
+  return x.reshape(shape).sum(0);
+}
+
+class GatherRows : public torch::autograd::Function<GatherRows> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    Comm& c = comm_from(comm);
+    return even_exchange(repeat_rows(x, c.getSize()), c);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list g) {
+    Comm& c = comm_of(ctx);
+    return {sum_blocks(even_exchange(g[0], c), c.getSize()), torch::Tensor()};
+  }
+};
+
+class ScatterSum : public torch::autograd::Function<ScatterSum> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    Comm& c = comm_from(comm);
+    return sum_blocks(even_exchange(x, c), c.getSize());
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list g) {
+    Comm& c = comm_of(ctx);
+    return {even_exchange(repeat_rows(g[0], c.getSize()), c), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor gather_rows(const torch::Tensor& x, Comm& group) {
+  if (!x.requires_grad()) {
+    torch::NoGradGuard no_grad;
+    return even_exchange(repeat_rows(x, group.getSize()), group);
+  }
+  return GatherRows::apply(x, comm_handle(group));
+}
+
+torch::Tensor scatter_sum(const torch::Tensor& partial, Comm& group) {
+  return ScatterSum::apply(partial, comm_handle(group));
+}
+
 torch::Tensor MoeLayerImpl::forward(const torch::Tensor& x) {
   const torch::Tensor xf = x.reshape({-1, x.size(-1)});
   const Routing r = route(xf, router->weight, expert_bias, moe_, stats);
   torch::Tensor out;
-  if (ep_ == nullptr) {
+  if (tp_ != nullptr) {
+    // every rank's tokens and routing, this rank's slice of every expert over all of them
+    const torch::Tensor xs = gather_rows(xf, *tp_);
+    const torch::Tensor chosen = gather_rows(r.experts, *tp_).reshape({-1});
+    const torch::Tensor weight = gather_rows(r.weights, *tp_).reshape({-1});
+    const torch::Tensor keep = gather_rows(r.keep.to(torch::kLong), *tp_).reshape({-1}).gt(0);
+    const torch::Tensor token =
+        torch::arange(xs.size(0), chosen.options()).repeat_interleave(moe_.top_k);
+    torch::Tensor partial = torch::zeros_like(xs);
+    for (int64_t e = 0; e < moe_.experts; ++e) {
+      const torch::Tensor sel = torch::nonzero(chosen.eq(e).logical_and(keep)).reshape({-1});
+      if (sel.numel() == 0) continue;
+      const torch::Tensor t = token.index_select(0, sel);
+      const torch::Tensor hid =
+          torch::gelu(torch::matmul(xs.index_select(0, t), experts->c_fc->weight[e].t()) +
+                      experts->c_fc->bias[e]);
+      const torch::Tensor y = torch::matmul(hid, experts->c_proj->weight[e].t());
+      partial = partial.index_add(0, t, y * weight.index_select(0, sel).unsqueeze(1));
+    }
+    // each token's output: its partial sums from every rank, and the c_proj bias of its kept
+    // choices, added once, here
+    const torch::Tensor w_kept = r.weights * r.keep.to(r.weights.dtype());  // (N, k)
+    const torch::Tensor bias = experts->c_proj->bias.index_select(0, r.experts.reshape({-1}))
+                                   .reshape({r.experts.size(0), moe_.top_k, -1});
+    out = scatter_sum(partial, *tp_) + (w_kept.unsqueeze(2) * bias).sum(1);
+  } else if (ep_ == nullptr) {
     // The single-device MoE, expert by expert: the copies that chose e (and were kept), through
     // expert e, each times its router weight, added into its token's row.
     const int64_t n = xf.size(0);

@@ -149,6 +149,14 @@ class MoeLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   /// Keeps this ep rank's experts and routes through @p ep from now on.
   void shard_experts(Comm* ep);
+  /// The contrast: tensor-parallel experts over @p group (P ranks). Keeps this rank's 1/P slice
+  /// of every expert's hidden width (c_fc's rows and bias, c_proj's columns; c_proj's bias
+  /// whole). forward() then gathers the group's tokens and their routing (an all-gather), runs
+  /// its slice of every chosen expert on all of them, and sends each token's partial outputs back
+  /// to its rank (a reduce-scatter), which adds them and the c_proj bias. Given code, not a
+  /// training mode: the program and the tests compare its bytes and memory with ep's.
+  /// @throws c10::Error when P does not divide 4h
+  void split_experts(Comm* group);
 
   torch::nn::Linear router{nullptr};  ///< (E, h), no bias
   Experts experts{nullptr};
@@ -163,6 +171,7 @@ class MoeLayerImpl : public torch::nn::Module {
  private:
   MoeConfig moe_;
   Comm* ep_ = nullptr;
+  Comm* tp_ = nullptr;
 };
 TORCH_MODULE(MoeLayer);
 
@@ -176,6 +185,14 @@ MoeLayerImpl& moe_layer(Gpt& model, int64_t i);
 
 /// Keeps ep rank @p ep->getRank()'s experts of every layer and routes through @p ep.
 void shard_experts(Gpt& model, Comm* ep);
+
+/// The rows of @p x (N, ...) of every rank of @p group, in rank order (P N, ...): an all-gather,
+/// as an all-to-all of equal splits; its backward sums each row's P gradients back on its rank.
+/// Every rank's N must be the same.
+torch::Tensor gather_rows(const torch::Tensor& x, Comm& group);
+/// The inverse: @p partial (P N, ...) holds a part of every rank's rows; returns this rank's N
+/// rows summed over the group (a reduce-scatter, as an all-to-all); backward: gather_rows.
+torch::Tensor scatter_sum(const torch::Tensor& partial, Comm& group);
 
 // ---------------------------------------------------------------------------------------------
 // Groups and training (given)

@@ -14,6 +14,7 @@
 #include <ostream>
 
 #include "dtc/cli.h"
+#include "dtc/data.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
 #include "dtc/format.h"
@@ -105,6 +106,37 @@ int run(const TrainOptions& t, const MoeConfig& moe_in, const Options& o, std::o
   }
   const nlohmann::json digest = trainer.digest();
 
+  // The contrast: layer 0's MoE, fresh, one forward and backward on this rank's tokens of step 0
+  // (their embeddings), its experts split over the ep group the two ways. Bytes each rank sent to
+  // the others (recorded), the experts' weights it holds, and the time.
+  nlohmann::json contrast = nullptr;
+  if (ep > 1) {
+    const int64_t rows = run.batch / world;
+    const Batch b =
+        ByteDataset::builtin().batch(run.seed, 0, rows, run.model.ctx, job.rank() * rows);
+    contrast = nlohmann::json::object();
+    for (const char* how : {"ep", "tp"}) {
+      Gpt fresh = make_moe_gpt(run.model, moe, run.seed);
+      MoeLayerImpl& layer = moe_layer(fresh, 0);
+      auto rec = c10::make_intrusive<RecordingComm>(groups.ep->inner());
+      if (std::string(how) == "ep") {
+        layer.shard_experts(rec.get());
+      } else {
+        layer.split_experts(rec.get());
+      }
+      const torch::Tensor x = embed_tokens(fresh->wte, fresh->wpe, b.inputs).detach();
+      const auto t0 = std::chrono::steady_clock::now();
+      layer.forward(x).pow(2).mean().backward();
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      int64_t weights = 0;
+      for (const auto& p : layer.experts->parameters()) weights += p.numel() * p.element_size();
+      contrast[how] = {{"sent_bytes", rec->alltoall_bytes_to_others()},
+                       {"expert_param_bytes", weights},
+                       {"ms", ms}};
+    }
+  }
+
   // 4. Report, 5. finish.
   job.finish();
   if (!job.rank0()) return kExitOk;
@@ -140,6 +172,7 @@ int run(const TrainOptions& t, const MoeConfig& moe_in, const Options& o, std::o
     j["imbalance"] = imbalance;
     j["expert_imbalance"] = expert_imbalance;
     j["alltoall_bytes"] = {{"measured", bytes}, {"uniform_prediction", predicted}};
+    j["expert_tp_contrast"] = contrast;
     print_json_line(out, j);
     return kExitOk;
   }
@@ -159,8 +192,8 @@ int run(const TrainOptions& t, const MoeConfig& moe_in, const Options& o, std::o
     fmt::print(out, "  layer {}  {}\n", i, fmt::join(last.counts[i], " "));
   }
   fmt::print(out,
-             "  busiest expert / mean: {:.2f}; busiest ep rank / mean: {:.2f}; dropped {} of {} "
-             "choices\n",
+             "  busiest expert / mean: {:.2f}; busiest ep rank / mean: {:.2f} (its kept copies, "
+             "summed over the edp groups); dropped {} of {} choices\n",
              last.expert_imbalance, last.imbalance, dropped, chosen);
   fmt::print(out,
              "\nAll-to-all bytes rank 0 sent to other ranks in the last step: {} (uniform routing "
@@ -168,6 +201,20 @@ int run(const TrainOptions& t, const MoeConfig& moe_in, const Options& o, std::o
              "{} layers; plus the counts)\n",
              with_commas(bytes.back()), with_commas(static_cast<int64_t>(predicted)),
              run.model.layers);
+  if (!contrast.is_null()) {
+    fmt::print(out,
+               "\nLayer 0's experts split two ways over the ep group of {} (one forward and "
+               "backward of rank 0's {} tokens; rank 0's numbers):\n",
+               ep, tokens);
+    for (const auto& [how, label] : std::vector<std::pair<std::string, std::string>>{
+             {"ep", "expert parallel: E/ep whole experts"},
+             {"tp", "tensor parallel: 1/ep of every expert"}}) {
+      const nlohmann::json& c = contrast.at(how);
+      fmt::print(out, "  {:<38} weights {:>11} bytes, sent {:>11} bytes, {:7.1f} ms\n", label,
+                 with_commas(c.at("expert_param_bytes").get<int64_t>()),
+                 with_commas(c.at("sent_bytes").get<int64_t>()), c.at("ms").get<double>());
+    }
+  }
   return kExitOk;
 }
 

@@ -186,6 +186,9 @@ std::vector<Case> routing_cases() {
                        return j == 0 ? first
                                      : (first + 1 + static_cast<int64_t>(g() % (e - 1))) % e;
                      }});
+    const int64_t e3 = 3 * world;
+    cases.push_back({"three_experts_per_rank", world, e3, 3, [](int r) { return 4 + r; },
+                     [e3](int r, int64_t t, int64_t j) { return (5 * r + 7 * t + 4 * j) % e3; }});
     cases.push_back({"all_to_one_expert", world, e, 1, [](int) { return 6; },
                      [e](int, int64_t, int64_t) { return e - 1; }});
     cases.push_back({"an_expert_with_none", world, e, 2, [](int) { return 4; },
@@ -210,6 +213,7 @@ TEST(L13Dispatch, RoundTripUnderAdversarialRoutings) {
         for (int64_t j = 0; j < c.k; ++j) want[c.pick(r, t, j)].insert({r, t});
       }
     }
+    for (int64_t x = 0; x < c.experts; ++x) want[x];  // every expert's entry, before the threads
     run_ranks(
         c.world,
         [&](RankContext& ctx) {
@@ -235,7 +239,7 @@ TEST(L13Dispatch, RoundTripUnderAdversarialRoutings) {
               got.insert({static_cast<int>(d.tokens[row][0].item<float>()),
                           static_cast<int64_t>(d.tokens[row][1].item<float>())});
             }
-            EXPECT_EQ(got, want[r * local + j])
+            EXPECT_EQ(got, want.at(r * local + j))
                 << where << ": local expert " << j << " (expert " << r * local + j
                 << ") must get exactly the copies that chose it, from every rank";
           }
@@ -431,6 +435,72 @@ TEST(L13Layer, MatchesTheSingleDeviceMoe) {
   }
 }
 
+// The contrast (given code): tensor-parallel experts over the same group compute the same
+// function, hold as much, and send more: every token to every rank, (P - 1) N h 4 bytes each way
+// and each pass, against ep's N k h 4 (P - 1) / P under uniform routing.
+TEST(L13ExpertTpGiven, SameFunctionOtherBytes) {
+  const int64_t h = 8, n = 6;
+  for (int world : {2, 4}) {
+    MoeConfig moe;
+    moe.experts = 4;
+    moe.top_k = 2;
+    run_ranks(
+        world,
+        [&](RankContext& ctx) {
+          const int r = ctx.rank;
+          const torch::Tensor x = field(n, h, 0.37, r);
+          const torch::Tensor wgt = field(n, h, 0.23, 1 + r);
+          MoeLayer one = make_layer(h, moe, 7);
+          const torch::Tensor x1 = x.clone().requires_grad_(true);
+          const torch::Tensor y1 = one->forward(x1.unsqueeze(0));
+          (y1 * wgt.unsqueeze(0)).sum().backward();
+          auto rec = c10::make_intrusive<RecordingComm>(ctx.comm);
+          MoeLayer tp = make_layer(h, moe, 7);
+          tp->split_experts(rec.get());
+          const torch::Tensor x2 = x.clone().requires_grad_(true);
+          const torch::Tensor y2 = tp->forward(x2.unsqueeze(0));
+          (y2 * wgt.unsqueeze(0)).sum().backward();
+          const std::string where =
+              "world " + std::to_string(world) + ", rank " + std::to_string(r);
+          EXPECT_TRUE(torch::allclose(y2, y1, 1e-5, 1e-6)) << where << ": the output";
+          EXPECT_TRUE(torch::allclose(x2.grad(), x1.grad(), 1e-5, 1e-6)) << where;
+          EXPECT_TRUE(
+              torch::allclose(tp->router->weight.grad(), one->router->weight.grad(), 1e-5, 1e-6))
+              << where << ": the router";
+          EXPECT_TRUE(torch::allclose(tp->experts->c_proj->bias.grad(),
+                                      one->experts->c_proj->bias.grad(), 1e-5, 1e-6))
+              << where << ": c_proj's bias, added on the token's rank";
+          // the hidden slices: every rank's tokens went through them
+          std::vector<torch::Tensor> sum{one->experts->c_fc->weight.grad().clone()};
+          ctx.comm->allreduce(sum)->wait();
+          const int64_t w = 4 * h / world;
+          EXPECT_TRUE(torch::allclose(tp->experts->c_fc->weight.grad(), sum[0].narrow(1, r * w, w),
+                                      1e-5, 1e-6))
+              << where << ": c_fc's slice, from the whole group's tokens";
+          // memory: the ep layout's E/P whole experts, plus c_proj's bias whole on every rank
+          auto bytes = [](MoeLayer& m) {
+            int64_t b = 0;
+            for (const auto& p : m->experts->parameters()) b += p.numel() * 4;
+            return b;
+          };
+          MoeLayer ep = make_layer(h, moe, 7);
+          ep->shard_experts(ctx.comm.get());
+          EXPECT_EQ(bytes(tp), bytes(ep) + (moe.experts - moe.experts / world) * h * 4) << where;
+          // bytes: the tokens out (the first all-to-all) and the partial outputs back (the fifth)
+          const auto events = rec->events("alltoall");
+          ASSERT_GE(events.size(), 5u);
+          for (size_t i : {size_t{0}, size_t{4}}) {
+            int64_t others = 0;
+            for (int q = 0; q < world; ++q) {
+              if (q != r) others += events[i].sent_to[static_cast<size_t>(q)];
+            }
+            EXPECT_EQ(others, (world - 1) * n * h * 4) << where << ": all-to-all " << i;
+          }
+        },
+        kTimeout);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. Training against the single-device MoE: one step's gradients, then the parameters
 // ---------------------------------------------------------------------------------------------
@@ -607,7 +677,7 @@ torch::Tensor tensor_of(const nlohmann::json& values) {
 }
 
 // One MoE layer, its output, its choices, and the gradients of x and of every parameter.
-TEST(L13Reference, TheLayerMatchesPyTorch) {
+TEST(L13LayerGiven, MatchesPyTorch) {
   const nlohmann::json ref = reference().at("layer");
   const nlohmann::json& c = ref.at("config");
   MoeConfig moe;
@@ -733,18 +803,81 @@ TEST(L13Loss, SwitchLossCountsTheWholeJob) {
       kTimeout);
 }
 
+// Switch's loss with different tokens on each rank, sigmoid scores: its value is the closed form
+// from the stats (f over the job's choices, P from the shares, not a softmax of the logits), and
+// each rank's gradient over W is the gradient of the whole batch's loss on one rank for its
+// tokens (P local, f global).
+TEST(L13Loss, SwitchLossGradientIsTheWholeBatchs) {
+  const int world = 2;
+  const int64_t n = 3, e = 4;
+  MoeConfig moe;
+  moe.experts = e;
+  moe.top_k = 2;
+  moe.aux_coef = 0.3;
+  auto logits_of = [&](int r) { return field(n, e, 0.9, 1.7 * r) * 3; };
+  auto counts_of = [&](int r) {
+    return r == 0 ? torch::tensor({4, 1, 0, 1}, torch::kLong)
+                  : torch::tensor({0, 2, 3, 1}, torch::kLong);
+  };
+  auto stats_of = [&](const torch::Tensor& logits, const torch::Tensor& counts) {
+    RouterStats s;
+    s.logits = logits;
+    const torch::Tensor sg = logits.sigmoid();
+    s.shares = sg / sg.sum(-1, true);
+    s.counts = counts;
+    s.kept = counts;
+    return s;
+  };
+  // one rank, the whole batch
+  torch::Tensor whole = torch::cat({logits_of(0), logits_of(1)}).requires_grad_(true);
+  torch::Tensor whole_grad;
+  double whole_loss = 0;
+  run_ranks(1, [&](RankContext& ctx) {
+    const torch::Tensor loss = moe_loss(
+        torch::tensor(0.0f), {stats_of(whole, counts_of(0) + counts_of(1))}, moe, *ctx.comm);
+    loss.backward();
+    whole_loss = loss.item<double>();
+    whole_grad = whole.grad();
+  });
+  // closed form: 0.3 * 4 * sum_i f_i P_i, f = (4, 3, 3, 2) / 12
+  const torch::Tensor f = torch::tensor({4.0, 3.0, 3.0, 2.0}, torch::kDouble) / 12.0;
+  const torch::Tensor sg = whole.detach().to(torch::kDouble).sigmoid();
+  const torch::Tensor p = (sg / sg.sum(-1, true)).mean(0);
+  EXPECT_NEAR(whole_loss, 0.3 * 4 * (f * p).sum().item<double>(), 1e-6)
+      << "aux_coef E sum f_i P_i, P from the shares (sigmoid scores over their sum)";
+  run_ranks(
+      world,
+      [&](RankContext& ctx) {
+        const int r = ctx.rank;
+        torch::Tensor mine = logits_of(r).requires_grad_(true);
+        const torch::Tensor loss =
+            moe_loss(torch::tensor(0.0f), {stats_of(mine, counts_of(r))}, moe, *ctx.comm);
+        loss.backward();
+        EXPECT_TRUE(
+            torch::allclose(mine.grad() / world, whole_grad.narrow(0, r * n, n), 1e-5, 1e-7))
+            << "rank " << r << ": its gradient / W is the whole batch's for its tokens";
+        std::vector<torch::Tensor> sum{loss.detach().reshape({1})};
+        ctx.comm->allreduce(sum)->wait();
+        EXPECT_NEAR(sum[0].item<float>() / world, whole_loss, 1e-6)
+            << "the ranks' losses average to the whole batch's";
+      },
+      kTimeout);
+}
+
 // The bias step from the whole job's load: rank 0 sees only experts 0-1, rank 1 only 2-3.
 TEST(L13Bias, StepsFromTheWholeJobsLoad) {
   run_ranks(
       2,
       [&](RankContext& ctx) {
-        torch::Tensor bias = torch::zeros({4});
+        const torch::Tensor buffer = torch::zeros({4});  // a module's registered buffer
+        torch::Tensor bias = buffer;                     // the handle the trainer passes
         const torch::Tensor counts = ctx.rank == 0 ? torch::tensor({5, 1, 0, 0}, torch::kLong)
                                                    : torch::tensor({0, 0, 2, 0}, torch::kLong);
         update_expert_bias(bias, counts, 0.5, *ctx.comm);
         // load (5, 1, 2, 0), mean 2: down, up, unchanged, up
-        EXPECT_TRUE(torch::equal(bias, torch::tensor({-0.5f, 0.5f, 0.0f, 0.5f})))
-            << "rank " << ctx.rank << ": got " << bias;
+        EXPECT_TRUE(torch::equal(buffer, torch::tensor({-0.5f, 0.5f, 0.0f, 0.5f})))
+            << "rank " << ctx.rank << ": got " << buffer
+            << " (the bias must change in place: the layer's registered buffer is what routes)";
       },
       kTimeout);
 }
@@ -753,7 +886,7 @@ TEST(L13Bias, StepsFromTheWholeJobsLoad) {
 // 9. Bad input: an error naming the flag, before any networking
 // ---------------------------------------------------------------------------------------------
 
-TEST(L13Config, ErrorsNameTheFlag) {
+TEST(L13ConfigGiven, ErrorsNameTheFlag) {
   auto subject = [](MoeConfig c, int world, int ep) -> std::string {
     try {
       check_moe(c, world, ep);
