@@ -79,7 +79,7 @@ torch::Tensor exchange_counts(const torch::Tensor& send_counts, Comm& ep) {
   if (send_counts.dim() != 1 || send_counts.size(0) % p != 0) {
     throw std::invalid_argument(
         fmt::format("exchange_counts: send_counts must be (E,) with E a multiple of ep {}, not {}",
-                    p, send_counts.sizes()));
+                    p, c10::str(send_counts.sizes())));
   }
   // TODO(L13)
   DTC_TODO("L13",
@@ -146,4 +146,4 @@ void update_expert_bias(torch::Tensor& bias, const torch::Tensor& counts, double
 }
 
 }  // namespace dtc::l13
-// generated from solutions/13_moe/moe.cpp; checksum 1c03fea9ef54e0c1
+// generated from solutions/13_moe/moe.cpp; checksum 5c674862b5e9a555

@@ -32,6 +32,9 @@
 //
 //   rank = ep_rank + ep * edp_rank
 //
+// On the course's dtc::Mesh (moe_mesh()): dp_shard = ep, dp_replicate = W / ep; the ep group is a
+// dp_shard group, the expert-data group a dp_replicate group, as torchtitan takes ep from dp_shard.
+//
 // What is yours (moe.cpp):
 //
 //   1. all_to_all(): the all-to-all with uneven split sizes, and its backward;

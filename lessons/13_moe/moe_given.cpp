@@ -13,6 +13,7 @@
 #include "dtc/data.h"
 #include "dtc/digest.h"
 #include "dtc/errors.h"
+#include "dtc/mesh.h"
 #include "moe.h"
 
 namespace dtc::l13 {
@@ -360,37 +361,32 @@ void shard_experts(Gpt& model, Comm* ep) {
 // Groups and training
 // ---------------------------------------------------------------------------------------------
 
+Mesh moe_mesh(int world, int ep) {
+  return Mesh::build(world, {{"dp_replicate", world / ep, "--ep"}, {"dp_shard", ep, "--ep"}});
+}
+
 std::vector<int> ep_group(int rank, int world, int ep) {
-  (void)world;
-  std::vector<int> ranks;
-  for (int p = 0; p < ep; ++p) ranks.push_back(rank - rank % ep + p);
-  return ranks;
+  return moe_mesh(world, ep).group(rank, {"dp_shard"});
 }
 
 std::vector<int> expert_data_group(int rank, int world, int ep) {
-  std::vector<int> ranks;
-  for (int r = rank % ep; r < world; r += ep) ranks.push_back(r);
-  return ranks;
+  return moe_mesh(world, ep).group(rank, {"dp_replicate"});
 }
 
 MoeGroups make_moe_groups(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, int ep,
                           BackendKind backend, std::chrono::milliseconds timeout,
                           const std::string& master_addr) {
-  std::vector<int> everyone(world);
-  for (int r = 0; r < world; ++r) everyone[r] = r;
+  const Mesh mesh = moe_mesh(world, ep);
+  const std::vector<std::string> data = {"dp_replicate", "dp_shard"}, eps = {"dp_shard"},
+                                 edp = {"dp_replicate"};
+  const MeshGroups groups(store, mesh, rank, {data, eps, edp}, backend, timeout, master_addr);
   MoeGroups g;
   g.rank = rank;
   g.world = world;
   g.ep_size = ep;
-  auto sub = [&](const std::string& name, const std::vector<int>& ranks) {
-    std::string members;
-    for (int r : ranks) members += (members.empty() ? "" : "-") + std::to_string(r);
-    return c10::make_intrusive<RecordingComm>(
-        new_subgroup(store, name + "/" + members, ranks, rank, backend, timeout, master_addr));
-  };
-  g.data = sub("data", everyone);
-  g.ep = sub("ep", ep_group(rank, world, ep));
-  g.expert_data = sub("edp", expert_data_group(rank, world, ep));
+  g.data = c10::make_intrusive<RecordingComm>(groups.get(data));
+  g.ep = c10::make_intrusive<RecordingComm>(groups.get(eps));
+  g.expert_data = c10::make_intrusive<RecordingComm>(groups.get(edp));
   return g;
 }
 

