@@ -773,9 +773,9 @@ TEST(L13Reference, TrainingMatchesPyTorch) {
 // 8. The losses, in closed form
 // ---------------------------------------------------------------------------------------------
 
-// At perfect balance (every expert chosen equally, every share 1/E) Switch's loss is aux_coef:
-// aux_coef * E * sum_i (1/E)(1/E) (Fedus et al. 2021, eq. 4). Rank 0 picks experts 0 and 1,
-// rank 1 experts 2 and 3: balanced only over both ranks, so f must count the whole job's choices.
+// When the job's choices are balanced (f_i = 1/E) Switch's loss is aux_coef E sum_i (1/E) P_i =
+// aux_coef, whatever the shares (Fedus et al. 2021, eq. 4). Rank 0 picks experts 0 and 1, rank 1
+// experts 2 and 3: balanced only over both ranks, so f must count the whole job's choices.
 TEST(L13Loss, SwitchLossCountsTheWholeJob) {
   run_ranks(
       2,
@@ -784,18 +784,28 @@ TEST(L13Loss, SwitchLossCountsTheWholeJob) {
         moe.experts = 4;
         moe.top_k = 2;
         moe.aux_coef = 0.25;
+        // each rank's tokens favour the experts it chose: rank 0 experts 0-1, rank 1 experts 2-3
         RouterStats s;
-        s.logits = torch::zeros({3, 4}).requires_grad_(true);
+        s.logits = (ctx.rank == 0 ? torch::tensor({1.0f, 1.0f, 0.0f, 0.0f})
+                                  : torch::tensor({0.0f, 0.0f, 1.0f, 1.0f}))
+                       .repeat({3, 1})
+                       .requires_grad_(true);
         s.shares = s.logits.softmax(-1);
         s.counts = ctx.rank == 0 ? torch::tensor({3, 3, 0, 0}, torch::kLong)
                                  : torch::tensor({0, 0, 3, 3}, torch::kLong);
         s.kept = s.counts.clone();
         const torch::Tensor ce = torch::tensor(1.5f);
         const torch::Tensor loss = moe_loss(ce, {s, s}, moe, *ctx.comm);
+        // over the job f = 1/4 each, so aux_coef E sum_i f_i P_i = aux_coef sum_i P_i = aux_coef
+        // whatever the shares; f from this rank alone (1/2, 1/2, 0, 0) would give aux_coef E
+        // (e / (2e + 2)) = 1.46 aux_coef instead
         EXPECT_NEAR(loss.item<double>(), 1.5 + 2 * 0.25, 1e-6)
-            << "cross-entropy + aux_coef per layer at balance over the job (closed form)";
+            << "cross-entropy + aux_coef per layer: balanced over the job (closed form), though "
+               "not on either rank";
         moe.z_coef = 0.1;
         moe.balance = Balance::kNone;
+        s.logits = torch::zeros({3, 4}).requires_grad_(true);
+        s.shares = s.logits.softmax(-1);
         const torch::Tensor z = moe_loss(ce, {s}, moe, *ctx.comm);
         EXPECT_NEAR(z.item<double>(), 1.5 + 0.1 * std::pow(std::log(4.0), 2), 1e-6)
             << "z-loss of zero logits: z_coef log(E)^2, and no Switch loss with --balance none";
