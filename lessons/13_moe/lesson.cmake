@@ -30,6 +30,12 @@ if(DTC_TORCHRUN)
     --losses-like $<TARGET_FILE:lesson13_solution>
     "--losses-like-args=${l13_model_args} --experts 8"
     -- ${l13_model} --experts 8 --ep 4 --json)
+  # --trace DIR: every rank's timeline (blocks forward and backward, AdamW's step), checked as
+  # lesson 10's are; what gpu-check runs on NCCL.
+  dtc_add_e2e(13 NAME torchrun_trace TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 2
+    --program @PROGRAM@ --trace-check "step,fwd block,bwd block,optimizer"
+    --losses-like $<TARGET_FILE:lesson13_solution> "--losses-like-args=${l13_model_args}"
+    -- ${l13_model} --ep 2 --json)
   # Bad input: every rank exits 2 before touching the network, the flag to fix named.
   dtc_add_e2e(13 NAME torchrun_ep_not_dividing TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 3
     --program @PROGRAM@ --exit 1 --output "exitcode *: 2"

@@ -397,7 +397,8 @@ MoeTrainer::MoeTrainer(const RunConfig& run, const MoeConfig& moe, MoeGroups& gr
   for (const auto& p : model_->named_parameters()) names_.push_back(p.key());
   if (g_.ep_size > 1) shard_experts(model_, g_.ep.get());
   model_->to(device_);
-  adamw_ = std::make_unique<torch::optim::AdamW>(model_->parameters(), adamw_options(run_));
+  // AdamW whose step is an "optimizer" span on the timeline with --trace
+  adamw_ = std::make_unique<TracedAdamW>(model_->parameters(), adamw_options(run_));
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> MoeTrainer::named_parameters() const {
@@ -439,14 +440,13 @@ MoeStep MoeTrainer::step(int64_t step) {
   Comm& report = *g_.data->inner();
   std::vector<torch::Tensor> counts;
   for (const RouterStats& s : stats) {
-    counts.push_back(s.counts.to(torch::kCPU));
-    counts.push_back(s.kept.to(torch::kCPU));
+    counts.push_back(s.counts);
+    counts.push_back(s.kept);
   }
-  std::vector<torch::Tensor> all{
-      torch::cat({torch::stack(counts).to(torch::kDouble).reshape({-1}),
-                  loss.detach().to(torch::kCPU, torch::kDouble).reshape({1})})};
+  std::vector<torch::Tensor> all{torch::cat({torch::stack(counts).to(torch::kDouble).reshape({-1}),
+                                             loss.detach().to(torch::kDouble).reshape({1})})};
   report.allreduce(all)->wait();
-  const torch::Tensor sums = all[0];
+  const torch::Tensor sums = all[0].cpu();
   MoeStep out;
   out.loss = static_cast<float>(sums[sums.size(0) - 1].item<double>() / g_.world);
   const int64_t e = moe_.experts;

@@ -54,6 +54,7 @@ int run(const TrainOptions& t, const MoeConfig& moe_in, const Options& o, std::o
   check_batch_split(run.batch, world);
 
   // 2. Build: the process group, then this rank's data, ep and expert-data groups.
+  job.trace_dir = t.trace;  // --trace DIR: a timeline of every rank
   job.connect();
   MoeGroups groups = make_moe_groups(job.store, job.rank(), world, ep, job.backend, job.timeout,
                                      job.env.master_addr);

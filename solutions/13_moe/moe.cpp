@@ -173,7 +173,7 @@ torch::Tensor moe_loss(const torch::Tensor& ce, const std::vector<RouterStats>& 
   if (config.balance == Balance::kAux && !stats.empty()) {
     std::vector<torch::Tensor> counts;
     for (const RouterStats& s : stats) counts.push_back(s.counts.to(torch::kDouble));
-    std::vector<torch::Tensor> global{torch::stack(counts).cpu()};
+    std::vector<torch::Tensor> global{torch::stack(counts)};  // on the counts' device (NCCL: GPU)
     data.allreduce(global)->wait();
     const torch::Tensor f = global[0] / global[0].sum(1, /*keepdim=*/true);  // (L, E)
     for (size_t i = 0; i < stats.size(); ++i) {
@@ -225,7 +225,7 @@ void reduce_gradients(const std::vector<std::pair<std::string, torch::Tensor>>& 
 void update_expert_bias(torch::Tensor& bias, const torch::Tensor& counts, double rate, Comm& data) {
   // BEGIN SOLUTION: the whole job's choices per expert (one collective), then each expert's bias
   //   up by rate when it was chosen less than the mean, down when more, unchanged at the mean
-  std::vector<torch::Tensor> global{counts.to(torch::kCPU, torch::kDouble).clone()};
+  std::vector<torch::Tensor> global{counts.to(torch::kDouble).clone()};
   data.allreduce(global)->wait();
   const torch::Tensor load = global[0];
   bias.add_((rate * torch::sign(load.mean() - load)).to(bias.device(), bias.scalar_type()));
