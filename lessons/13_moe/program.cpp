@@ -118,6 +118,7 @@ int run(const TrainOptions& t, const MoeConfig& moe_in, const Options& o, std::o
     contrast = nlohmann::json::object();
     for (const char* how : {"ep", "tp"}) {
       Gpt fresh = make_moe_gpt(run.model, moe, run.seed);
+      fresh->to(job.device);
       MoeLayerImpl& layer = moe_layer(fresh, 0);
       auto rec = c10::make_intrusive<RecordingComm>(groups.ep->inner());
       if (std::string(how) == "ep") {
@@ -125,7 +126,8 @@ int run(const TrainOptions& t, const MoeConfig& moe_in, const Options& o, std::o
       } else {
         layer.split_experts(rec.get());
       }
-      const torch::Tensor x = embed_tokens(fresh->wte, fresh->wpe, b.inputs).detach();
+      const torch::Tensor x =
+          embed_tokens(fresh->wte, fresh->wpe, b.inputs.to(job.device)).detach();
       const auto t0 = std::chrono::steady_clock::now();
       layer.forward(x).pow(2).mean().backward();
       const double ms =
