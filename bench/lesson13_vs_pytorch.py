@@ -352,6 +352,26 @@ def first_diff(c1, c2):
     return None
 
 
+def compare(o_ms, t_ms, ours, theirs, counts_note):
+    """Prints one part's table (ms/step, losses, router counts) of our run against PyTorch's;
+    returns the largest relative loss difference over the first JUDGED steps and the first step
+    whose router counts differ (None: identical)."""
+    rel = rel_diff(ours["losses"], theirs["losses"])
+    judged = max(rel[:JUDGED])
+    same = first_diff(ours["router_counts"], theirs["counts"])
+    print(f"  {'':<34}{'ours':>10}{'PyTorch ' + theirs['torch']:>22}{'ours/PyTorch':>14}")
+    print(f"  {'ms/step, median of runs':<34}{o_ms:>10.2f}{t_ms:>22.2f}{o_ms / t_ms:>14.2f}")
+    print(f"  {'loss, first -> last':<34}{ours['losses'][0]:>5.3f}->"
+          f"{ours['losses'][-1]:.3f}{theirs['losses'][0]:>15.3f}->"
+          f"{theirs['losses'][-1]:.3f}")
+    print(f"  losses agree: {'yes' if judged <= RTOL else 'NO'}, max relative difference "
+          f"{judged:.2e} over the first {min(JUDGED, len(rel))} steps (tolerance {RTOL:g}); "
+          f"{max(rel):.2e} over all {len(rel)}")
+    print(f"  router counts per step and layer{counts_note}: "
+          + ("identical" if same is None else f"first differ at step {same}"))
+    return judged, same
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--binary", default=str(ROOT / "build" / "bin" / "lesson13_solution"))
@@ -433,20 +453,8 @@ def main() -> int:
         out["single"] = {"ours_ms": o1, "pytorch_error": single_err}
     else:
         t1 = statistics.median(theirs_ms)
-        rel = rel_diff(ours1["losses"], theirs1["losses"])
-        judged = max(rel[:JUDGED])
+        judged, same = compare(o1, t1, ours1, theirs1, "")
         ok = ok and judged <= RTOL
-        same = first_diff(ours1["router_counts"], theirs1["counts"])
-        print(f"  {'':<34}{'ours':>10}{'PyTorch ' + theirs1['torch']:>22}{'ours/PyTorch':>14}")
-        print(f"  {'ms/step, median of runs':<34}{o1:>10.2f}{t1:>22.2f}{o1 / t1:>14.2f}")
-        print(f"  {'loss, first -> last':<34}{ours1['losses'][0]:>5.3f}->"
-              f"{ours1['losses'][-1]:.3f}{theirs1['losses'][0]:>15.3f}->"
-              f"{theirs1['losses'][-1]:.3f}")
-        print(f"  losses agree: {'yes' if judged <= RTOL else 'NO'}, max relative difference "
-              f"{judged:.2e} over the first {min(JUDGED, len(rel))} steps (tolerance {RTOL:g}); "
-              f"{max(rel):.2e} over all {len(rel)}")
-        print(f"  router counts per step and layer: "
-              + ("identical" if same is None else f"first differ at step {same}"))
         out["single"] = {"ours_ms": o1, "pytorch_ms": t1, "ratio": o1 / t1,
                          "max_rel_loss_diff": judged, "router_counts_same": same is None,
                          "runs_ms": {"ours": ours_ms, "pytorch": theirs_ms}}
@@ -486,20 +494,8 @@ def main() -> int:
         out["ep"]["pytorch_error"] = ep_err
     else:
         tN = statistics.median(theirs_ms)
-        rel = rel_diff(oursN["losses"], theirsN["losses"])
-        judged = max(rel[:JUDGED])
+        judged, same = compare(oN, tN, oursN, theirsN, " (global)")
         ok = ok and judged <= RTOL
-        same = first_diff(oursN["router_counts"], theirsN["counts"])
-        print(f"  {'':<34}{'ours':>10}{'PyTorch ' + theirsN['torch']:>22}{'ours/PyTorch':>14}")
-        print(f"  {'ms/step, median of runs':<34}{oN:>10.2f}{tN:>22.2f}{oN / tN:>14.2f}")
-        print(f"  {'loss, first -> last':<34}{oursN['losses'][0]:>5.3f}->"
-              f"{oursN['losses'][-1]:.3f}{theirsN['losses'][0]:>15.3f}->"
-              f"{theirsN['losses'][-1]:.3f}")
-        print(f"  losses agree: {'yes' if judged <= RTOL else 'NO'}, max relative difference "
-              f"{judged:.2e} over the first {min(JUDGED, len(rel))} steps (tolerance {RTOL:g}); "
-              f"{max(rel):.2e} over all {len(rel)}")
-        print(f"  router counts per step and layer (global): "
-              + ("identical" if same is None else f"first differ at step {same}"))
         out["ep"].update(pytorch_ms=tN, ratio=oN / tN, max_rel_loss_diff=judged,
                          router_counts_same=same is None)
 

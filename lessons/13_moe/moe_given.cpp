@@ -153,12 +153,16 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& tokens,
     // every expert, even with no rows: the result stays in the autograd graph, so that this
     // rank's backward all-to-all runs when its experts got nothing (a rank that skipped it would
     // leave the others waiting: the zero-size hang of nccl#1593, torchtitan PR#1166)
-    const torch::Tensor x = tokens.narrow(0, row, tokens_per_expert[j]);
-    const torch::Tensor hid = torch::gelu(torch::matmul(x, c_fc->weight[j].t()) + c_fc->bias[j]);
-    out.push_back(torch::matmul(hid, c_proj->weight[j].t()) + c_proj->bias[j]);
+    out.push_back(run(j, tokens.narrow(0, row, tokens_per_expert[j])));
     row += tokens_per_expert[j];
   }
   return torch::cat(out, 0);
+}
+
+torch::Tensor ExpertsImpl::run(int64_t j, const torch::Tensor& x, bool proj_bias) {
+  const torch::Tensor hid = torch::gelu(torch::matmul(x, c_fc->weight[j].t()) + c_fc->bias[j]);
+  const torch::Tensor y = torch::matmul(hid, c_proj->weight[j].t());
+  return proj_bias ? y + c_proj->bias[j] : y;
 }
 
 void ExpertsImpl::keep(int64_t first, int64_t n) {
@@ -280,6 +284,28 @@ torch::Tensor scatter_sum(const torch::Tensor& partial, Comm& group) {
   return ScatterSum::apply(partial, comm_handle(group));
 }
 
+namespace {
+
+// The MoE expert by expert: for each expert e, the kept copies that chose it (@p chosen, @p weight
+// and @p keep flattened over x's rows and their k choices), through expert e, each times its
+// router weight, added into its row of x.
+torch::Tensor expert_by_expert(ExpertsImpl& experts, const torch::Tensor& x,
+                               const torch::Tensor& chosen, const torch::Tensor& weight,
+                               const torch::Tensor& keep, int64_t k, bool proj_bias = true) {
+  const torch::Tensor token = torch::arange(x.size(0), chosen.options()).repeat_interleave(k);
+  torch::Tensor out = torch::zeros_like(x);
+  for (int64_t e = 0; e < experts.count(); ++e) {
+    const torch::Tensor sel = torch::nonzero(chosen.eq(e).logical_and(keep)).reshape({-1});
+    if (sel.numel() == 0) continue;
+    const torch::Tensor t = token.index_select(0, sel);
+    const torch::Tensor y = experts.run(e, x.index_select(0, t), proj_bias);
+    out = out.index_add(0, t, y * weight.index_select(0, sel).unsqueeze(1).to(y.dtype()));
+  }
+  return out;
+}
+
+}  // namespace
+
 torch::Tensor MoeLayerImpl::forward(const torch::Tensor& x) {
   const torch::Tensor xf = x.reshape({-1, x.size(-1)});
   const Routing r = route(xf, router->weight, expert_bias, moe_, stats);
@@ -290,19 +316,8 @@ torch::Tensor MoeLayerImpl::forward(const torch::Tensor& x) {
     const torch::Tensor chosen = gather_rows(r.experts, *tp_).reshape({-1});
     const torch::Tensor weight = gather_rows(r.weights, *tp_).reshape({-1});
     const torch::Tensor keep = gather_rows(r.keep.to(torch::kLong), *tp_).reshape({-1}).gt(0);
-    const torch::Tensor token =
-        torch::arange(xs.size(0), chosen.options()).repeat_interleave(moe_.top_k);
-    torch::Tensor partial = torch::zeros_like(xs);
-    for (int64_t e = 0; e < moe_.experts; ++e) {
-      const torch::Tensor sel = torch::nonzero(chosen.eq(e).logical_and(keep)).reshape({-1});
-      if (sel.numel() == 0) continue;
-      const torch::Tensor t = token.index_select(0, sel);
-      const torch::Tensor hid =
-          torch::gelu(torch::matmul(xs.index_select(0, t), experts->c_fc->weight[e].t()) +
-                      experts->c_fc->bias[e]);
-      const torch::Tensor y = torch::matmul(hid, experts->c_proj->weight[e].t());
-      partial = partial.index_add(0, t, y * weight.index_select(0, sel).unsqueeze(1));
-    }
+    const torch::Tensor partial =
+        expert_by_expert(*experts, xs, chosen, weight, keep, moe_.top_k, /*proj_bias=*/false);
     // each token's output: its partial sums from every rank, and the c_proj bias of its kept
     // choices, added once, here
     const torch::Tensor w_kept = r.weights * r.keep.to(r.weights.dtype());  // (N, k)
@@ -310,25 +325,9 @@ torch::Tensor MoeLayerImpl::forward(const torch::Tensor& x) {
                                    .reshape({r.experts.size(0), moe_.top_k, -1});
     out = scatter_sum(partial, *tp_) + (w_kept.unsqueeze(2) * bias).sum(1);
   } else if (ep_ == nullptr) {
-    // The single-device MoE, expert by expert: the copies that chose e (and were kept), through
-    // expert e, each times its router weight, added into its token's row.
-    const int64_t n = xf.size(0);
-    const torch::Tensor flat = r.experts.reshape({-1});
-    const torch::Tensor token = torch::arange(n, flat.options()).repeat_interleave(moe_.top_k);
-    const torch::Tensor weight = r.weights.reshape({-1});
-    const torch::Tensor keep = r.keep.reshape({-1});
-    out = torch::zeros_like(xf);
-    for (int64_t e = 0; e < moe_.experts; ++e) {
-      const torch::Tensor sel = torch::nonzero(flat.eq(e).logical_and(keep)).reshape({-1});
-      if (sel.numel() == 0) continue;
-      const torch::Tensor t = token.index_select(0, sel);
-      const torch::Tensor in = xf.index_select(0, t);
-      const torch::Tensor hid =
-          torch::gelu(torch::matmul(in, experts->c_fc->weight[e].t()) + experts->c_fc->bias[e]);
-      const torch::Tensor y =
-          torch::matmul(hid, experts->c_proj->weight[e].t()) + experts->c_proj->bias[e];
-      out = out.index_add(0, t, y * weight.index_select(0, sel).unsqueeze(1).to(y.dtype()));
-    }
+    // the single-device MoE
+    out = expert_by_expert(*experts, xf, r.experts.reshape({-1}), r.weights.reshape({-1}),
+                           r.keep.reshape({-1}), moe_.top_k);
   } else {
     const Dispatch d = dispatch(xf, r, moe_.experts, *ep_);
     if (on_experts) on_experts(d.tokens, d.tokens_per_expert);

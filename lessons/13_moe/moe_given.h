@@ -113,6 +113,9 @@ class ExpertsImpl : public torch::nn::Module {
   /// + tokens_per_expert[j]) through expert first + j (a loop of dense matmuls: on GPUs, one
   /// grouped GEMM). An expert with no rows still runs, on none. -> (M, h)
   torch::Tensor forward(const torch::Tensor& tokens, const std::vector<int64_t>& tokens_per_expert);
+  /// The held expert @p j on @p x (M, h): c_proj(GELU(c_fc(x))), c_proj's bias added unless
+  /// @p proj_bias is false (tensor-parallel experts add it once, on the token's rank).
+  torch::Tensor run(int64_t j, const torch::Tensor& x, bool proj_bias = true);
   /// Keeps experts [first, first + count) of the ones held (this ep rank's), dropping the others.
   void keep(int64_t first, int64_t count);
   int64_t first() const { return first_; }

@@ -60,14 +60,13 @@ int run(const TrainOptions& t, const MoeConfig& moe_in, const Options& o, std::o
                                      job.env.master_addr);
   MoeTrainer trainer(run, moe, groups, job.device);
   const bool talk = job.rank0() && !t.train.json;
-  const int64_t total_params = [&] {
-    Gpt whole = make_moe_gpt(run.model, moe, run.seed);
-    return count_parameters(*whole);
-  }();
-  // active: the router, k routed experts and the shared ones per token, and the rest
-  const int64_t per_expert = trainer.model()->config().ffn() * run.model.hidden * 2 +
-                             trainer.model()->config().ffn() + run.model.hidden;
-  const int64_t active = total_params - run.model.layers * (moe.experts - moe.top_k) * per_expert;
+  // total, and active: all but the E - k routed experts of each layer a token skips
+  int64_t total_params = 0, expert_params = 0;
+  for (const auto& p : make_moe_gpt(run.model, moe, run.seed)->named_parameters()) {
+    total_params += p.value().numel();
+    if (is_expert(p.key())) expert_params += p.value().numel();
+  }
+  const int64_t active = total_params - expert_params / moe.experts * (moe.experts - moe.top_k);
   if (talk) {
     print_banner(
         out, "Lesson 13: mixture of experts", job, run.model, total_params,
