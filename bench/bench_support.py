@@ -1,7 +1,13 @@
 """What the benchmarks against PyTorch (bench/lessonNN_vs_pytorch.py) share: a free port for a
-torchrun rendezvous, and the last JSON line of a program's output."""
+torchrun rendezvous, the command that starts torchrun, and the last JSON line of a program's
+output."""
 import json
+import pathlib
 import socket
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
+from e2e_common import torchrun_argv  # noqa: E402,F401  (torchrun, without the teardown after)
 
 
 def free_port() -> int:

@@ -22,6 +22,8 @@ import socket
 import subprocess
 import sys
 
+from bench_support import torchrun_argv
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VENV = pathlib.Path(os.environ.get("DTC_CACHE", pathlib.Path.home() / ".cache" / "dtc-course"))
 VENV_BIN = VENV / "venv" / "bin"
@@ -58,7 +60,8 @@ def main() -> int:
               "--bucket-kb", str(a.bucket_kb)]
 
     def torchrun(n):
-        return [str(VENV_BIN / "torchrun"), "--standalone", f"--nproc_per_node={n}"]
+        return [*torchrun_argv(str(VENV_BIN / "torchrun")), "--standalone",
+                f"--nproc_per_node={n}"]
 
     def cpp_torchrun(n):
         if a.cpp_torchrun == "venv":
@@ -66,8 +69,9 @@ def main() -> int:
         with socket.socket() as sock:  # Debian's --standalone always takes port 29400
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        return ["torchrun", "--nnodes=1", f"--nproc_per_node={n}", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint=127.0.0.1:{port}", "--redirects", "2", "--tee", "2"]
+        return [*torchrun_argv("torchrun"), "--nnodes=1", f"--nproc_per_node={n}",
+                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--redirects", "2",
+                "--tee", "2"]
 
     def cpp(n, sync):
         return run(cpp_torchrun(n) + ["--no_python", a.program, *common, "--sync", sync, "--json"],

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from bench_support import free_port, last_json
+from bench_support import free_port, last_json, torchrun_argv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def torchrun(nproc: int) -> list:
     exe = pathlib.Path(sys.executable).with_name("torchrun")
-    return [str(exe), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+    return [*torchrun_argv(str(exe)), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{free_port()}"]
 
 

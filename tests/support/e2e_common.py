@@ -1,7 +1,11 @@
 """Shared by the end-to-end scripts (tests/support/e2e_run.py, tests/lessonNN/e2e.py)."""
+import pathlib
 import shlex
+import shutil
 import socket
 import uuid
+
+QUICK_EXIT = pathlib.Path(__file__).resolve().with_name("torchrun_quick_exit.py")
 
 
 def free_port() -> int:
@@ -31,12 +35,28 @@ def digest_ratios(got, want, rel, atol, sum_rel=None):
     return out
 
 
+def torchrun_argv(torchrun: str) -> list:
+    """The command that starts @p torchrun (a path, or a name on PATH): the script run by the
+    interpreter its first line names, through torchrun_quick_exit.py (torchrun itself, without
+    the interpreter's teardown after it). [torchrun] as it is where that line names no Python."""
+    path = shutil.which(torchrun) or torchrun
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return [torchrun]
+    interpreter = shlex.split(first[2:]) if first.startswith("#!") else []
+    if not interpreter or "python" not in pathlib.Path(interpreter[-1]).name:
+        return [torchrun]
+    return [*interpreter, str(QUICK_EXIT), path]
+
+
 def torchrun_cmd(torchrun, flags, port0, nproc, program, args):
     """torchrun on one machine with a rendezvous of this run's own (a c10d store on a free port,
     or with @p port0 on port 0, which torchrun 2.x binds itself): a port picked beforehand can be
     taken by a run started at the same moment, whose store this torchrun would then join. @p flags
     is a string of extra torchrun flags (the light path's)."""
     port = 0 if port0 else free_port()
-    return [torchrun, f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+    return [*torchrun_argv(torchrun), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={uuid.uuid4()}",
             *shlex.split(flags), "--no_python", program, *args]

@@ -59,7 +59,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from e2e_common import digest_ratios, free_port, torchrun_cmd  # noqa: E402
+from e2e_common import digest_ratios, free_port, torchrun_argv, torchrun_cmd  # noqa: E402
 
 TIMEOUT_S = 150
 RTOL, ATOL = 1e-3, 1e-5
@@ -302,7 +302,7 @@ def main() -> int:
             return 1
         env.update(NPROC=str(a.nproc // 2), TIMEOUT=str(TIMEOUT_S - 10))
         if a.torchrun:
-            env["TORCHRUN"] = " ".join([a.torchrun, *shlex.split(a.torchrun_flags)])
+            env["TORCHRUN"] = " ".join([*torchrun_argv(a.torchrun), *shlex.split(a.torchrun_flags)])
         cmd = [a.two_nodes_script, a.program, *prog_args]
     else:
         cmd = torchrun_cmd(a.torchrun, a.torchrun_flags, a.rdzv_port0, a.nproc, a.program,
