@@ -21,7 +21,7 @@ if(DTC_TORCHRUN)
     --program @PROGRAM@ --nproc 4 --mix 2x1x2x1 --steps 5 --every 2 --fail-at-step 3
     --fail-rank 2 --elastic-nproc 2 --elastic-mix 1x2x1x1 --elastic-step 2 -- ${l12_model})
   # A rank that stops communicating at step 3 (tp 2 x pp 2): the others' collectives time out
-  # after 5 s, they exit, torchrun restarts the job, which resumes from step 2.
+  # after 3 s, they exit, torchrun restarts the job, which resumes from step 2.
   dtc_add_e2e(12 NAME torchrun_hang TIMEOUT 180 PRIMARY COMMAND ${l12_e2e}
     --program @PROGRAM@ --nproc 4 --mix 1x2x2x1 --steps 4 --every 2 --fail-at-step 3
     --fail-rank 3 --hang -- ${l12_model})

@@ -11,12 +11,16 @@ world size. Judged on exit codes and numbers, against the same program run witho
    --checkpoint-every E
    --fail-at-step K --fail-rank R: rank R kills its own process as step K starts, torchrun
    restarts the job, and the second attempt resumes from the newest committed checkpoint (with
-   --hang: rank R stops communicating instead, --hang-at-step K --timeout-s 5, and the others'
-   collectives time out, so that they exit and torchrun restarts the job). Exit 0,
+   --hang: rank R stops communicating instead, --hang-at-step K --timeout-s 3, and the others'
+   collectives time out, so that they exit and torchrun restarts the job; the test waits that
+   timeout out, and 3 s is still twice what the restarted ranks, which connect under the same
+   timeout, took to start on a loaded 2-core machine). Exit 0,
    "restarts" 1, "resumed_from_step" K - K mod E, and "losses" and "param_digest" equal to the
    straight run's, exactly (the same mesh: the same float operations in the same order);
-3. with --elastic-nproc: N ranks run to step S saving there, then N2 ranks (--mix MIX2)
-   resume from it and finish: "resumed_from_step" S, the first S
+3. with --elastic-nproc: the checkpoint of step S that the failing run's N ranks saved on MIX
+   (S a multiple of E before K: its first attempt wrote it before the kill), copied alone into
+   a directory of its own; N2 ranks (--mix MIX2) resume from it and finish: "resumed_from_step"
+   S, "world" N2, the first S
    losses equal, the parameters' digest within rtol 1e-3 of the straight run's (another mesh sums
    in another order: fp32 rounding, not exact).
 Every run has a timeout: a hang is a failure that names the run. Exit 0 when every check passed.
@@ -25,6 +29,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,7 +99,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dtc-l12-") as d:
         failing = run("the failing run", a.nproc,
                       [*args, "--checkpoint-dir", d, "--checkpoint-every", str(a.every),
-                       *(["--hang-at-step", str(a.fail_at_step), "--timeout-s", "5"] if a.hang
+                       *(["--hang-at-step", str(a.fail_at_step), "--timeout-s", "3"] if a.hang
                          else ["--fail-at-step", str(a.fail_at_step)]),
                        "--fail-rank", str(a.fail_rank)],
                       "--max_restarts=1")
@@ -110,32 +115,39 @@ def main() -> int:
             committed = sorted(p.parent.name for p in pathlib.Path(d).glob("step_*/metadata.json"))
             check(committed == [f"step_{k:08d}" for k in range(a.every, a.steps + 1, a.every)],
                   f"the committed checkpoints: {committed}")
-    if a.elastic_nproc:
-        with tempfile.TemporaryDirectory(prefix="dtc-l12-elastic-") as d:
-            first = run(f"{a.nproc} ranks to step {a.elastic_step}", a.nproc,
-                        [*model, "--mix", a.mix, "--steps", str(a.elastic_step),
-                         "--checkpoint-dir", d, "--checkpoint-every", str(a.elastic_step)])
-            second = run(f"{a.elastic_nproc} ranks from step {a.elastic_step}", a.elastic_nproc,
-                         [*model, "--mix", a.elastic_mix, "--steps", str(a.steps),
-                          "--checkpoint-dir", d])
-            if straight and first and second:
-                s = a.elastic_step
-                check(second.get("resumed_from_step") == s,
-                      f"resumed_from_step {second.get('resumed_from_step')} ({s})")
-                check(second.get("world") == a.elastic_nproc,
-                      f"world {second.get('world')} ({a.elastic_nproc})")
-                check(second.get("losses", [])[:s] == straight["losses"][:s],
-                      f"the first {s} losses are the straight run's (read from the checkpoint)")
-                rest = list(zip(second.get("losses", [])[s:], straight["losses"][s:]))
-                check(len(rest) == len(straight["losses"]) - s and
-                      all(abs(g - w) <= 1e-3 * abs(w) + 1e-5 for g, w in rest),
-                      f"the later losses within rtol 1e-3 of the straight run's: {rest}")
-                ratios = digest_ratios(second.get("param_digest"), straight.get("param_digest"),
-                                       1e-3, 1e-5)
-                check(ratios is not None and all(r <= 1 for _, r, _, _ in ratios),
-                      "the parameter digest within rtol 1e-3 of the straight run's"
-                      + ("" if ratios is None else
-                         f" (worst {max(r for _, r, _, _ in ratios):.3f} of the tolerance)"))
+        if a.elastic_nproc:
+            # The checkpoint of step S that N ranks saved on MIX: the failing run's first attempt
+            # wrote it before the kill; alone in a directory of its own, the newest there.
+            with tempfile.TemporaryDirectory(prefix="dtc-l12-elastic-") as e:
+                saved = pathlib.Path(d, f"step_{a.elastic_step:08d}")
+                first = (a.elastic_step % a.every == 0 and a.elastic_step < a.fail_at_step
+                         and (saved / "metadata.json").is_file())
+                check(first, f"{a.nproc} ranks saved step {a.elastic_step}: the failing run's "
+                             f"{saved.name}, committed before the kill")
+                if first:
+                    shutil.copytree(saved, pathlib.Path(e, saved.name))
+                second = first and run(f"{a.elastic_nproc} ranks from step {a.elastic_step}",
+                                       a.elastic_nproc, [*model, "--mix", a.elastic_mix, "--steps",
+                                                         str(a.steps), "--checkpoint-dir", e])
+                if straight and first and second:
+                    s = a.elastic_step
+                    check(second.get("resumed_from_step") == s,
+                          f"resumed_from_step {second.get('resumed_from_step')} ({s})")
+                    check(second.get("world") == a.elastic_nproc,
+                          f"world {second.get('world')} ({a.elastic_nproc})")
+                    check(second.get("losses", [])[:s] == straight["losses"][:s],
+                          f"the first {s} losses are the straight run's (read from the "
+                          "checkpoint)")
+                    rest = list(zip(second.get("losses", [])[s:], straight["losses"][s:]))
+                    check(len(rest) == len(straight["losses"]) - s and
+                          all(abs(g - w) <= 1e-3 * abs(w) + 1e-5 for g, w in rest),
+                          f"the later losses within rtol 1e-3 of the straight run's: {rest}")
+                    ratios = digest_ratios(second.get("param_digest"),
+                                           straight.get("param_digest"), 1e-3, 1e-5)
+                    check(ratios is not None and all(r <= 1 for _, r, _, _ in ratios),
+                          "the parameter digest within rtol 1e-3 of the straight run's"
+                          + ("" if ratios is None else
+                             f" (worst {max(r for _, r, _, _ in ratios):.3f} of the tolerance)"))
     print(f"FAILED: {len(failures)} check(s)" if failures else "all checks passed")
     return 1 if failures else 0
 
