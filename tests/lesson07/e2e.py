@@ -12,8 +12,9 @@
    to within the padding (and stage 3's outer unit, gathered once).
    The same in bf16 (--precision bf16, unless --no-bf16), with the master weights too: the
    paper's own 2 + 2 + 12 bytes per parameter per stage, and half the bytes on the wire.
-2. Losses, 2 ranks, stage 2 and stage 3 with --prefetch on lesson 02's reference case
-   "tiny_tied": PyTorch's losses (tests/reference/lesson02_reference.json), rel 1e-4.
+2. Losses, 2 ranks, stages 0-3 in one run (--stage all --prefetch: stage 3 prefetching) on
+   lesson 02's reference case "tiny_tied": PyTorch's losses
+   (tests/reference/lesson02_reference.json), rel 1e-4.
 3. Checkpoints: 2 ranks save a sharded checkpoint at stage 1 after 4 steps; 3 ranks load it at
    stage 3 and train to step 8, consolidating: the losses of steps 4..7 equal PyTorch's.
 Each torchrun takes its own free port (c10d rendezvous), so it never collides with another run.
@@ -29,14 +30,14 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
-from e2e_common import digest_ratios, free_port  # noqa: E402
+from e2e_common import digest_ratios, free_port, torchrun_argv  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 180
 
 
 def run(args, nproc, program_args):
-    cmd = [args.torchrun, f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+    cmd = [*torchrun_argv(args.torchrun), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
            f"--rdzv_endpoint=127.0.0.1:{free_port()}", *shlex.split(args.torchrun_flags),
            "--no_python", args.program, *program_args]
     print("$", " ".join(cmd), flush=True)
@@ -143,12 +144,18 @@ def main():
     model = ["--layers", str(c["layers"]), "--hidden", str(c["hidden"]), "--heads",
              str(c["heads"]), "--seq", str(c["ctx"]), "--global-batch", str(c["batch"]),
              "--seed", str(c["seed"]), "--lr", str(c["lr"])]
-    for stage, extra in (("2", []), ("3", ["--prefetch"])):
-        j = run(args, 2, ["--stage", stage, "--steps", str(len(case["losses"])), "--json",
-                          *model, *extra])
-        check(all(close(a, b, 1e-4) for a, b in zip(j["losses"], case["losses"])),
-              f"stage {stage}{' --prefetch' if extra else ''} losses == PyTorch's: "
-              f"{j['losses'][-1]:.6f} vs {case['losses'][-1]:.6f}")
+    # One launch: --stage all runs stages 0-3 one after the other, each from the same
+    # initialisation; --prefetch changes stage 3 only (the gather of the next block).
+    j = run(args, 2, ["--stage", "all", "--prefetch", "--steps", str(len(case["losses"])),
+                      "--json", *model])
+    by_stage = {s["stage"]: s for s in j["stages"]}
+    check(sorted(by_stage) == [0, 1, 2, 3], f"stages 0-3 ran: {sorted(by_stage)}")
+    for stage in (0, 1, 2, 3):
+        losses = by_stage.get(stage, {}).get("losses", [])
+        check(len(losses) == len(case["losses"]) and
+              all(close(a, b, 1e-4) for a, b in zip(losses, case["losses"])),
+              f"stage {stage}{' --prefetch' if stage == 3 else ''} losses == PyTorch's: "
+              f"{losses[-1] if losses else float('nan'):.6f} vs {case['losses'][-1]:.6f}")
 
     # 3. sharded checkpoint: 2 ranks save, 3 ranks load (global batch 6 splits both ways); the
     # losses are compared with a 2-rank run straight through (PyTorch's case has batch 4).
