@@ -31,7 +31,7 @@ import sys
 import uuid
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
-from e2e_common import free_port  # noqa: E402
+from e2e_common import free_port, torchrun_argv  # noqa: E402
 
 TIMEOUT_S = 90
 SKIP = 77
@@ -117,8 +117,9 @@ def torchrun_cmd(args, extra):
     Debian's 1.13, whose --standalone always takes port 29400 (parallel tests would join each
     other's rendezvous), with an explicit c10d endpoint on a free port instead."""
     if args.torchrun_kind == "venv":
-        return [args.venv_torchrun, "--standalone", "--nproc_per_node=2", *extra, "--no_python"]
-    return ["torchrun", "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
+        return [*torchrun_argv(args.venv_torchrun), "--standalone", "--nproc_per_node=2", *extra,
+                "--no_python"]
+    return [*torchrun_argv("torchrun"), "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={uuid.uuid4()}",
             "--redirects", "2", "--tee", "2", *extra, "--no_python"]
 
@@ -187,20 +188,36 @@ def mode_two_nodes(args):
     expect(hosts == {"node0": 2, "node1": 2}, f"2 ranks on host node0, 2 on node1 (got {hosts})")
 
 
-def torchrun_parse(args, command: str) -> dict:
+def torchrun_parse(args, commands) -> list:
     """What torchrun's own argument parser (torch.distributed.run.get_args_parser, of the torch
-    that this path's torchrun belongs to) makes of `command` after its first word."""
+    that this path's torchrun belongs to) makes of each of `commands` after its first word: one
+    interpreter for all of them (the import of torch is its cost), leaving without its teardown."""
     python = (str(pathlib.Path(args.venv_torchrun).with_name("python"))
               if args.torchrun_kind == "venv" else "/usr/bin/python3")
-    code = ("import json, sys\n"
+    code = ("import json, os, sys\n"
             "from torch.distributed.run import get_args_parser\n"
-            "a = vars(get_args_parser().parse_args(sys.argv[1:]))\n"
-            "print(json.dumps({k: v for k, v in a.items() if isinstance(v, (str, int, bool, list))}))")
-    p = subprocess.run([python, "-c", code, *shlex.split(command)[1:]], capture_output=True,
-                       text=True, timeout=60)
-    if p.returncode != 0:
-        raise Failure(f"torchrun's parser rejects the command {command!r}:\n{p.stderr[-2000:]}")
-    return json.loads(p.stdout)
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    try:\n"
+            "        a = vars(get_args_parser().parse_args(argv))\n"
+            "    except SystemExit:\n"
+            "        print(json.dumps(None))\n"
+            "        continue\n"
+            "    print(json.dumps({k: v for k, v in a.items()\n"
+            "                      if isinstance(v, (str, int, bool, list))}))\n"
+            "sys.stdout.flush()\n"
+            "sys.stderr.flush()\n"
+            "os._exit(0)\n")
+    argvs = [shlex.split(command)[1:] for command in commands]
+    p = subprocess.run([python, "-c", code, json.dumps(argvs)], capture_output=True, text=True,
+                       timeout=60)
+    parsed = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+    if p.returncode != 0 or len(parsed) != len(commands):
+        raise Failure(f"torchrun's parser did not run:\n{p.stderr[-2000:]}")
+    for command, a in zip(commands, parsed):
+        if a is None:
+            raise Failure(f"torchrun's parser rejects the command {command!r}:\n"
+                          f"{p.stderr[-2000:]}")
+    return parsed
 
 
 def mode_multinode(args, rendezvous: str):
@@ -213,8 +230,7 @@ def mode_multinode(args, rendezvous: str):
     expect(p.returncode == 0, f"the program prints the commands and exits 0 (got {p.returncode})")
     commands = last_json(p.stdout)["commands"]
     expect(len(commands) == 2, f"one command per node (got {len(commands)})")
-    for node, command in enumerate(commands):
-        a = torchrun_parse(args, command)
+    for node, a in enumerate(torchrun_parse(args, commands)):
         print(f"node {node}: torchrun reads {json.dumps(a)}")
         expect(str(a["nnodes"]) in ("2", "2:2") and str(a["nproc_per_node"]) == "2",
                f"node {node}: --nnodes 2, --nproc_per_node 2")
