@@ -36,8 +36,9 @@ if(DTC_TORCHRUN)
     --program @PROGRAM@ --trace-check "step,fwd block,bwd block,optimizer"
     --losses-like $<TARGET_FILE:lesson13_solution> "--losses-like-args=${l13_model_args}"
     -- ${l13_model} --ep 2 --json)
-  # Bad input: every rank exits 2 before touching the network, the flag to fix named.
-  dtc_add_e2e(13 NAME torchrun_ep_not_dividing TIMEOUT 120 COMMAND ${DTC_E2E_RUN} --nproc 3
+  # Bad input: every rank exits 2 before touching the network, the flag to fix named (the
+  # course's own check, before LibTorch is called: primary path only).
+  dtc_add_e2e(13 NAME torchrun_ep_not_dividing TIMEOUT 120 PRIMARY COMMAND ${DTC_E2E_RUN} --nproc 3
     --program @PROGRAM@ --exit 1 --output "exitcode *: 2"
     --output "--ep: 4 experts do not split evenly over ep 3"
     -- ${l13_model})
