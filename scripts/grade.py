@@ -43,19 +43,48 @@ def lessons_in_course():
 
 
 def stage(submission: pathlib.Path, staged: pathlib.Path, notes: dict):
-    """Copies the exercise files from the submission, falling back to the untouched ones."""
-    if staged.exists():
-        shutil.rmtree(staged)
+    """Copies the exercise files from the submission, falling back to the untouched ones. A file
+    already staged with the same content is left as it is (its objects stay built); anything
+    else in the folder is removed."""
+    wanted = {}
     for lesson in lessons_in_course():
         for sol in sorted((ROOT / "solutions" / lesson).iterdir()):
             theirs = submission / lesson / sol.name
-            dst = staged / lesson / sol.name
-            dst.parent.mkdir(parents=True, exist_ok=True)
             if theirs.is_file():
-                shutil.copyfile(theirs, dst)
+                wanted[staged / lesson / sol.name] = theirs
             else:
-                shutil.copyfile(ROOT / "lessons" / lesson / sol.name, dst)
+                wanted[staged / lesson / sol.name] = ROOT / "lessons" / lesson / sol.name
                 notes.setdefault(lesson[:2], []).append(f"{sol.name} not submitted: untouched exercise")
+    if staged.exists():
+        for path in sorted(staged.rglob("*"), reverse=True):
+            if path in wanted:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                if not any(w.is_relative_to(path) for w in wanted):
+                    shutil.rmtree(path)
+            else:
+                path.unlink()
+    for dst, src in wanted.items():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        data = src.read_bytes()
+        if not dst.is_file() or dst.is_symlink() or dst.read_bytes() != data:
+            dst.unlink(missing_ok=True)
+            dst.write_bytes(data)
+
+
+def configured(build: pathlib.Path, options) -> bool:
+    """True when build/ was configured by grade.py with these -D options already: its
+    build.ninja then re-runs CMake by itself when a CMake file or a globbed folder changed."""
+    cache = build / "CMakeCache.txt"
+    if not (cache.is_file() and (build / "build.ninja").is_file()):
+        return False
+    text = cache.read_text(errors="replace")
+    for option in [f"-DCMAKE_HOME_DIRECTORY={ROOT}", *options]:
+        name, value = option[2:].split("=", 1)
+        m = re.search(rf"^{re.escape(name)}:[A-Z]+=(.*)$", text, re.M)
+        if not m or m.group(1) != value:
+            return False
+    return True
 
 
 def run(cmd, timeout=None, **kw):
@@ -316,8 +345,13 @@ def main() -> int:
     prefix = []
     if args.torch_dir:  # as the Makefile does: CMake files and libraries of that torch
         prefix = [f"-DCMAKE_PREFIX_PATH={args.torch_dir}/share/cmake;{args.torch_dir}"]
-    r = run(["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja",
-             f"-DDTC_SUBMISSION={staged}", *prefix])
+    options = [f"-DDTC_SUBMISSION={staged}", *prefix]
+    if configured(build, options):
+        # A grading before this one configured the same: only what changed since is redone
+        # (ninja's check of the CMake files and globs), and ctest's lists are current.
+        r = run(["cmake", "--build", str(build), "--target", "build.ninja"])
+    else:
+        r = run(["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja", *options])
     if r.returncode != 0:
         print(f"grade.py: configuring the course failed (not the submission's fault):\n"
               f"{r.stdout[-2000:]}\n{r.stderr[-2000:]}", file=sys.stderr)
