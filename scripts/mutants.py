@@ -31,7 +31,9 @@ CMakeLists.txt) is built inside the course's own build instead: each mutant's fi
 --write-mutant, compiled into its own copy of the lesson's solution library and linked with the
 lesson's test objects (the same objects as the solution suite's), and --check-built runs only
 the mutant's killed_by tests: killed when they fail there (a failed test, not a crash or a
-hang) and pass on the reference solution's test binary.
+hang) and pass on the reference solution's test binary. The reference's results come from that
+binary's one run in the same ctest run (tests/support/gtest_once.py's results, when the run
+finished and was of this binary; otherwise its killed_by tests run here).
 
 Prints one line per mutant, a table per lesson, and a last line `mutants: K killed of N`.
 Exits 0 when every mutant is killed, 1 when one survives (or the catalogue does not apply to
@@ -53,7 +55,9 @@ import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 import grade  # noqa: E402  (the grader itself: the same build and the same points)
+import gtest_once  # noqa: E402  (the results of a test program's one run in this ctest run)
 
 CATALOGUE = ROOT / "tests" / "mutants"
 REGION = re.compile(r"// BEGIN SOLUTION.*?// END SOLUTION", re.S)
@@ -162,9 +166,37 @@ def run_filtered(binary: str, pattern: str, timeout: int):
     return "ok", failed, ran
 
 
+def results_of_run(binary: str):
+    """{case: status} of binary's one run in this ctest run (gtest_once.py, the solution suite's
+    run_once entry, which mutants.subset requires), when that run finished and was of this very
+    binary; else None."""
+    try:
+        with open(gtest_once.results_path(os.path.abspath(binary))) as f:
+            data = json.load(f)
+        if not data.get("complete") or data["binary"] != gtest_once.stamp(binary):
+            return None
+        return {name: case["status"] for name, case in data["cases"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def reference_filtered(binary: str, pattern: str, timeout: int, runs: dict):
+    """run_filtered on the reference's test binary, from its run_once results where it has them
+    (the same cases, already run: a test that ran and did not fail passed)."""
+    if binary not in runs:
+        runs[binary] = results_of_run(binary)
+    results = runs[binary]
+    if results is None:
+        return run_filtered(binary, pattern, timeout)
+    matching = [n for n in results if fnmatch.fnmatchcase(n, pattern)]
+    return ("ok", [n for n in matching if results[n] == "FAILED"],
+            sum(1 for n in matching if results[n] != "SKIPPED"))
+
+
 def check_built(specs, timeout: int) -> int:
     """ctest mutants.subset: each built mutant's killed_by tests fail, and pass on the reference."""
     killed = 0
+    runs = {}
     for spec in specs:
         try:
             nn, mid, mutant_bin, solution_bin = spec.split(":", 3)
@@ -179,7 +211,7 @@ def check_built(specs, timeout: int) -> int:
             return 2
         t0 = time.monotonic()
         status, failed, ran = run_filtered(mutant_bin, pattern, timeout)
-        ref_status, ref_failed, ref_ran = run_filtered(solution_bin, pattern, timeout)
+        ref_status, ref_failed, ref_ran = reference_filtered(solution_bin, pattern, timeout, runs)
         if ref_status != "ok" or ref_failed or ref_ran == 0:
             how = (f"the reference fails its killing tests ({ref_status}, "
                    f"{len(ref_failed)} failed of {ref_ran} matching {pattern})")

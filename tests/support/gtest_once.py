@@ -85,7 +85,11 @@ def run_once(binary, timeout):
               "process when their ctest entries run")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"binary": before, "cases": cases}, f)
+        # complete: the program ran to GoogleTest's closing line, so every case it selected has
+        # its result here (scripts/mutants.py reads the reference's results on that condition)
+        complete = died is None and any(line.startswith("[==========] ") and " ran." in line
+                                        for line in out.splitlines())
+        json.dump({"binary": before, "cases": cases, "complete": complete}, f)
     os.replace(tmp, path)
     return 0
 
