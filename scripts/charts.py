@@ -7,10 +7,13 @@ Each chart runs a reference program (BUILD_DIR/bin/lessonNN_solution ... --json)
 it printed, as SVG, with matplotlib. A chart whose program is not built is skipped with a note;
 a deck that shows it then fails the slide check (its image does not load).
 
+Programs run with OMP_NUM_THREADS=1, as the READMEs' quoted runs do: a run is reproducible bit
+for bit for a fixed thread count only, and on a busy 2-core machine lesson 02's 200 steps took
+10 CPU seconds with one thread against 74 with two (OpenMP's threads spin while they wait).
 A program's output is computed once and reused: it is cached under $DTC_CACHE/charts/, keyed by
-the program's bytes and its arguments, so that `make test` on a busy machine does not retrain
-lesson 02 every time (DTC_CHARTS_FRESH=1 ignores the cache). Time limits only guard against a
-hang: they are generous (CHART_TIMEOUT_S, default 900 s per program).
+the program's bytes, its arguments and that thread count, so that `make test` on a busy machine
+does not retrain lesson 02 every time (DTC_CHARTS_FRESH=1 ignores the cache). Time limits only
+guard against a hang: they are generous (CHART_TIMEOUT_S, default 900 s per program).
 """
 import hashlib
 import json
@@ -34,6 +37,7 @@ TIMEOUT_S = int(os.environ.get("CHART_TIMEOUT_S", "900"))
 CACHE = pathlib.Path(os.environ.get("DTC_CACHE") or
                      pathlib.Path(os.environ.get("XDG_CACHE_HOME") or
                                   pathlib.Path.home() / ".cache") / "dtc-course") / "charts"
+THREADS = {"OMP_NUM_THREADS": "1"}
 
 
 def cached_stdout(cmd, program: pathlib.Path) -> str:
@@ -41,10 +45,12 @@ def cached_stdout(cmd, program: pathlib.Path) -> str:
     arguments already ran; otherwise run it (check=True) and store what it printed."""
     key = hashlib.sha256(program.read_bytes())
     key.update("\0".join(str(c) for c in cmd[cmd.index(str(program)) + 1:]).encode())
+    key.update("".join(f"\0{k}={v}" for k, v in THREADS.items()).encode())
     entry = CACHE / f"{program.name}-{key.hexdigest()[:24]}.out"
     if entry.exists() and not os.environ.get("DTC_CHARTS_FRESH"):
         return entry.read_text()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
+                       env=dict(os.environ, **THREADS))
     if r.returncode != 0:
         raise SystemExit(f"charts: {' '.join(map(str, cmd))} exited {r.returncode}:\n"
                          f"{r.stderr[-2000:]}")
