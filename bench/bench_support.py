@@ -1,6 +1,6 @@
 """What the benchmarks against PyTorch (bench/lessonNN_vs_pytorch.py) share: a free port for a
-torchrun rendezvous, the command that starts torchrun, and the last JSON line of a program's
-output."""
+torchrun rendezvous, the command that starts torchrun on one machine, and the last JSON line of
+a program's output."""
 import json
 import pathlib
 import socket
@@ -24,3 +24,10 @@ def last_json(text: str) -> dict:
         if line.startswith("{"):
             return json.loads(line)
     raise RuntimeError("no JSON line in the output:\n" + text[-3000:])
+
+
+def torchrun_launcher(torchrun: str, nproc: int) -> list:
+    """@p torchrun on this machine, @p nproc ranks, a c10d rendezvous on a free port of its own
+    (started without the interpreter's teardown after it: e2e_common.torchrun_argv)."""
+    return [*torchrun_argv(torchrun), "--nnodes=1", f"--nproc_per_node={nproc}",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}"]

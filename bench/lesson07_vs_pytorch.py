@@ -32,15 +32,14 @@ import subprocess
 import sys
 import time
 
-from bench_support import free_port, torchrun_argv
+from bench_support import torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 
 def torchrun(args, nproc, argv):
-    cmd = [*torchrun_argv(args.torchrun), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-           f"--rdzv_endpoint=127.0.0.1:{free_port()}", *argv]
+    cmd = [*torchrun_launcher(args.torchrun, nproc), *argv]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if p.returncode != 0:

@@ -62,7 +62,7 @@ import subprocess
 import sys
 import time
 
-from bench_support import free_port, last_json, torchrun_argv
+from bench_support import last_json, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
@@ -220,8 +220,7 @@ def worker(a) -> None:
 
 def torchrun(a, cmd):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    launcher = [*torchrun_argv(a.torchrun), "--nnodes=1", f"--nproc_per_node={a.nproc}",
-                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}"]
+    launcher = torchrun_launcher(a.torchrun, a.nproc)
     run = subprocess.run(launcher + cmd, capture_output=True, text=True, env=env,
                          timeout=a.timeout)
     if run.returncode != 0:

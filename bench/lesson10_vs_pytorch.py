@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from bench_support import free_port, last_json, torchrun_argv
+from bench_support import last_json, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -37,8 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def torchrun(nproc: int) -> list:
     exe = pathlib.Path(sys.executable).with_name("torchrun")
-    return [*torchrun_argv(str(exe)), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-            f"--rdzv_endpoint=127.0.0.1:{free_port()}"]
+    return torchrun_launcher(str(exe), nproc)
 
 
 

@@ -85,7 +85,7 @@ import sys
 import tempfile
 import time
 
-from bench_support import free_port, last_json, torchrun_argv
+from bench_support import last_json, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 THIS = str(pathlib.Path(__file__).resolve())
@@ -256,8 +256,7 @@ def rss_wrap(out_dir: str, cmd: list) -> int:
 def torchrun(a, cmd):
     """(the last JSON line, seconds) of cmd on --nproc ranks; RuntimeError with the output."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    launcher = [*torchrun_argv(a.torchrun), "--nnodes=1", f"--nproc_per_node={a.nproc}",
-                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}"]
+    launcher = torchrun_launcher(a.torchrun, a.nproc)
     start = time.perf_counter()
     run = subprocess.run(launcher + cmd, capture_output=True, text=True, env=env,
                          timeout=a.timeout)

@@ -70,7 +70,7 @@ import subprocess
 import sys
 import time
 
-from bench_support import free_port, last_json, torchrun_argv
+from bench_support import last_json, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 THIS = str(pathlib.Path(__file__).resolve())
@@ -336,8 +336,7 @@ def run(cmd, env, timeout):
 
 
 def torchrun(a) -> list:
-    return [*torchrun_argv(a.torchrun), "--nnodes=1", f"--nproc_per_node={a.nproc}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}"]
+    return torchrun_launcher(a.torchrun, a.nproc)
 
 
 def rel_diff(ours, theirs):
