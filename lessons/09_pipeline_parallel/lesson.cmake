@@ -63,6 +63,7 @@ if(TARGET lesson08_solution_lib)
     "${PROJECT_SOURCE_DIR}/lessons/08_tensor_parallel" "${PROJECT_SOURCE_DIR}/lessons/09_pipeline_parallel")
   target_link_libraries(composition_tests PRIVATE lesson09_solution_lib lesson08_solution_lib
                         dtc_test_support dtc_test_main)
+  dtc_use_torch_pch(composition_tests GLUE)  # a test file: the -O0 header, as the lessons' tests
   set_target_properties(composition_tests PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
   dtc_discover_tests(composition_tests PREFIX "course.composition." LABELS "course;lesson08;lesson08-solution;lesson09;lesson09-solution")
 endif()

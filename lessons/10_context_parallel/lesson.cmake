@@ -98,6 +98,7 @@ if(TARGET lesson01_solution_lib)
                  $<TARGET_OBJECTS:lesson10_driver>)
   target_link_libraries(lesson10_planner_tests PRIVATE lesson10_solution_lib lesson01_solution_lib
                         dtc_test_support dtc_test_main)
+  dtc_use_torch_pch(lesson10_planner_tests GLUE)  # a test file: the -O0 header, as the lessons' tests
   set_target_properties(lesson10_planner_tests PROPERTIES
     RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
   dtc_discover_tests(lesson10_planner_tests PREFIX "course.planner_vs_lesson10."

@@ -57,6 +57,7 @@ if(TARGET lesson01_solution_lib)
   add_executable(lesson13_ledger_tests tests/lesson13/ledger_agreement_test.cpp)
   target_link_libraries(lesson13_ledger_tests PRIVATE lesson13_solution_lib lesson01_solution_lib
                         dtc_test_support dtc_test_main)
+  dtc_use_torch_pch(lesson13_ledger_tests GLUE)  # a test file: the -O0 header, as the lessons' tests
   set_target_properties(lesson13_ledger_tests PROPERTIES
     RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/tests")
   dtc_discover_tests(lesson13_ledger_tests PREFIX "course.ledger_vs_lesson13."
