@@ -5,7 +5,7 @@ import shutil
 import socket
 import uuid
 
-QUICK_EXIT = pathlib.Path(__file__).resolve().with_name("torchrun_quick_exit.py")
+ZYGOTE = pathlib.Path(__file__).resolve().with_name("torch_zygote.py")
 
 
 def free_port() -> int:
@@ -36,9 +36,10 @@ def digest_ratios(got, want, rel, atol, sum_rel=None):
 
 
 def torchrun_argv(torchrun: str) -> list:
-    """The command that starts @p torchrun (a path, or a name on PATH): the script run by the
-    interpreter its first line names, through torchrun_quick_exit.py (torchrun itself, without
-    the interpreter's teardown after it). [torchrun] as it is where that line names no Python."""
+    """The command that starts @p torchrun (a path, or a name on PATH): the script, run by the
+    interpreter its first line names, in a fork of a server that has imported torch already
+    (torch_zygote.py: torchrun itself, without the import before it or the interpreter's
+    teardown after it). [torchrun] as it is where that line names no Python."""
     path = shutil.which(torchrun) or torchrun
     try:
         with open(path, "rb") as f:
@@ -48,7 +49,9 @@ def torchrun_argv(torchrun: str) -> list:
     interpreter = shlex.split(first[2:]) if first.startswith("#!") else []
     if not interpreter or "python" not in pathlib.Path(interpreter[-1]).name:
         return [torchrun]
-    return [*interpreter, str(QUICK_EXIT), path]
+    if len(interpreter) != 1:  # "#!/usr/bin/env python3": by its quick exit only
+        return [*interpreter, str(ZYGOTE.with_name("torchrun_quick_exit.py")), path]
+    return [interpreter[0], "-S", str(ZYGOTE), interpreter[0], path]
 
 
 def torchrun_cmd(torchrun, flags, port0, nproc, program, args):

@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""torchrun, started from an interpreter that has already imported torch.
+
+    python -S torch_zygote.py PYTHON TORCHRUN [TORCHRUN'S ARGS...]
+
+Runs the TORCHRUN script (the venv's or Debian's console script, by the interpreter PYTHON its
+first line names: e2e_common.torchrun_argv) with its arguments, as `TORCHRUN ARGS...` would, and
+exits with its exit status (or dies of its signal). What is different is where the process comes
+from. Every torchrun imports torch before it parses its first argument: about 1.6 CPU seconds on
+the course's 2-core machine, and the tests and benchmarks start torchrun some 150 times. Here a
+server, started by the first launch and reused by the next ones, imports torch once; each launch
+is a fork of it (a copy of the interpreter with torch's modules loaded) that then runs torchrun's
+own script, so the rendezvous, the agent, the workers, the restarts, the output and the exit
+status are torchrun's own. The fork runs with the launch's arguments, environment, working
+directory and standard streams (passed over a Unix socket), in a process group of its own.
+
+A server serves only launches with its exact environment, interpreter and torchrun script (the
+hash of all three names it): torch reads some variables when it is imported (LOGLEVEL,
+TORCH_CPP_LOG_LEVEL), so a launch with other variables gets a server of its own. A server exits
+after IDLE_S seconds without a launch. A signal to this process (SIGTERM, SIGINT, SIGHUP) goes on
+to torchrun; if this process dies (a test's timeout kills it), torchrun gets SIGTERM, as its
+agent stops its workers on, then SIGKILL 10 s later. Where anything of this fails before torchrun
+starts (no socket, a server that cannot import torch), the launch runs the script itself, in this
+process, as torchrun_quick_exit.py does. DTC_TORCH_ZYGOTE=0 turns the server off: every launch
+then imports torch itself. Linux only (abstract sockets, pidfds).
+"""
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+IDLE_S = 120
+HERE = os.path.dirname(os.path.abspath(__file__))
+QUICK_EXIT = os.path.join(HERE, "torchrun_quick_exit.py")
+
+
+def key_of(python: str, script: str, env: dict) -> str:
+    """What a fork inherits from the server and torchrun would otherwise inherit from its
+    launcher: the interpreter and script, the environment, the limits, CPUs and umask."""
+    import resource
+    umask = os.umask(0)
+    os.umask(umask)
+    st = os.stat(script)
+    h = hashlib.sha256()
+    h.update(json.dumps([os.path.realpath(python), os.path.realpath(script), st.st_mtime_ns,
+                         sorted(env.items()), sorted(os.sched_getaffinity(0)), umask,
+                         [resource.getrlimit(r) for r in (resource.RLIMIT_NOFILE,
+                                                          resource.RLIMIT_CORE,
+                                                          resource.RLIMIT_STACK)]]).encode())
+    return h.hexdigest()[:24]
+
+
+def in_other_netns() -> bool:
+    """Whether this process runs in a network namespace of its own (lesson 04's two nodes): its
+    torchrun must run there, not in a server outside it."""
+    try:
+        return os.stat("/proc/self/ns/net").st_ino != os.stat("/proc/1/ns/net").st_ino
+    except OSError:
+        return False
+
+
+def state_dir() -> str:
+    d = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dtc-torch-zygote-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
+def address(key: str) -> str:
+    return f"\0dtc-torch-zygote-{os.getuid()}-{key}"
+
+
+def send_msg(sock, obj) -> None:
+    sock.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def recv_msg(sock, buf: bytearray):
+    """The next newline-ended JSON message from SOCK (None at end of stream)."""
+    while b"\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        buf.extend(chunk)
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return json.loads(line)
+
+
+# --- the launch (client) ----------------------------------------------------------------------
+
+def run_here(python: str, script: str, args: list) -> None:
+    """The fallback: torchrun in a process of its own, as torchrun_quick_exit.py runs it."""
+    os.execv(python, [python, QUICK_EXIT, script, *args])
+
+
+def connect(key: str):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(address(key))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def start_server(python: str, script: str, key: str):
+    """Connects to the server of KEY, starting it (once, under a lock) when there is none."""
+    sock = connect(key)
+    if sock:
+        return sock
+    d = state_dir()
+    with open(os.path.join(d, key + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        sock = connect(key)
+        if sock:
+            return sock
+        with open(os.path.join(d, key + ".log"), "ab") as log:
+            server = subprocess.Popen([python, os.path.abspath(__file__), "--serve", key, script],
+                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                      start_new_session=True, close_fds=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            sock = connect(key)
+            if sock:
+                return sock
+            if server.poll() is not None:  # it could not import torch or bind: run here
+                return None
+            time.sleep(0.05)
+        return None
+
+
+def client(python: str, script: str, args: list) -> None:
+    if os.environ.get("DTC_TORCH_ZYGOTE", "1") == "0" or in_other_netns():
+        run_here(python, script, args)
+    env = dict(os.environ)
+    key = key_of(python, script, env)
+    try:
+        sock = start_server(python, script, key)
+    except OSError:
+        sock = None
+    if sock is None:
+        run_here(python, script, args)
+    buf = bytearray()
+    try:
+        socket.send_fds(sock, [b"F"], [0, 1, 2])
+        send_msg(sock, {"argv": [script, *args], "env": env, "cwd": os.getcwd()})
+        started = recv_msg(sock, buf)
+    except OSError:
+        started = None
+    if not started or "pid" not in started:  # nothing ran: run it here
+        sock.close()
+        run_here(python, script, args)
+    pid = started["pid"]
+
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, forward)
+    while True:
+        try:
+            done = recv_msg(sock, buf)
+            break
+        except InterruptedError:
+            continue
+    if done is None:  # the server's side died without a status
+        print(f"torch_zygote: lost torchrun (pid {pid}) without its exit status", file=sys.stderr)
+        os._exit(1)
+    status = done["status"]
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+def run_torchrun(request: dict) -> None:
+    """In the fork: becomes the launch's torchrun, then exits with its status."""
+    os.setpgid(0, 0)
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=stream is sys.stderr or os.isatty(stream.fileno()))
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as for the script itself
+    import runpy
+    import traceback
+    code = 0
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    import atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code & 0xFF)
+
+
+def manage(conn) -> None:
+    """In a fork of the server, for one launch: starts its torchrun, reports its pid and exit
+    status, and stops it when the launch goes away."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _msg, fds, _flags, _addr = socket.recv_fds(conn, 1, 3)
+    request = recv_msg(conn, bytearray())
+    if request is None or len(fds) != 3:
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        try:
+            run_torchrun(request)
+        finally:
+            os._exit(1)
+    for fd in fds:
+        os.close(fd)
+    send_msg(conn, {"pid": pid})
+    try:
+        pidfd = os.pidfd_open(pid)
+        watch, tick = [pidfd, conn], 1.0
+    except (AttributeError, OSError):  # no pidfds (Linux before 5.3): look every 50 ms
+        watch, tick = [conn], 0.05
+    stopping_since = None
+    while True:
+        ready, _, _ = select.select(watch, [], [], tick)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            try:
+                send_msg(conn, {"status": status})
+            except OSError:
+                pass
+            os._exit(0)
+        if conn in ready and stopping_since is None:
+            try:
+                gone = not conn.recv(4096)
+            except OSError:
+                gone = True
+            if gone:  # the launch died: stop its torchrun as a signal to it would
+                stopping_since = time.monotonic()
+                watch = [w for w in watch if w is not conn]
+                tick = min(tick, 1.0)
+                os.kill(pid, signal.SIGTERM)
+        if stopping_since is not None and time.monotonic() - stopping_since > 10:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def serve(key: str, script: str) -> None:
+    import torch.distributed.run  # noqa: F401  what every torchrun imports first
+    sys.stdout.flush()
+    sys.stderr.flush()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address(key))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:  # another server of this key won the race
+            return
+        raise
+    listener.listen(64)
+    os.chdir("/")
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the managers reap themselves
+    last = time.monotonic()
+    while True:
+        ready, _, _ = select.select([listener], [], [], 5.0)
+        if not ready:
+            if time.monotonic() - last > IDLE_S:
+                return
+            continue
+        conn, _ = listener.accept()
+        last = time.monotonic()
+        if os.fork() == 0:
+            listener.close()
+            try:
+                manage(conn)
+            finally:
+                os._exit(1)
+        conn.close()
+
+
+# --- the self-test (ctest course.torch_zygote) -------------------------------------------------
+
+def selftest(torchrun: str, flags: list) -> int:
+    """Launches torchrun on 2 ranks through the server and without it, and checks what a caller
+    sees: the ranks' output, the working directory and environment of each launch, the exit
+    status of a failed run (the same as torchrun's own), one server for launches alike, and that
+    killing a launch stops its torchrun and ranks."""
+    import shutil
+    import tempfile
+    sys.path.insert(0, HERE)
+    from e2e_common import torchrun_argv
+    me = torchrun_argv(torchrun)  # what the tests and benchmarks run
+    if len(me) != 5 or me[2] != os.path.abspath(__file__):
+        print(f"torch_zygote selftest: {torchrun} is not started through this file: {me}")
+        return 1
+    python, script = me[3], me[4]
+    port = "0" if not flags else "{port}"  # 1.13's c10d store cannot bind port 0 itself
+    base = ["--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}", *flags, "--no_python"]
+    failures = []
+
+    def check(what, ok, detail=""):
+        print(("ok    " if ok else "FAIL  ") + what + (f": {detail}" if detail and not ok else ""))
+        if not ok:
+            failures.append(what)
+
+    def with_port(cmd):
+        return [c.replace("{port}", str(_free_port())) for c in cmd]
+
+    def run(cmd, cwd, env=None):
+        return subprocess.run(with_port(cmd), cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    tmp = tempfile.mkdtemp(prefix="dtc-zygote-selftest-")
+    try:
+        env = dict(os.environ, DTC_ZYGOTE_SELFTEST=tmp)
+        key = key_of(python, script, env)
+        rank_cmd = ["sh", "-c", 'echo "rank $RANK of $WORLD_SIZE in $(pwd) tag $TAG"']
+        outs = []
+        for sub in ("a", "b"):
+            os.makedirs(os.path.join(tmp, sub))
+            p = run([*me, *base, *rank_cmd], os.path.join(tmp, sub), dict(env))
+            outs.append(p)
+            want = {f"rank {r} of 2 in {os.path.join(tmp, sub)} tag " for r in (0, 1)}
+            got = {line for line in p.stdout.splitlines() if line.startswith("rank ")}
+            check(f"launch {sub}: exit 0, both ranks' lines, in the launch's directory",
+                  p.returncode == 0 and got == want, f"exit {p.returncode}, {sorted(got)}\n{p.stderr}")
+        servers = [pid for pid in os.listdir("/proc") if pid.isdigit()
+                   and _cmdline(pid).endswith(f"--serve\0{key}\0{script}")]
+        check("one server for the two launches", len(servers) == 1, f"{len(servers)} servers")
+        p = run([*me, *base, *rank_cmd], tmp, dict(env, TAG="x"))
+        check("a launch with another variable has it (its own server)",
+              p.returncode == 0 and p.stdout.count(" tag x") == 2, p.stdout + p.stderr)
+        fail = ["sh", "-c", "exit 3"]
+        plain = run([python, script, *base, *fail], tmp, dict(env))
+        zyg = run([*me, *base, *fail], tmp, dict(env))
+        check("a failed rank: the same exit status as torchrun's own",
+              plain.returncode == zyg.returncode != 0, f"{plain.returncode} against {zyg.returncode}")
+        marker = os.path.join(tmp, "alive")
+        sleeper = ["sh", "-c", f'echo $$ > {marker}.tmp.$RANK; mv {marker}.tmp.$RANK {marker}.$RANK; exec sleep 60']
+        launch = subprocess.Popen(with_port([*me, *base, *sleeper]), cwd=tmp, env=dict(env),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                os.path.exists(f"{marker}.{r}") for r in (0, 1)):
+            time.sleep(0.1)
+        check("a launch to kill: both ranks started",
+              all(os.path.exists(f"{marker}.{r}") for r in (0, 1)))
+        pids = []
+        for r in (0, 1):
+            try:
+                with open(f"{marker}.{r}") as f:
+                    pids.append(int(f.read()))
+            except (OSError, ValueError):
+                pass
+        launch.kill()
+        launch.wait()
+        deadline = time.monotonic() + 30
+        left = None
+        while time.monotonic() < deadline:
+            left = [pid for pid in pids if _alive(pid)]
+            if not left:
+                break
+            time.sleep(0.2)
+        check("a killed launch: its torchrun and ranks stop", not left, f"still running: {left}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("torch_zygote selftest: " + ("FAILED: " + ", ".join(failures) if failures else "passed"))
+    return 1 if failures else 0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """Whether PID runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").rstrip("\0")
+    except OSError:
+        return ""
+
+
+def main() -> None:
+    if len(sys.argv) >= 3 and sys.argv[1] == "--selftest":  # TORCHRUN [FLAGS...]
+        sys.exit(selftest(sys.argv[2], sys.argv[3:]))
+    if len(sys.argv) >= 4 and sys.argv[1] == "--serve":
+        serve(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) < 3:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    client(sys.argv[1], sys.argv[2], sys.argv[3:])
+
+
+if __name__ == "__main__":
+    main()
