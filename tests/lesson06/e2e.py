@@ -91,7 +91,7 @@ def torchrun_cmd(args):
                 "--no_python"]
     return [*torchrun_argv("torchrun"), "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={uuid.uuid4()}",
-            "--redirects", "2", "--tee", "2", "--no_python"]
+            "--redirects", "2", "--tee", "2", "--monitor_interval", "0.1", "--no_python"]
 
 
 def baseline_losses(args):
