@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 
+from torchrun_quick_exit import run_and_exit
+
 IDLE_S = 120
 HERE = os.path.dirname(os.path.abspath(__file__))
 QUICK_EXIT = os.path.join(HERE, "torchrun_quick_exit.py")
@@ -43,12 +45,16 @@ QUICK_EXIT = os.path.join(HERE, "torchrun_quick_exit.py")
 
 def key_of(python: str, script: str, env: dict) -> str:
     """What a fork inherits from the server and torchrun would otherwise inherit from its
-    launcher: the interpreter and script, the environment, the limits, CPUs and umask."""
+    launcher: the interpreter and script, the environment, the limits, CPUs and umask; and this
+    file's own text, so that a launch never meets a server of an older version of it."""
     import resource
     umask = os.umask(0)
     os.umask(umask)
     st = os.stat(script)
     h = hashlib.sha256()
+    for mine in (os.path.abspath(__file__), QUICK_EXIT):  # a server of this very code
+        with open(mine, "rb") as f:
+            h.update(f.read())
     h.update(json.dumps([os.path.realpath(python), os.path.realpath(script), st.st_mtime_ns,
                          sorted(env.items()), sorted(os.sched_getaffinity(0)), umask,
                          [resource.getrlimit(r) for r in (resource.RLIMIT_NOFILE,
@@ -199,26 +205,7 @@ def run_torchrun(request: dict) -> None:
         stream.reconfigure(line_buffering=stream is sys.stderr or os.isatty(stream.fileno()))
     sys.argv = list(request["argv"])
     sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as for the script itself
-    import runpy
-    import traceback
-    code = 0
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as e:
-        code = e.code
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    import atexit
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code & 0xFF)
+    run_and_exit(sys.argv[0])  # the same end as torchrun_quick_exit.py's
 
 
 def manage(conn) -> None:

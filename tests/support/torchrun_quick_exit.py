@@ -19,9 +19,9 @@ import sys
 import traceback
 
 
-def main() -> None:
-    script = sys.argv[1]
-    sys.argv = [script, *sys.argv[2:]]
+def run_and_exit(script: str) -> None:
+    """Runs @p script as __main__ with the present sys.argv, then ends the process with its exit
+    status, without the interpreter's finalisation (also used by torch_zygote.py's forks)."""
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")
@@ -39,6 +39,12 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code & 0xFF)
+
+
+def main() -> None:
+    script = sys.argv[1]
+    sys.argv = [script, *sys.argv[2:]]
+    run_and_exit(script)
 
 
 if __name__ == "__main__":
