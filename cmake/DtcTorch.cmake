@@ -104,7 +104,7 @@ endif()
 # the one beside the wheel's Python on the primary path; Debian's on the light path, whose 1.13
 # crashes under Python 3.11 unless output redirection is explicit (--redirects 2 --tee 2), and
 # looks at its workers every 5 s (2.x: every 0.1 s), so that each run waited up to 5 s after its
-# ranks had ended: --monitor_interval 0.1, as 2.x.
+# ranks had ended: --monitor_interval 0.1, as 2.x (tests/support/e2e_common.py: the same flags).
 if(DTC_FLAVOR STREQUAL "primary")
   find_program(DTC_TORCHRUN torchrun HINTS "${DTC_TORCH_ROOT}/../../../../bin" NO_DEFAULT_PATH)
   set(DTC_TORCHRUN_FLAGS "")

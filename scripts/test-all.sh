@@ -64,8 +64,7 @@ prepare_path() {
   return 0
 }
 
-# record PATH FILE: the failures prepare_path printed into FILE, counted; returns 1 when the
-# path cannot be tested.
+# record PATH FILE: counts the failures prepare_path printed into FILE (its "FAIL" lines).
 record() {
   local path=$1 file=$2 tag what n
   while IFS=$'\t' read -r tag what n; do

@@ -31,7 +31,7 @@ import sys
 import uuid
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
-from e2e_common import free_port, torchrun_argv  # noqa: E402
+from e2e_common import DEBIAN_TORCHRUN_FLAGS, free_port, torchrun_argv  # noqa: E402
 
 TIMEOUT_S = 90
 SKIP = 77
@@ -115,14 +115,14 @@ def check_job(j: dict, launcher: str, world: int, nodes: int, restart: int = 0):
 def torchrun_cmd(args, extra):
     """2 ranks on one node: the venv's torchrun with --standalone (it picks a free port), or
     Debian's 1.13, whose --standalone always takes port 29400 (parallel tests would join each
-    other's rendezvous), with an explicit c10d endpoint on a free port instead, looking at its
-    ranks every 0.1 s as 2.x does (1.13's default, 5 s, made each run wait that long at its end)."""
+    other's rendezvous), with an explicit c10d endpoint on a free port instead (and
+    e2e_common.DEBIAN_TORCHRUN_FLAGS)."""
     if args.torchrun_kind == "venv":
         return [*torchrun_argv(args.venv_torchrun), "--standalone", "--nproc_per_node=2", *extra,
                 "--no_python"]
     return [*torchrun_argv("torchrun"), "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={uuid.uuid4()}",
-            "--redirects", "2", "--tee", "2", "--monitor_interval", "0.1", *extra, "--no_python"]
+            *DEBIAN_TORCHRUN_FLAGS, *extra, "--no_python"]
 
 
 def mode_torchrun(args):

@@ -37,7 +37,7 @@ import time
 import uuid
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
-from e2e_common import digest_ratios, free_port, torchrun_argv  # noqa: E402
+from e2e_common import DEBIAN_TORCHRUN_FLAGS, digest_ratios, free_port, torchrun_argv  # noqa: E402
 
 TIMEOUT_S = 100
 RTOL, ATOL = 1e-3, 1e-5
@@ -91,7 +91,7 @@ def torchrun_cmd(args):
                 "--no_python"]
     return [*torchrun_argv("torchrun"), "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={uuid.uuid4()}",
-            "--redirects", "2", "--tee", "2", "--monitor_interval", "0.1", "--no_python"]
+            *DEBIAN_TORCHRUN_FLAGS, "--no_python"]
 
 
 def baseline_losses(args):

@@ -6,6 +6,11 @@ import socket
 import uuid
 
 ZYGOTE = pathlib.Path(__file__).resolve().with_name("torch_zygote.py")
+QUICK_EXIT = ZYGOTE.with_name("torchrun_quick_exit.py")
+# Debian's torchrun 1.13: output redirection made explicit (it crashes under Python 3.11
+# otherwise), and its ranks looked at every 0.1 s as 2.x does (its default, 5 s, made each run
+# wait that long at its end). DTC_TORCHRUN_FLAGS (cmake/DtcTorch.cmake) holds the same.
+DEBIAN_TORCHRUN_FLAGS = ["--redirects", "2", "--tee", "2", "--monitor_interval", "0.1"]
 
 
 def free_port() -> int:
@@ -50,7 +55,7 @@ def torchrun_argv(torchrun: str) -> list:
     if not interpreter or "python" not in pathlib.Path(interpreter[-1]).name:
         return [torchrun]
     if len(interpreter) != 1:  # "#!/usr/bin/env python3": by its quick exit only
-        return [*interpreter, str(ZYGOTE.with_name("torchrun_quick_exit.py")), path]
+        return [*interpreter, str(QUICK_EXIT), path]
     return [interpreter[0], "-S", str(ZYGOTE), interpreter[0], path]
 
 

@@ -307,7 +307,7 @@ def selftest(torchrun: str, flags: list) -> int:
     import shutil
     import tempfile
     sys.path.insert(0, HERE)
-    from e2e_common import torchrun_argv
+    from e2e_common import free_port, torchrun_argv
     me = torchrun_argv(torchrun)  # what the tests and benchmarks run
     if len(me) != 5 or me[2] != os.path.abspath(__file__):
         print(f"torch_zygote selftest: {torchrun} is not started through this file: {me}")
@@ -324,7 +324,7 @@ def selftest(torchrun: str, flags: list) -> int:
             failures.append(what)
 
     def with_port(cmd):
-        return [c.replace("{port}", str(_free_port())) for c in cmd]
+        return [c.replace("{port}", str(free_port())) for c in cmd]
 
     def run(cmd, cwd, env=None):
         return subprocess.run(with_port(cmd), cwd=cwd, env=env, capture_output=True, text=True,
@@ -335,15 +335,14 @@ def selftest(torchrun: str, flags: list) -> int:
         env = dict(os.environ, DTC_ZYGOTE_SELFTEST=tmp)
         key = key_of(python, script, env)
         rank_cmd = ["sh", "-c", 'echo "rank $RANK of $WORLD_SIZE in $(pwd) tag $TAG"']
-        outs = []
         for sub in ("a", "b"):
             os.makedirs(os.path.join(tmp, sub))
             p = run([*me, *base, *rank_cmd], os.path.join(tmp, sub), dict(env))
-            outs.append(p)
             want = {f"rank {r} of 2 in {os.path.join(tmp, sub)} tag " for r in (0, 1)}
             got = {line for line in p.stdout.splitlines() if line.startswith("rank ")}
             check(f"launch {sub}: exit 0, both ranks' lines, in the launch's directory",
-                  p.returncode == 0 and got == want, f"exit {p.returncode}, {sorted(got)}\n{p.stderr}")
+                  p.returncode == 0 and got == want,
+                  f"exit {p.returncode}, {sorted(got)}\n{p.stderr}")
         servers = [pid for pid in os.listdir("/proc") if pid.isdigit()
                    and _cmdline(pid).endswith(f"--serve\0{key}\0{script}")]
         check("one server for the two launches", len(servers) == 1, f"{len(servers)} servers")
@@ -354,9 +353,12 @@ def selftest(torchrun: str, flags: list) -> int:
         plain = run([python, script, *base, *fail], tmp, dict(env))
         zyg = run([*me, *base, *fail], tmp, dict(env))
         check("a failed rank: the same exit status as torchrun's own",
-              plain.returncode == zyg.returncode != 0, f"{plain.returncode} against {zyg.returncode}")
+              plain.returncode == zyg.returncode != 0,
+              f"{plain.returncode} against {zyg.returncode}")
         marker = os.path.join(tmp, "alive")
-        sleeper = ["sh", "-c", f'echo $$ > {marker}.tmp.$RANK; mv {marker}.tmp.$RANK {marker}.$RANK; exec sleep 60']
+        # each rank writes its pid (the sleep's, after exec) where the check finds it whole
+        sleeper = ["sh", "-c", f"echo $$ > {marker}.tmp.$RANK; "
+                               f"mv {marker}.tmp.$RANK {marker}.$RANK; exec sleep 60"]
         launch = subprocess.Popen(with_port([*me, *base, *sleeper]), cwd=tmp, env=dict(env),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
@@ -386,12 +388,6 @@ def selftest(torchrun: str, flags: list) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     print("torch_zygote selftest: " + ("FAILED: " + ", ".join(failures) if failures else "passed"))
     return 1 if failures else 0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:
