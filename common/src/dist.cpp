@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "dtc/errors.h"
+#include "dtc/local_comm.h"
 
 namespace dtc {
 namespace {
@@ -97,6 +98,7 @@ c10::intrusive_ptr<Comm> new_comm(const c10::intrusive_ptr<c10d::Store>& store, 
     parse_backend("nccl");  // throws the explanation
 #endif
   }
+  if (local_transport_on_this_thread()) return new_local_comm(store, rank, size, timeout);
   return new_gloo_comm(store, rank, size, make_gloo_device(master_addr), timeout);
 }
 

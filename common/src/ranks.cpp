@@ -13,12 +13,16 @@
 #include <vector>
 
 #include "dtc/dist.h"
+#include "dtc/local_comm.h"
 
 namespace dtc {
 
 void run_ranks(int world, const std::function<void(RankContext&)>& body,
-               std::chrono::milliseconds timeout) {
+               std::chrono::milliseconds timeout, RanksTransport transport) {
   if (world < 1) throw std::invalid_argument(fmt::format("run_ranks: world {} < 1", world));
+  const char* forced = std::getenv("DTC_RANKS_TRANSPORT");
+  if (forced != nullptr && std::string(forced) == "gloo") transport = RanksTransport::kGloo;
+  const bool local = transport == RanksTransport::kLocal;
   auto store = c10::make_intrusive<c10d::HashStore>();
   store->setTimeout(timeout);
 
@@ -34,6 +38,7 @@ void run_ranks(int world, const std::function<void(RankContext&)>& body,
     threads.emplace_back([&, r] {
       std::string error;
       try {
+        local_transport_on_this_thread() = local;
         RankContext ctx;
         ctx.rank = r;
         ctx.world = world;

@@ -127,7 +127,7 @@ TEST(L03Ring, AllreduceEqualsGloo) {
             EXPECT_TENSOR_CLOSE(mine, gloo[0], kFp32Op);
           }
         },
-        kTimeout);
+        kTimeout, RanksTransport::kGloo);  // gloo itself, not the thread-ranks' local transport
   }
 }
 
