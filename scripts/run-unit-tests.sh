@@ -30,6 +30,8 @@ if [ ! -x "$prog" ]; then
   exit 2
 fi
 limit=${DTC_UNIT_TIMEOUT:-300}
+# One intra-op thread per thread-rank, as under ctest (tests/support/gtest_once.py says why).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 isolated() {
   echo "run-unit-tests: running each test of lesson $nn in its own process (ctest):"

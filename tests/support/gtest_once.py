@@ -121,6 +121,11 @@ def report(binary, args):
 
 
 def main(argv):
+    # One intra-op thread in every test process and each of its threads (test_main.cpp sets
+    # LibTorch's count, but a thread-rank starts with OpenMP's and OpenBLAS's default of one
+    # per core, whose idle workers spin): on 2 cores the light path's lesson 09 suite took 11 s
+    # of system CPU with the default, 0.5 s with 1. A value of the caller's own is kept.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     if len(argv) >= 2 and argv[0] == "run":
         timeout = 600
         if len(argv) >= 4 and argv[2] == "--timeout":

@@ -5,8 +5,10 @@
 // thread count and no dynamic threading: oneMKL's "Reproducibility Conditions" ask for both,
 // and MKL_DYNAMIC is on by default, so oneMKL may pick fewer threads for one call than for the
 // next and sum in another order. at::set_num_threads fixes OpenMP's count, oneMKL's count and
-// turns MKL_DYNAMIC off, for this thread and each thread that later enters ATen (rank threads
-// too). One thread per test process: ctest runs the tests side by side instead.
+// turns MKL_DYNAMIC off. One thread per test process: ctest runs the tests side by side instead.
+// The thread-ranks' math measured more than that without OMP_NUM_THREADS=1 (idle workers
+// spinning: 11 s of system CPU in the light path's lesson 09 suite, 0.5 s with it), which
+// ctest's runner (gtest_once.py) and scripts/run-unit-tests.sh therefore set.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
