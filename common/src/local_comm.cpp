@@ -31,6 +31,9 @@ using Clock = std::chrono::steady_clock;
 /// Work::wait()'s "no timeout of its own" (c10d's kNoTimeout, in another namespace per version).
 constexpr std::chrono::milliseconds kNoWaitTimeout{0};
 struct Group;
+class LocalWork;
+/// Calls to complete, and how: held weakly (see LocalWork::complete).
+using Done = std::vector<std::pair<c10::weak_intrusive_ptr<LocalWork>, std::exception_ptr>>;
 
 std::string shape_of(const at::Tensor& t) {
   return fmt::format("{}[{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "));
@@ -69,8 +72,7 @@ class LocalWork : public c10d::Work {
   /// futures' callbacks run here, and holding only weak references when each call's waiter
   /// wakes: a received buffer or a sent tensor is then its rank's alone, freed when that rank
   /// lets go of it, as with gloo (whose threads hold no reference to a call's tensors).
-  static void complete(
-      std::vector<std::pair<c10::weak_intrusive_ptr<LocalWork>, std::exception_ptr>>& done) {
+  static void complete(Done& done) {
     for (auto& [weak, error] : done) {
       LocalWork* work = nullptr;
       {
@@ -87,7 +89,6 @@ class LocalWork : public c10d::Work {
     }
     done.clear();
   }
-  const std::string& what() const { return what_; }
 
   std::vector<c10::intrusive_ptr<LocalWork>> before;  ///< barrier: this rank's earlier calls
 
@@ -115,8 +116,7 @@ struct Pending {
   std::string op;
   int64_t root = -1;
   c10d::ReduceOp::RedOpType reduce = c10d::ReduceOp::SUM;
-  std::vector<Part> parts;
-  std::vector<char> present;
+  std::vector<Part> parts;  ///< by rank; a rank's work is null until it has issued the call
   int arrived = 0;
 };
 
@@ -124,8 +124,6 @@ struct Message {
   at::Tensor tensor;
   c10::intrusive_ptr<LocalWork> work;
 };
-
-using Done = std::vector<std::pair<c10::weak_intrusive_ptr<LocalWork>, std::exception_ptr>>;
 
 /// What the ranks of one communicator share.
 struct Group {
@@ -144,7 +142,7 @@ struct Group {
         if (part.work.get() != work) continue;
         std::vector<int> absent;
         for (int r = 0; r < size; ++r) {
-          if (!p.present[r]) absent.push_back(r);
+          if (!p.parts[r].work) absent.push_back(r);
         }
         return fmt::format("rank(s) {} of the group never issued it (collective #{})",
                            fmt::join(absent, ", "), seq);
@@ -501,21 +499,22 @@ class LocalComm : public Comm {
 #endif
   /// gloo in LibTorch 1.13 has no bf16 collectives, no _allgather_base and no reduce_scatter:
   /// refused here too, in its words, so that a thread-rank test fails where a real run would.
-  static void check_gloo_1_13(const char* op, const std::vector<at::Tensor>& tensors) {
+  static void check_gloo_1_13(const std::string& name, const Part& part) {
 #if TORCH_VERSION_MAJOR < 2
-    const std::string name = op;
     if (name == "_allgather_base") {
       throw std::invalid_argument("no support for _allgather_base in Gloo process group");
     }
     if (name == "reduce_scatter" || name == "_reduce_scatter_base") {
       throw std::invalid_argument("ProcessGroupGloo does not support reduce_scatter");
     }
-    for (const auto& t : tensors) {
-      if (t.scalar_type() == at::kBFloat16) throw std::invalid_argument("Invalid scalar type");
+    for (const auto* list : {&part.a, &part.b}) {
+      for (const auto& t : *list) {
+        if (t.scalar_type() == at::kBFloat16) throw std::invalid_argument("Invalid scalar type");
+      }
     }
 #else
-    (void)op;
-    (void)tensors;
+    (void)name;
+    (void)part;
 #endif
   }
   static void check_contiguous(const at::Tensor& t, const char* op) {
@@ -569,9 +568,7 @@ class LocalComm : public Comm {
   c10::intrusive_ptr<c10d::Work> collective(
       const std::string& op, Part part, std::vector<at::Tensor> outputs, int64_t root = -1,
       c10d::ReduceOp::RedOpType reduce = c10d::ReduceOp::SUM) {
-    std::vector<at::Tensor> all = part.a;
-    all.insert(all.end(), part.b.begin(), part.b.end());
-    check_gloo_1_13(op.c_str(), all);
+    check_gloo_1_13(op, part);
     const int n = getSize();
     const int rank = getRank();
     int64_t seq = 0;
@@ -591,7 +588,6 @@ class LocalComm : public Comm {
         p.root = root;
         p.reduce = reduce;
         p.parts.resize(n);
-        p.present.assign(n, 0);
       }
       std::exception_ptr error;
       if (p.op != op || p.root != root || p.reduce != reduce) {
@@ -601,7 +597,6 @@ class LocalComm : public Comm {
                         p.root >= 0 ? fmt::format(" (root {})", p.root) : "")));
       }
       p.parts[rank] = std::move(part);
-      p.present[rank] = 1;
       if (++p.arrived == n) {
         if (!error) {
           try {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -17,11 +18,15 @@
 
 namespace dtc {
 
+bool ranks_forced_to_gloo() {
+  const char* forced = std::getenv("DTC_RANKS_TRANSPORT");
+  return forced != nullptr && std::string(forced) == "gloo";
+}
+
 void run_ranks(int world, const std::function<void(RankContext&)>& body,
                std::chrono::milliseconds timeout, RanksTransport transport) {
   if (world < 1) throw std::invalid_argument(fmt::format("run_ranks: world {} < 1", world));
-  const char* forced = std::getenv("DTC_RANKS_TRANSPORT");
-  if (forced != nullptr && std::string(forced) == "gloo") transport = RanksTransport::kGloo;
+  if (ranks_forced_to_gloo()) transport = RanksTransport::kGloo;
   const bool local = transport == RanksTransport::kLocal;
   auto store = c10::make_intrusive<c10d::HashStore>();
   store->setTimeout(timeout);

@@ -5,7 +5,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <thread>
 
 #include "dtc/compare.h"
@@ -86,8 +85,7 @@ TEST(RunRanks, ARankStuckOutsideACollectiveEndsTheProcess) {
   // Rank 0 returns; rank 1 waits forever on something that is no collective. The watchdog must
   // end the process (exit 124, naming rank 1) about 2 x timeout + 5 x timeout after rank 0
   // returned, instead of hanging the test binary.
-  const char* forced = std::getenv("DTC_RANKS_TRANSPORT");
-  if (forced != nullptr && std::string(forced) == "gloo") {
+  if (ranks_forced_to_gloo()) {
     // A death test forks, and the child inherits none of the threads of gloo's transport device
     // (one per process, started by earlier tests), which its new communicators would need.
     GTEST_SKIP() << "a fork under DTC_RANKS_TRANSPORT=gloo";

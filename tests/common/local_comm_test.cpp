@@ -57,9 +57,7 @@ std::vector<Case> cases() {
 class LocalVsGloo : public testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    const char* forced = std::getenv("DTC_RANKS_TRANSPORT");
-    if (forced != nullptr && std::string(forced) == "gloo" &&
-        GetParam().transport == RanksTransport::kLocal) {
+    if (ranks_forced_to_gloo() && GetParam().transport == RanksTransport::kLocal) {
       GTEST_SKIP() << "gloo forced";
     }
   }
@@ -240,8 +238,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, LocalVsGloo, testing::ValuesIn(cases()), na
 class LocalComm : public testing::Test {
  protected:
   void SetUp() override {
-    const char* forced = std::getenv("DTC_RANKS_TRANSPORT");
-    if (forced != nullptr && std::string(forced) == "gloo") GTEST_SKIP() << "gloo forced";
+    if (ranks_forced_to_gloo()) GTEST_SKIP() << "gloo forced";
   }
 };
 

@@ -39,6 +39,9 @@ enum class RanksTransport { kLocal, kGloo };
 /// If a rank has not returned 2 x timeout + min(5 x timeout, 10 s) after another rank returned (or,
 /// while none has, 10 x timeout + 60 s after the start: a busy machine is not a hang), prints which
 /// ranks are stuck and exits the process with code 124, so that the test fails instead of hanging.
+/// Whether DTC_RANKS_TRANSPORT=gloo is set: every run_ranks then uses gloo, whatever it was asked.
+bool ranks_forced_to_gloo();
+
 /// DTC_RANKS_TRANSPORT=gloo in the environment makes every run gloo's.
 void run_ranks(int world, const std::function<void(RankContext&)>& body,
                std::chrono::milliseconds timeout = std::chrono::seconds(10),
