@@ -12,6 +12,9 @@ export CCACHE_PCH_EXTSUM ?= true
 # Paths relative to the checkout in ccache's keys, and a checksum instead of each precompiled
 # header (cmake/ccache-launcher.sh): every clone (and CI's) shares the cache.
 export CCACHE_BASEDIR ?= $(CURDIR)
+# The precompiled headers themselves, compiled once per content and shared by every clone and
+# build folder (cmake/ccache-launcher.sh; about 0.4 GB with Clang, 1.3 GB with GCC).
+export DTC_PCH_CACHE ?= $(DTC_CACHE)/pch
 BUILD ?= build
 # BUILD_TYPE=RelWithDebInfo (with its own BUILD=dir): a build with debug information, for gdb.
 BUILD_TYPE ?=

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # The compiler launcher (CMAKE_CXX_COMPILER_LAUNCHER): `ccache-launcher.sh CCACHE COMPILER ARGS`.
 #
-# Every compilation goes through ccache, except a precompiled header's: that one is compiled
-# directly, and beside it goes a checksum (HEADER.pch.sum, HEADER.gch.sum) that ccache hashes
-# instead of the header (sloppiness pch_external_checksum, set by the Makefile). The compiler
-# writes the clone's own paths into a precompiled header (Clang's: about 3,000 bytes differ
-# between two clones; GCC's: millions), so hashing the header itself gave every file that uses
-# it a different key in every clone, and a second clone rebuilt all of LibTorch's part. The
-# checksum covers what the header's content is made of: the compiler's identity, its arguments
-# (the clone's and the build folder's paths taken out) and the preprocessed text of every header
-# it includes. If that cannot be computed, no checksum is written and ccache hashes the header
-# itself, as before.
+# Every compilation goes through ccache, except a precompiled header's: ccache cannot reuse one
+# across clones, since the compiler writes the clone's own paths into it (Clang's: about 3,000
+# bytes differ between two clones; GCC's: millions), and Clang refuses a header whose recorded
+# source file is gone. Instead:
+#   - its key is a checksum of what its content is made of: the compiler's identity, its
+#     arguments (the clone's and the build folder's paths taken out) and the preprocessed text
+#     of every header it includes;
+#   - with DTC_PCH_CACHE set (the Makefile: $DTC_CACHE/pch), it is compiled once per key, in
+#     DTC_PCH_CACHE/<key>/ from a copy of the header there, a path that is the same for every
+#     clone and build folder, and linked (or copied) into the build folder; its dependency file
+#     names that copy, so that a build folder whose entry was deleted compiles it again;
+#   - the key goes beside it (HEADER.pch.sum, HEADER.gch.sum), and ccache hashes that instead
+#     of the header (sloppiness pch_external_checksum, set by the Makefile): the files that use
+#     it hit the cache in every clone.
+# If the key cannot be computed, the header is compiled in the build folder with no checksum,
+# and ccache hashes the header itself.
 set -uo pipefail
 ccache=$1
 shift
@@ -35,8 +41,7 @@ if ((pch == 0)) || [[ -z $out ]]; then
   exec "$ccache" "${args[@]}"
 fi
 
-rm -f "$out.sum"
-"$@" || exit $?
+rm -f "$out" "$out.sum"  # never write through a link into the shared copy
 
 # The same command, preprocessing only: -E -P to standard output (no line markers, whose paths
 # are the clone's), without the header output, the dependency file and -emit-pch.
@@ -51,17 +56,60 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   esac
   pp+=("$a")
 done
-text=$("${pp[@]}" -E -P -o - 2>/dev/null | sha256sum) || exit 0
-key=$(
-  {
-    "${args[0]}" --version
-    for a in "${args[@]}"; do
-      a=${a//"$PWD/"/}
-      [[ -n ${CCACHE_BASEDIR:-} ]] && a=${a//"${CCACHE_BASEDIR%/}/"/}
-      printf '%s\n' "$a"
-    done
-    printf '%s\n' "$text"
-  } | sha256sum
-) || exit 0
-printf '%s\n' "${key%% *}" > "$out.sum.tmp" && mv -f "$out.sum.tmp" "$out.sum"
+key=
+if text=$("${pp[@]}" -E -P -o - 2>/dev/null | sha256sum); then
+  key=$(
+    {
+      "${args[0]}" --version
+      for a in "${args[@]}"; do
+        a=${a//"$PWD/"/}
+        [[ -n ${CCACHE_BASEDIR:-} ]] && a=${a//"${CCACHE_BASEDIR%/}/"/}
+        printf '%s\n' "$a"
+      done
+      printf '%s\n' "$text"
+    } | sha256sum
+  ) && key=${key%% *} || key=
+fi
+write_key() { printf '%s\n' "$key" > "$out.sum.tmp" && mv -f "$out.sum.tmp" "$out.sum"; }
+if [[ -z $key || -z ${DTC_PCH_CACHE:-} ]]; then
+  "$@" || exit $?
+  [[ -z $key ]] || write_key
+  exit 0
+fi
+
+# The shared copy: the header and its source file (CMake's cmake_pch.hxx and cmake_pch.hxx.cxx)
+# copied into the entry, compiled there under a lock (two builds may ask at once), and the
+# result renamed into place last, so that a present "pch" file is a whole one.
+entry=$DTC_PCH_CACHE/$key
+mkdir -p "$entry" || exit 1
+exec 9>"$entry/lock"
+flock 9 || exit 1
+depfile=
+for ((i = 0; i < ${#args[@]}; i++)); do
+  [[ ${args[i]} == -MF ]] && depfile=${args[i + 1]}
+done
+if [[ ! -f $entry/pch ]]; then
+  run=()
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    a=${args[i]}
+    case $a in
+      *.hxx | *.hxx.cxx)
+        if [[ -f $a ]]; then
+          cp -f "$a" "$entry/${a##*/}" || exit 1
+          a=$entry/${a##*/}
+        fi ;;
+    esac
+    case ${args[i - 1]:-} in
+      -o) [[ $i -gt 0 ]] && a=$entry/pch.tmp ;;
+      -MF) [[ $i -gt 0 ]] && a=$entry/deps.tmp ;;
+    esac
+    run+=("$a")
+  done
+  "${run[@]}" || exit $?
+  if [[ -n $depfile ]]; then mv -f "$entry/deps.tmp" "$entry/deps" || exit 1; fi
+  mv -f "$entry/pch.tmp" "$entry/pch" || exit 1
+fi
+ln -f "$entry/pch" "$out" 2>/dev/null || cp -f "$entry/pch" "$out" || exit 1
+if [[ -n $depfile ]]; then cp -f "$entry/deps" "$depfile" || exit 1; fi
+write_key
 exit 0

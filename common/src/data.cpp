@@ -9,15 +9,7 @@
 #include "dtc/errors.h"
 #include "dtc/model.h"
 
-#ifndef DTC_SOURCE_DIR
-#error "DTC_SOURCE_DIR must name the course's source tree (common/CMakeLists.txt sets it)"
-#endif
-
 namespace dtc {
-
-std::string source_path(const std::string& relative) {
-  return std::string(DTC_SOURCE_DIR) + "/" + relative;
-}
 
 ByteDataset::ByteDataset(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {}
 
