@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 
-from bench_support import torchrun_argv
+from bench_support import python_worker, torchrun_argv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VENV = pathlib.Path(os.environ.get("DTC_CACHE", pathlib.Path.home() / ".cache" / "dtc-course"))
@@ -78,8 +78,9 @@ def main() -> int:
                    env)
 
     def torch_ddp(n):
-        return run(torchrun(n) + [str(ROOT / "bench" / "lesson06_pytorch_ddp.py"), *common,
-                                  "--threads", "1"], env)
+        return run(torchrun(n) + python_worker(ROOT / "bench" / "lesson06_pytorch_ddp.py", *common,
+                                               "--threads", "1", python=VENV_BIN / "python"),
+                   env)
 
     res = {"C++ bucketed, 2 ranks": cpp(2, "bucketed"), "C++ naive, 2 ranks": cpp(2, "naive"),
            "PyTorch DDP, 2 ranks": torch_ddp(2)}

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from bench_support import torchrun_launcher
+from bench_support import python_worker, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -190,8 +190,7 @@ def main():
         our_bytes = m["params"] + m["grads"] + m["optimizer"]
         theirs, terr, their_times = (None, "", [])
         for _ in range(a.repeats if mode else 0):
-            theirs, terr = torchrun(a, a.nproc, ["--no_python", sys.executable, __file__, "--worker", mode,
-                                                 *sizes])
+            theirs, terr = torchrun(a, a.nproc, python_worker(__file__, "--worker", mode, *sizes))
             if theirs is None:
                 break
             their_times.append(theirs["step_s"])

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from bench_support import last_json, torchrun_launcher
+from bench_support import last_json, python_worker, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -136,11 +136,10 @@ def main() -> int:
         return 1
     o = last_json(ours.stdout)
     ours_step = a.batch * a.seq / o["tokens_per_s"]
-    theirs = subprocess.run(torchrun(a.nproc) + [__file__, "--worker", "--steps", str(a.steps),
-                                                 "--hidden", str(a.hidden), "--layers",
-                                                 str(a.layers), "--heads", str(a.heads), "--seq",
-                                                 str(a.seq), "--batch", str(a.batch), "--seed",
-                                                 str(a.seed), "--lr", str(a.lr)],
+    theirs = subprocess.run(torchrun(a.nproc) + python_worker(
+                                __file__, "--worker", "--steps", a.steps, "--hidden", a.hidden,
+                                "--layers", a.layers, "--heads", a.heads, "--seq", a.seq,
+                                "--batch", a.batch, "--seed", a.seed, "--lr", a.lr),
                             env=env, capture_output=True, text=True, timeout=600)
     if theirs.returncode != 0:
         print("PyTorch DTensor side failed:\n", theirs.stdout[-3000:], theirs.stderr[-5000:],

@@ -62,7 +62,7 @@ import subprocess
 import sys
 import time
 
-from bench_support import last_json, torchrun_launcher
+from bench_support import last_json, python_worker, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
@@ -318,11 +318,11 @@ def main() -> int:
         extra = ["--virtual-stages", str(v)] if schedule == "interleaved" else []
         cpp = torchrun(a, ["--no_python", a.binary, *model, "--schedule", schedule, *extra,
                            "--json", *sweep])
-        py = torchrun(a, [str(pathlib.Path(__file__).resolve()), "--worker", *shape,
-                          "--batch", str(a.batch), "--steps", str(a.steps),
-                          "--micro-batches", str(a.micro_batches), "--schedule", schedule,
-                          "--virtual-stages", str(a.virtual_stages),
-                          "--bubble-steps", str(a.bubble_steps)])
+        py = torchrun(a, python_worker(pathlib.Path(__file__).resolve(), "--worker", *shape,
+                                    "--batch", a.batch, "--steps", a.steps,
+                                    "--micro-batches", a.micro_batches, "--schedule", schedule,
+                                    "--virtual-stages", a.virtual_stages,
+                                    "--bubble-steps", a.bubble_steps))
         # the median over steps after the first (which warms up)
         c = statistics.median(cpp["step_s"][1:] or cpp["step_s"]) * 1e3
         p = statistics.median(py["step_s"][1:] or py["step_s"]) * 1e3

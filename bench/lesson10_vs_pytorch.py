@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from bench_support import last_json, torchrun_launcher
+from bench_support import last_json, python_worker, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -191,12 +191,13 @@ def main() -> int:
     ok = worst <= 1e-4
     if a.no_pytorch:
         return 0 if ok else 1
-    theirs = subprocess.run(torchrun(a.nproc) + [__file__, "--worker"] +
-                            [f"--{k}={v}" for k, v in (("steps", a.steps), ("hidden", a.hidden),
-                                                       ("layers", a.layers), ("heads", a.heads),
-                                                       ("seq", a.seq), ("batch", a.batch),
-                                                       ("seed", a.seed), ("lr", a.lr),
-                                                       ("device", a.device))],
+    theirs = subprocess.run(torchrun(a.nproc) + python_worker(
+                                __file__, "--worker",
+                                *[f"--{k}={v}" for k, v in (("steps", a.steps), ("hidden", a.hidden),
+                                                            ("layers", a.layers), ("heads", a.heads),
+                                                            ("seq", a.seq), ("batch", a.batch),
+                                                            ("seed", a.seed), ("lr", a.lr),
+                                                            ("device", a.device))]),
                             env=env, capture_output=True, text=True, timeout=900)
     if theirs.returncode != 0:
         lines = [ln.split("]:", 1)[-1] for ln in (theirs.stdout + theirs.stderr).splitlines()

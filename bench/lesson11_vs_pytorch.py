@@ -85,7 +85,7 @@ import sys
 import tempfile
 import time
 
-from bench_support import last_json, torchrun_launcher
+from bench_support import last_json, python_worker, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 THIS = str(pathlib.Path(__file__).resolve())
@@ -376,7 +376,7 @@ def main() -> int:
     theirs, failures = None, []
     for parts in (PARTS if a.pytorch_parts == "auto" else [a.pytorch_parts]):
         try:
-            theirs, theirs_wall = torchrun(a, worker_args + ["--parts", parts])
+            theirs, theirs_wall = torchrun(a, python_worker(*worker_args, "--parts", parts))
             break
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             why = first_error(str(e))

@@ -70,7 +70,7 @@ import subprocess
 import sys
 import time
 
-from bench_support import last_json, torchrun_launcher
+from bench_support import last_json, python_command, python_worker, torchrun_launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 THIS = str(pathlib.Path(__file__).resolve())
@@ -435,8 +435,8 @@ def main() -> int:
         ours_ms.append(tokens / ours1["tokens_per_s"] * 1e3)
         if single_err is None:
             try:
-                theirs1 = run([sys.executable, THIS, "--worker", "single", *sizes,
-                               "--batch", str(a.batch), "--threads", str(a.threads)], env,
+                theirs1 = run(python_command(THIS, "--worker", "single", *sizes,
+                                             "--batch", a.batch, "--threads", a.threads), env,
                               a.timeout)
                 theirs_ms.append(theirs1["ends"][-1] / a.steps * 1e3)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -470,9 +470,9 @@ def main() -> int:
         ours_ms.append(tokens / oursN["tokens_per_s"] * 1e3)
         if ep_err is None:
             try:
-                theirsN = run(torchrun(a) + [THIS, "--worker", "ep", *sizes, "--batch",
-                                             str(a.batch), "--threads", str(a.threads),
-                                             "--ep", str(a.ep)], env,
+                theirsN = run(torchrun(a) + python_worker(THIS, "--worker", "ep", *sizes, "--batch",
+                                                          a.batch, "--threads", a.threads,
+                                                          "--ep", a.ep), env,
                               a.timeout)
                 theirs_ms.append(theirsN["ends"][-1] / a.steps * 1e3)
             except (RuntimeError, subprocess.TimeoutExpired) as e:

@@ -47,6 +47,7 @@ if(DTC_FLAVOR STREQUAL "primary")
            COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/bench/lesson06_vs_pytorch.py"
                    --program $<TARGET_FILE:lesson06_solution> --smoke --cpp-torchrun ${l06_kind})
   set_tests_properties(lesson06.solution.bench_smoke PROPERTIES
+                       ENVIRONMENT DTC_ZYGOTE_WORKERS=1
                        LABELS "lesson06;solution;lesson06-solution" TIMEOUT 300
                        RESOURCE_LOCK "${DTC_TORCHRUN_LOCK}")
 endif()

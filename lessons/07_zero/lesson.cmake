@@ -31,6 +31,7 @@ if(DTC_TORCHRUN)
       COMMAND "${l07_bin}/python" "${PROJECT_SOURCE_DIR}/bench/lesson07_vs_pytorch.py"
               --program $<TARGET_FILE:lesson07_solution> --torchrun "${DTC_TORCHRUN}" --smoke)
     set_tests_properties(lesson07.solution.bench_smoke PROPERTIES
+      ENVIRONMENT DTC_ZYGOTE_WORKERS=1
       LABELS "lesson07;solution;lesson07-solution" TIMEOUT 240)
   endif()
 endif()

@@ -59,5 +59,6 @@ if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
             --binary $<TARGET_FILE:lesson08_solution> --nproc 2 --steps 3 --hidden 32
             --layers 1 --seq 16 --batch 4)
   set_tests_properties(lesson08.solution.bench_smoke PROPERTIES
+    ENVIRONMENT DTC_ZYGOTE_WORKERS=1
     LABELS "lesson08;solution;lesson08-solution" TIMEOUT 180)
 endif()

@@ -51,6 +51,7 @@ if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
             --binary $<TARGET_FILE:lesson09_solution> --torchrun "${DTC_TORCHRUN}" --nproc 2
             --steps 2 --layers 2 --hidden 32 --heads 2 --seq 16 --schedule 1f1b)
   set_tests_properties(lesson09.solution.bench_smoke PROPERTIES
+    ENVIRONMENT DTC_ZYGOTE_WORKERS=1
     LABELS "lesson09;solution;lesson09-solution" TIMEOUT 120)
 endif()
 

@@ -88,6 +88,7 @@ if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
             --binary $<TARGET_FILE:lesson10_solution> --nproc 2 --steps 2 --hidden 32
             --layers 1 --seq 32 --repeats 1)
   set_tests_properties(lesson10.solution.bench_smoke PROPERTIES
+    ENVIRONMENT DTC_ZYGOTE_WORKERS=1
     LABELS "lesson10;solution;lesson10-solution" TIMEOUT 240)
 endif()
 

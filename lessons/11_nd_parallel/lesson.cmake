@@ -74,5 +74,6 @@ if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
     COMMAND "${_l11_bin}/python" "${PROJECT_SOURCE_DIR}/bench/lesson11_vs_pytorch.py"
             --binary $<TARGET_FILE:lesson11_solution> --torchrun "${DTC_TORCHRUN}" --smoke)
   set_tests_properties(lesson11.solution.bench_smoke PROPERTIES
+    ENVIRONMENT DTC_ZYGOTE_WORKERS=1
     LABELS "lesson11;solution;lesson11-solution" TIMEOUT 120)
 endif()

@@ -74,5 +74,6 @@ if(DTC_TORCHRUN AND DTC_FLAVOR STREQUAL "primary")
             --binary $<TARGET_FILE:lesson13_solution> --nproc 2 --steps 3 --layers 2
             --hidden 32 --heads 2 --seq 16 --repeats 1)
   set_tests_properties(lesson13.solution.bench_smoke PROPERTIES
+    ENVIRONMENT DTC_ZYGOTE_WORKERS=1
     LABELS "lesson13;solution;lesson13-solution" TIMEOUT 240)
 endif()

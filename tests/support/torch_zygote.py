@@ -14,9 +14,20 @@ own script, so the rendezvous, the agent, the workers, the restarts, the output 
 status are torchrun's own. The fork runs with the launch's arguments, environment, working
 directory and standard streams (passed over a Unix socket), in a process group of its own.
 
+    python -S torch_zygote.py --worker PYTHON SCRIPT [SCRIPT'S ARGS...]
+
+runs a rank's own Python file the same way, as `PYTHON SCRIPT ARGS...` would: the command a
+benchmark gives torchrun for its PyTorch ranks (bench/bench_support.py, python_worker), which
+each import torch, and torch.distributed's FSDP, tensor and pipelining modules, for 2-3 CPU
+seconds. Its server imports those once (and the modules DTC_ZYGOTE_PRELOAD names, comma-
+separated); the fork's output is line-buffered, as `python -u` (torchrun's own way) leaves it.
+
 A server serves only launches with its exact environment, interpreter and torchrun script (the
 hash of all three names it): torch reads some variables when it is imported (LOGLEVEL,
-TORCH_CPP_LOG_LEVEL), so a launch with other variables gets a server of its own. A server exits
+TORCH_CPP_LOG_LEVEL), so a launch with other variables gets a server of its own; for --worker,
+the variables torchrun's agent sets per rank and per launch (RANK, MASTER_PORT, TORCHELASTIC_*:
+WORKER_VARIABLES), which torch does not read as it is imported, are left out of that
+comparison, so that every rank of every launch alike shares one server. A server exits
 after IDLE_S seconds without a launch. A signal to this process (SIGTERM, SIGINT, SIGHUP) goes on
 to torchrun; if this process dies (a test's timeout kills it), torchrun gets SIGTERM, as its
 agent stops its workers on, then SIGKILL 10 s later. Where anything of this fails before torchrun
@@ -43,11 +54,33 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 QUICK_EXIT = os.path.join(HERE, "torchrun_quick_exit.py")
 
 
-def key_of(python: str, script: str, env: dict) -> str:
+# What torchrun's agent sets for each worker: different between ranks and between launches, and
+# read by none of torch's modules as they are imported (torch.distributed reads them at
+# init_process_group). Left out of a --worker server's key, along with every TORCHELASTIC_*.
+WORKER_VARIABLES = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
+                    "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                    "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                    "NCCL_ASYNC_ERROR_HANDLING"}
+WORKER_MODULES = ["torch.distributed.run", "torch.distributed.fsdp", "torch.distributed.tensor",
+                  "torch.distributed.pipelining"]
+
+
+def key_env(env: dict, worker: bool) -> dict:
+    if not worker:
+        return env
+    return {k: v for k, v in env.items()
+            if k not in WORKER_VARIABLES and not k.startswith("TORCHELASTIC_")}
+
+
+def key_of(python: str, script: str, env: dict, worker: bool = False) -> str:
     """What a fork inherits from the server and torchrun would otherwise inherit from its
-    launcher: the interpreter and script, the environment, the limits, CPUs and umask; and this
-    file's own text, so that a launch never meets a server of an older version of it."""
+    launcher: the interpreter and script (for --worker: this file, whatever the rank's script),
+    the environment (key_env), the limits, CPUs and umask; and this file's own text, so that a
+    launch never meets a server of an older version of it."""
     import resource
+    if worker:
+        script = os.path.abspath(__file__)
+        env = key_env(env, True)
     umask = os.umask(0)
     os.umask(umask)
     st = os.stat(script)
@@ -55,7 +88,8 @@ def key_of(python: str, script: str, env: dict) -> str:
     for mine in (os.path.abspath(__file__), QUICK_EXIT):  # a server of this very code
         with open(mine, "rb") as f:
             h.update(f.read())
-    h.update(json.dumps([os.path.realpath(python), os.path.realpath(script), st.st_mtime_ns,
+    h.update(json.dumps(["worker" if worker else "torchrun",
+                         os.path.realpath(python), os.path.realpath(script), st.st_mtime_ns,
                          sorted(env.items()), sorted(os.sched_getaffinity(0)), umask,
                          [resource.getrlimit(r) for r in (resource.RLIMIT_NOFILE,
                                                           resource.RLIMIT_CORE,
@@ -100,8 +134,11 @@ def recv_msg(sock, buf: bytearray):
 
 # --- the launch (client) ----------------------------------------------------------------------
 
-def run_here(python: str, script: str, args: list) -> None:
-    """The fallback: torchrun in a process of its own, as torchrun_quick_exit.py runs it."""
+def run_here(python: str, script: str, args: list, worker: bool = False) -> None:
+    """The fallback: torchrun in a process of its own, as torchrun_quick_exit.py runs it (a
+    --worker's script as the interpreter itself would, unbuffered as torchrun runs it)."""
+    if worker:
+        os.execv(python, [python, "-u", script, *args])
     os.execv(python, [python, QUICK_EXIT, script, *args])
 
 
@@ -115,7 +152,7 @@ def connect(key: str):
         return None
 
 
-def start_server(python: str, script: str, key: str):
+def start_server(python: str, script: str, key: str, worker: bool = False):
     """Connects to the server of KEY, starting it (once, under a lock) when there is none."""
     sock = connect(key)
     if sock:
@@ -127,7 +164,8 @@ def start_server(python: str, script: str, key: str):
         if sock:
             return sock
         with open(os.path.join(d, key + ".log"), "ab") as log:
-            server = subprocess.Popen([python, os.path.abspath(__file__), "--serve", key, script],
+            mode = "--serve-worker" if worker else "--serve"
+            server = subprocess.Popen([python, os.path.abspath(__file__), mode, key, script],
                                       stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                       start_new_session=True, close_fds=True)
         deadline = time.monotonic() + 120
@@ -141,27 +179,28 @@ def start_server(python: str, script: str, key: str):
         return None
 
 
-def client(python: str, script: str, args: list) -> None:
+def client(python: str, script: str, args: list, worker: bool = False) -> None:
     if os.environ.get("DTC_TORCH_ZYGOTE", "1") == "0" or in_other_netns():
-        run_here(python, script, args)
+        run_here(python, script, args, worker)
     env = dict(os.environ)
-    key = key_of(python, script, env)
+    key = key_of(python, script, env, worker)
     try:
-        sock = start_server(python, script, key)
+        sock = start_server(python, script, key, worker)
     except OSError:
         sock = None
     if sock is None:
-        run_here(python, script, args)
+        run_here(python, script, args, worker)
     buf = bytearray()
     try:
         socket.send_fds(sock, [b"F"], [0, 1, 2])
-        send_msg(sock, {"argv": [script, *args], "env": env, "cwd": os.getcwd()})
+        send_msg(sock, {"argv": [os.path.abspath(script), *args], "env": env,
+                        "cwd": os.getcwd(), "worker": worker})
         started = recv_msg(sock, buf)
     except OSError:
         started = None
     if not started or "pid" not in started:  # nothing ran: run it here
         sock.close()
-        run_here(python, script, args)
+        run_here(python, script, args, worker)
     pid = started["pid"]
 
     def forward(signum, _frame):
@@ -201,8 +240,10 @@ def run_torchrun(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    worker = request.get("worker", False)
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=stream is sys.stderr or os.isatty(stream.fileno()))
+        stream.reconfigure(line_buffering=worker or stream is sys.stderr
+                           or os.isatty(stream.fileno()))
     sys.argv = list(request["argv"])
     sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as for the script itself
     run_and_exit(sys.argv[0])  # the same end as torchrun_quick_exit.py's
@@ -265,8 +306,16 @@ def manage(conn) -> None:
                 pass
 
 
-def serve(key: str, script: str) -> None:
+def serve(key: str, script: str, worker: bool = False) -> None:
+    import importlib
     import torch.distributed.run  # noqa: F401  what every torchrun imports first
+    if worker:  # and what the benchmarks' PyTorch ranks import
+        preload = [m for m in os.environ.get("DTC_ZYGOTE_PRELOAD", "").split(",") if m]
+        for module in WORKER_MODULES + preload:
+            try:
+                importlib.import_module(module)
+            except Exception:  # 1.13 has no pipelining, and its FSDP fails under Python 3.11:
+                pass  # a rank that needs one imports it (and fails) as it would without this
     sys.stdout.flush()
     sys.stderr.flush()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -355,6 +404,33 @@ def selftest(torchrun: str, flags: list) -> int:
         check("a failed rank: the same exit status as torchrun's own",
               plain.returncode == zyg.returncode != 0,
               f"{plain.returncode} against {zyg.returncode}")
+        # --worker: a rank's Python file in a fork of one server for every rank, torch's
+        # distributed modules already imported there (a rank that imported them itself would
+        # find torch.distributed.run missing from sys.modules before its first import)
+        worker = os.path.join(tmp, "worker.py")
+        with open(worker, "w") as f:
+            f.write("import os, sys\n"
+                    "print('worker', os.environ['RANK'], 'preloaded',\n"
+                    "      'torch.distributed.run' in sys.modules, flush=True)\n"
+                    "sys.exit(int(os.environ.get('WORKER_EXIT', '0')))\n")
+        wcmd = [python, "-S", os.path.abspath(__file__), "--worker", python, worker]
+        for launch in ("c", "d"):
+            p = run([*me, *base, *wcmd], tmp, dict(env))
+            got = sorted(line for line in p.stdout.splitlines() if line.startswith("worker "))
+            check(f"--worker, launch {launch}: both ranks ran in forks of a server that imported "
+                  "torch.distributed", p.returncode == 0 and got == [
+                      "worker 0 preloaded True", "worker 1 preloaded True"],
+                  f"exit {p.returncode}, {got}\n{p.stderr[-2000:]}")
+        wservers = [pid for pid in os.listdir("/proc") if pid.isdigit()
+                    and "\0--serve-worker\0" in _cmdline(pid)
+                    and f"DTC_ZYGOTE_SELFTEST={tmp}" in _environ(pid)]
+        check("--worker: one server for the ranks of both launches", len(wservers) == 1,
+              f"{len(wservers)} servers")
+        plain = run([python, script, *base, python, worker], tmp, dict(env, WORKER_EXIT="3"))
+        zyg = run([*me, *base, *wcmd], tmp, dict(env, WORKER_EXIT="3"))
+        check("--worker, a failed rank: the same exit status as without the server",
+              plain.returncode == zyg.returncode != 0,
+              f"{plain.returncode} against {zyg.returncode}")
         marker = os.path.join(tmp, "alive")
         # each rank writes its pid (the sleep's, after exec) where the check finds it whole
         sleeper = ["sh", "-c", f"echo $$ > {marker}.tmp.$RANK; "
@@ -399,6 +475,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _environ(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _cmdline(pid: str) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -410,9 +494,11 @@ def _cmdline(pid: str) -> str:
 def main() -> None:
     if len(sys.argv) >= 3 and sys.argv[1] == "--selftest":  # TORCHRUN [FLAGS...]
         sys.exit(selftest(sys.argv[2], sys.argv[3:]))
-    if len(sys.argv) >= 4 and sys.argv[1] == "--serve":
-        serve(sys.argv[2], sys.argv[3])
-        return
+    if len(sys.argv) >= 4 and sys.argv[1] in ("--serve", "--serve-worker"):
+        serve(sys.argv[2], sys.argv[3], sys.argv[1] == "--serve-worker")
+        os._exit(0)  # idle: without tearing torch's modules down
+    if len(sys.argv) >= 4 and sys.argv[1] == "--worker":  # PYTHON SCRIPT [ARGS...]
+        client(sys.argv[2], sys.argv[3], sys.argv[4:], worker=True)
     if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
