@@ -392,8 +392,7 @@ def selftest(torchrun: str, flags: list) -> int:
             check(f"launch {sub}: exit 0, both ranks' lines, in the launch's directory",
                   p.returncode == 0 and got == want,
                   f"exit {p.returncode}, {sorted(got)}\n{p.stderr}")
-        servers = [pid for pid in os.listdir("/proc") if pid.isdigit()
-                   and _cmdline(pid).endswith(f"--serve\0{key}\0{script}")]
+        servers = _servers(lambda pid: _cmdline(pid).endswith(f"--serve\0{key}\0{script}"))
         check("one server for the two launches", len(servers) == 1, f"{len(servers)} servers")
         p = run([*me, *base, *rank_cmd], tmp, dict(env, TAG="x"))
         check("a launch with another variable has it (its own server)",
@@ -409,9 +408,10 @@ def selftest(torchrun: str, flags: list) -> int:
         # find torch.distributed.run missing from sys.modules before its first import)
         worker = os.path.join(tmp, "worker.py")
         with open(worker, "w") as f:
-            f.write("import os, sys\n"
-                    "print('worker', os.environ['RANK'], 'preloaded',\n"
-                    "      'torch.distributed.run' in sys.modules, flush=True)\n"
+            f.write("import os, sys\n"  # one write per line: the two ranks share the pipe
+                    "preloaded = 'torch.distributed.run' in sys.modules\n"
+                    "sys.stdout.write(f\"worker {os.environ['RANK']} preloaded {preloaded}\\n\")\n"
+                    "sys.stdout.flush()\n"
                     "sys.exit(int(os.environ.get('WORKER_EXIT', '0')))\n")
         wcmd = [python, "-S", os.path.abspath(__file__), "--worker", python, worker]
         for launch in ("c", "d"):
@@ -420,10 +420,10 @@ def selftest(torchrun: str, flags: list) -> int:
             check(f"--worker, launch {launch}: both ranks ran in forks of a server that imported "
                   "torch.distributed", p.returncode == 0 and got == [
                       "worker 0 preloaded True", "worker 1 preloaded True"],
-                  f"exit {p.returncode}, {got}\n{p.stderr[-2000:]}")
-        wservers = [pid for pid in os.listdir("/proc") if pid.isdigit()
-                    and "\0--serve-worker\0" in _cmdline(pid)
-                    and f"DTC_ZYGOTE_SELFTEST={tmp}" in _environ(pid)]
+                  f"exit {p.returncode}, {got}\nstdout: {p.stdout[-2000:]}\n"
+                  f"stderr: {p.stderr[-2000:]}")
+        wservers = _servers(lambda pid: "\0--serve-worker\0" in _cmdline(pid)
+                            and f"DTC_ZYGOTE_SELFTEST={tmp}" in _environ(pid))
         check("--worker: one server for the ranks of both launches", len(wservers) == 1,
               f"{len(wservers)} servers")
         plain = run([python, script, *base, python, worker], tmp, dict(env, WORKER_EXIT="3"))
@@ -473,6 +473,21 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _servers(is_server) -> list:
+    """The pids for which @p is_server holds, less the forks of one of them that still manage a
+    launch that has just ended (they share its command line, and go a moment later)."""
+    pids = [pid for pid in os.listdir("/proc") if pid.isdigit() and is_server(pid)]
+    return [pid for pid in pids if _ppid(pid) not in pids]
+
+
+def _ppid(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return ""
 
 
 def _environ(pid: str) -> str:
