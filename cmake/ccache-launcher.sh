@@ -81,9 +81,11 @@ fi
 # copied into the entry, compiled there under a lock (two builds may ask at once), and the
 # result renamed into place last, so that a present "pch" file is a whole one.
 entry=$DTC_PCH_CACHE/$key
-mkdir -p "$entry" || exit 1
-exec 9>"$entry/lock"
-flock 9 || exit 1
+if ! { mkdir -p "$entry" && exec 9>"$entry/lock" && flock 9; } 2>/dev/null; then
+  "$@" || exit $?  # a cache folder that cannot be written: compiled here, as without one
+  write_key
+  exit 0
+fi
 depfile=
 for ((i = 0; i < ${#args[@]}; i++)); do
   [[ ${args[i]} == -MF ]] && depfile=${args[i + 1]}

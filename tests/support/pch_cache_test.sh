@@ -8,7 +8,8 @@
 #   2. B gets the same file (same key, same content), without compiling it again;
 #   3. with A deleted, B compiles a file that uses it, and the compiler reports using it;
 #   4. a header of other content gets another key;
-#   5. without DTC_PCH_CACHE, the header is compiled in the build folder as before, with its key.
+#   5. without DTC_PCH_CACHE, the header is compiled in the build folder as before, with its key;
+#   6. with a DTC_PCH_CACHE that cannot be made, likewise, instead of failing the build.
 # Exit 0 when all hold; each failure is printed.
 set -uo pipefail
 launcher=$1 ccache=$2 cxx=$3
@@ -123,6 +124,15 @@ make_clone "$work/D" "$header"
   || fail "without DTC_PCH_CACHE the header is not the build folder's own"
 [[ $(cat "$(out "$work/D").sum" 2> /dev/null) == "$key" ]] && ok "with the same key" \
   || fail "without DTC_PCH_CACHE the key differs"
+
+# 6. A cache folder that cannot be made (a file in its way): compiled in place, no failure.
+make_clone "$work/E" "$header"
+touch "$work/blocked"
+if (DTC_PCH_CACHE=$work/blocked/cache compile_pch "$work/E") && [[ -s $(out "$work/E") ]]; then
+  ok "an unwritable cache folder: compiled in the build folder"
+else
+  fail "an unwritable cache folder made the launch fail"
+fi
 
 echo "pch_cache: $fails failure(s)"
 exit $((fails > 0))
