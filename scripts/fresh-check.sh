@@ -224,7 +224,7 @@ in_root() {
 }
 
 copies_list=$(printf '%s\n' ${copies[@]+"${copies[@]}"})
-export root suite bootstrap repo include copies_list
+export root out suite bootstrap repo include copies_list
 export -f make_root clone in_root
 step "root ($bootstrap, $suite minbase + $include)" 1800 make_root || { summary; exit 1; }
 step "clean clone" 600 clone || { summary; exit 1; }
