@@ -23,10 +23,12 @@ shift
 args=("$@")
 pch=0
 out=
+depfile=
 for ((i = 0; i < ${#args[@]}; i++)); do
   case ${args[i]} in
     -emit-pch | c++-header) pch=1 ;;  # Clang: -Xclang -emit-pch; GCC: -x c++-header
     -o) out=${args[i + 1]} ;;
+    -MF) depfile=${args[i + 1]} ;;
   esac
 done
 if ((pch == 0)) || [[ -z $out ]]; then
@@ -71,39 +73,32 @@ if text=$("${pp[@]}" -E -P -o - 2>/dev/null | sha256sum); then
   ) && key=${key%% *} || key=
 fi
 write_key() { printf '%s\n' "$key" > "$out.sum.tmp" && mv -f "$out.sum.tmp" "$out.sum"; }
-if [[ -z $key || -z ${DTC_PCH_CACHE:-} ]]; then
+# compile_here: the header compiled in the build folder, with its key beside it if there is one.
+compile_here() {
   "$@" || exit $?
-  [[ -z $key ]] || write_key
+  if [[ -n $key ]]; then write_key; fi
   exit 0
-fi
+}
+[[ -n $key && -n ${DTC_PCH_CACHE:-} ]] || compile_here "$@"
 
 # The shared copy: the header and its source file (CMake's cmake_pch.hxx and cmake_pch.hxx.cxx)
 # copied into the entry, compiled there under a lock (two builds may ask at once), and the
 # result renamed into place last, so that a present "pch" file is a whole one.
 entry=$DTC_PCH_CACHE/$key
-if ! { mkdir -p "$entry" && exec 9>"$entry/lock" && flock 9; } 2>/dev/null; then
-  "$@" || exit $?  # a cache folder that cannot be written: compiled here, as without one
-  write_key
-  exit 0
-fi
-depfile=
-for ((i = 0; i < ${#args[@]}; i++)); do
-  [[ ${args[i]} == -MF ]] && depfile=${args[i + 1]}
-done
+# A cache folder that cannot be written: compiled here, as without one.
+{ mkdir -p "$entry" && exec 9>"$entry/lock" && flock 9; } 2>/dev/null || compile_here "$@"
 if [[ ! -f $entry/pch ]]; then
   run=()
   for ((i = 0; i < ${#args[@]}; i++)); do
     a=${args[i]}
     case $a in
+      -o) run+=(-o "$entry/pch.tmp"); ((i++)); continue ;;
+      -MF) run+=(-MF "$entry/deps.tmp"); ((i++)); continue ;;
       *.hxx | *.hxx.cxx)
         if [[ -f $a ]]; then
           cp -f "$a" "$entry/${a##*/}" || exit 1
           a=$entry/${a##*/}
         fi ;;
-    esac
-    case ${args[i - 1]:-} in
-      -o) [[ $i -gt 0 ]] && a=$entry/pch.tmp ;;
-      -MF) [[ $i -gt 0 ]] && a=$entry/deps.tmp ;;
     esac
     run+=("$a")
   done

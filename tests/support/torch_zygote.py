@@ -19,8 +19,8 @@ directory and standard streams (passed over a Unix socket), in a process group o
 runs a rank's own Python file the same way, as `PYTHON SCRIPT ARGS...` would: the command a
 benchmark gives torchrun for its PyTorch ranks (bench/bench_support.py, python_worker), which
 each import torch, and torch.distributed's FSDP, tensor and pipelining modules, for 2-3 CPU
-seconds. Its server imports those once (and the modules DTC_ZYGOTE_PRELOAD names, comma-
-separated); the fork's output is line-buffered, as `python -u` (torchrun's own way) leaves it.
+seconds. Its server imports those once; the fork's output is line-buffered, as `python -u`
+(torchrun's own way) leaves it.
 
 A server serves only launches with its exact environment, interpreter and torchrun script (the
 hash of all three names it): torch reads some variables when it is imported (LOGLEVEL,
@@ -65,9 +65,7 @@ WORKER_MODULES = ["torch.distributed.run", "torch.distributed.fsdp", "torch.dist
                   "torch.distributed.pipelining"]
 
 
-def key_env(env: dict, worker: bool) -> dict:
-    if not worker:
-        return env
+def worker_key_env(env: dict) -> dict:
     return {k: v for k, v in env.items()
             if k not in WORKER_VARIABLES and not k.startswith("TORCHELASTIC_")}
 
@@ -75,12 +73,12 @@ def key_env(env: dict, worker: bool) -> dict:
 def key_of(python: str, script: str, env: dict, worker: bool = False) -> str:
     """What a fork inherits from the server and torchrun would otherwise inherit from its
     launcher: the interpreter and script (for --worker: this file, whatever the rank's script),
-    the environment (key_env), the limits, CPUs and umask; and this file's own text, so that a
+    the environment (worker_key_env for --worker), the limits, CPUs and umask; and this file's own text, so that a
     launch never meets a server of an older version of it."""
     import resource
     if worker:
         script = os.path.abspath(__file__)
-        env = key_env(env, True)
+        env = worker_key_env(env)
     umask = os.umask(0)
     os.umask(umask)
     st = os.stat(script)
@@ -310,8 +308,7 @@ def serve(key: str, script: str, worker: bool = False) -> None:
     import importlib
     import torch.distributed.run  # noqa: F401  what every torchrun imports first
     if worker:  # and what the benchmarks' PyTorch ranks import
-        preload = [m for m in os.environ.get("DTC_ZYGOTE_PRELOAD", "").split(",") if m]
-        for module in WORKER_MODULES + preload:
+        for module in WORKER_MODULES:
             try:
                 importlib.import_module(module)
             except Exception:  # 1.13 has no pipelining, and its FSDP fails under Python 3.11:
@@ -468,11 +465,8 @@ def selftest(torchrun: str, flags: list) -> int:
 
 def _alive(pid: int) -> bool:
     """Whether PID runs (a zombie, ended and not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = _stat_fields(str(pid))
+    return bool(fields) and fields[0] != "Z"
 
 
 def _servers(is_server) -> list:
@@ -482,28 +476,34 @@ def _servers(is_server) -> list:
     return [pid for pid in pids if _ppid(pid) not in pids]
 
 
-def _ppid(pid: str) -> str:
+def _stat_fields(pid: str) -> list:
+    """/proc/PID/stat's fields after the command name: state, ppid, ... ([] when it is gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[1]
-    except (OSError, IndexError):
-        return ""
+        return _proc_text(pid, "stat", strip=False).rsplit(")", 1)[1].split()
+    except IndexError:
+        return []
+
+
+def _ppid(pid: str) -> str:
+    fields = _stat_fields(pid)
+    return fields[1] if len(fields) > 1 else ""
 
 
 def _environ(pid: str) -> str:
+    return _proc_text(pid, "environ")
+
+
+def _proc_text(pid: str, name: str, strip: bool = True) -> str:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
+    return text.rstrip("\0") if strip else text
 
 
 def _cmdline(pid: str) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode(errors="replace").rstrip("\0")
-    except OSError:
-        return ""
+    return _proc_text(pid, "cmdline")
 
 
 def main() -> None:
