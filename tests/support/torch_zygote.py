@@ -73,8 +73,8 @@ def worker_key_env(env: dict) -> dict:
 def key_of(python: str, script: str, env: dict, worker: bool = False) -> str:
     """What a fork inherits from the server and torchrun would otherwise inherit from its
     launcher: the interpreter and script (for --worker: this file, whatever the rank's script),
-    the environment (worker_key_env for --worker), the limits, CPUs and umask; and this file's own text, so that a
-    launch never meets a server of an older version of it."""
+    the environment (for --worker: worker_key_env), the limits, CPUs and umask; and this
+    file's own text, so that a launch never meets a server of an older version of it."""
     import resource
     if worker:
         script = os.path.abspath(__file__)
